@@ -1,0 +1,388 @@
+"""The kvscope signal contract: every metric, label, label value and span name.
+
+Everything else in kvscope (the connector, the exporters, the dashboards and
+rules, kv-diagnose) imports names from here and never re-spells them. A name
+change is a change to this file and to the golden ``/metrics`` fixture.
+
+Conventions (Prometheus naming): one ``kvscope_`` prefix, no colons, base
+units spelled in the name (``_seconds``, ``_bytes``), ``_total`` on counters
+only. Labels are bounded: no request ids, no block hashes, no prompt text.
+
+The same names appear on both export paths:
+
+* vLLM's own ``/metrics`` (through the connector stats pipeline), where vLLM
+  adds its ``model_name`` and ``engine`` labels in front of ours;
+* the standalone kvscope exporter (one process or rank), without them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+PREFIX = "kvscope_"
+
+
+class Kind(str, Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Side(str, Enum):
+    """Which half of the connector produces a signal."""
+
+    SCHEDULER = "scheduler"
+    WORKER = "worker"
+
+
+# --------------------------------------------------------------------------
+# Label names
+# --------------------------------------------------------------------------
+L_KV_GROUP = "kv_group"
+L_RESULT = "result"
+L_VERDICT = "verdict"
+L_STATE = "state"
+L_KIND = "kind"
+L_WHERE = "where"
+L_RANK = "rank"
+L_DIRECTION = "direction"
+L_OUTCOME = "outcome"
+L_REASON = "reason"
+L_TIER = "tier"
+L_TOKENS_PER_BLOCK = "tokens_per_block"
+L_KVSCOPE_VERSION = "kvscope_version"
+L_VLLM_VERSION = "vllm_version"
+L_SPEC = "spec"
+L_TIERS = "tiers"
+L_PRIMARY_ROWS = "primary_rows"
+L_HASH_SEED = "hash_seed"
+
+# Labels vLLM's stats pipeline puts in front of ours on its /metrics.
+VLLM_LABEL_MODEL = "model_name"
+VLLM_LABEL_ENGINE = "engine"
+
+
+# --------------------------------------------------------------------------
+# Label values (closed sets; anything else is a bug)
+# --------------------------------------------------------------------------
+class LookupResult(str, Enum):
+    """What ``OffloadingManager.lookup`` answered for one key."""
+
+    HIT = "hit"
+    MISS = "miss"
+    RETRY = "retry"
+    HIT_PENDING = "hit_pending"
+
+
+class Verdict(str, Enum):
+    """What one ``get_num_new_matched_tokens`` call decided for a request."""
+
+    HIT = "hit"  # > 0 tokens to load
+    DEFERRED = "deferred"  # None: ask again next step
+    VETOED = "vetoed"  # 0, although some group found hit/retry/hit_pending keys
+    MISS = "miss"  # 0 and nothing found
+
+
+class RowState(str, Enum):
+    TOTAL = "total"
+    OCCUPIED = "occupied"
+    IN_FLIGHT = "in_flight"  # held by running writes / promotions
+
+
+class PromotionResult(str, Enum):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    NO_ROW = "no_row"  # primary tier full: no evictable row for the promotion
+
+
+class CascadeResult(str, Enum):
+    """Primary -> secondary tier writes (what reaches the disk tier)."""
+
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class StoreJobResult(str, Enum):
+    PREPARED = "prepared"
+    NO_SPACE = "no_space"  # prepare_store refused: one step's store job > tier
+
+
+class PendingKind(str, Enum):
+    LOAD = "load"  # connector load jobs not yet reported by every rank
+    STORE = "store"  # connector store jobs not yet reported by every rank
+    PROMOTION = "promotion"  # secondary -> primary tier jobs in flight
+    CASCADE = "cascade"  # primary -> secondary tier jobs in flight
+
+
+class RequestState(str, Enum):
+    """Requests as the connector sees them (not vLLM's own queue metrics)."""
+
+    QUEUED = "queued"  # known, not allocated, last round (if any) not deferred
+    DEFERRED = "deferred"  # last lookup round returned None
+    LOADING = "loading"  # allocated, waiting for a load job
+    RUNNING = "running"  # allocated, computing
+
+
+class Direction(str, Enum):
+    GPU_TO_CPU = "gpu_to_cpu"
+    CPU_TO_GPU = "cpu_to_gpu"
+    DISK_TO_CPU = "disk_to_cpu"
+    CPU_TO_DISK = "cpu_to_disk"
+
+
+class ChecksumOutcome(str, Enum):
+    MATCH = "match"
+    MISMATCH = "mismatch"
+
+
+class RefusalReason(str, Enum):
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    CHECKSUM_ERROR = "checksum_error"  # the rank could not read its own slot
+
+
+class ErrorSite(str, Enum):
+    """Where the instrumentation swallowed an exception (``where`` label)."""
+
+    LOOKUP = "lookup"
+    ROUND = "round"
+    MANAGER = "manager"
+    TIER = "tier"
+    STEP = "step"
+    STATS = "stats"
+    EXPORTER = "exporter"
+    OTEL = "otel"
+    WORKER = "worker"
+    CHECKSUM = "checksum"
+
+
+# ``rank`` label value for transfers made by the scheduler-side manager process
+# (disk <-> CPU tier jobs touch every rank's slot of a row at once).
+RANK_MANAGER = "manager"
+
+
+# --------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metric:
+    name: str  # the series name as scraped (counters end in _total)
+    kind: Kind
+    side: Side
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    label_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        """Name without ``_total``: what a prometheus-client Counter is given."""
+        return self.name[: -len("_total")] if self.kind is Kind.COUNTER else self.name
+
+
+def _values(enum: type[Enum]) -> tuple[str, ...]:
+    return tuple(m.value for m in enum)
+
+
+# Pending-key sums per round: small counts, plus the sizes primary tiers come in.
+PENDING_KEY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+# Transfers of whole KV rows: milliseconds (a CPU->GPU DMA) to many seconds
+# (a cold disk read under load).
+TRANSFER_SECONDS_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+
+LOOKUPS = Metric(
+    "kvscope_lookups_total", Kind.COUNTER, Side.SCHEDULER,
+    "Offload manager lookup results per KV-cache group (one per key looked up).",
+    (L_KV_GROUP, L_RESULT), label_values={L_RESULT: _values(LookupResult)},
+)
+LOOKUP_ROUNDS = Metric(
+    "kvscope_lookup_rounds_total", Kind.COUNTER, Side.SCHEDULER,
+    "Lookup rounds (get_num_new_matched_tokens calls) by the verdict the cross-group AND reached.",
+    (L_VERDICT,), label_values={L_VERDICT: _values(Verdict)},
+)
+ROUND_PENDING_KEYS = Metric(
+    "kvscope_round_pending_keys", Kind.HISTOGRAM, Side.SCHEDULER,
+    "Retry plus hit_pending keys summed over KV groups, per vetoed or deferred lookup round.",
+    buckets=PENDING_KEY_BUCKETS,
+)
+LAST_ROUND_PENDING_KEYS = Metric(
+    "kvscope_last_round_pending_keys", Kind.GAUGE, Side.SCHEDULER,
+    "Exact pending-key sum (retry plus hit_pending over all groups) of the latest vetoed or "
+    "deferred round; compare with kvscope_primary_rows{state=\"total\"}.",
+    (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
+)
+ROUNDS_AT_ROW_CEILING = Metric(
+    "kvscope_rounds_at_row_ceiling_total", Kind.COUNTER, Side.SCHEDULER,
+    "Vetoed or deferred lookup rounds whose pending-key sum reached the primary tier's row "
+    "count: the capacity-ceiling tell.",
+    (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
+)
+HIT_TOKENS = Metric(
+    "kvscope_hit_tokens_total", Kind.COUNTER, Side.SCHEDULER,
+    "Tokens the connector offered to load from the offload tiers (sum over hit rounds).",
+)
+PRIMARY_ROWS = Metric(
+    "kvscope_primary_rows", Kind.GAUGE, Side.SCHEDULER,
+    "Rows of the CPU primary tier: total, occupied by a key, held by a running write or promotion.",
+    (L_STATE,), label_values={L_STATE: _values(RowState)},
+)
+PROMOTIONS = Metric(
+    "kvscope_promotions_total", Kind.COUNTER, Side.SCHEDULER,
+    "Secondary -> primary tier promotions (one per key), by result; no_row = primary tier full.",
+    (L_RESULT,), label_values={L_RESULT: _values(PromotionResult)},
+)
+CASCADES = Metric(
+    "kvscope_cascades_total", Kind.COUNTER, Side.SCHEDULER,
+    "Primary -> secondary tier writes (one per key), by result.",
+    (L_RESULT,), label_values={L_RESULT: _values(CascadeResult)},
+)
+STORE_JOBS = Metric(
+    "kvscope_store_jobs_total", Kind.COUNTER, Side.SCHEDULER,
+    "prepare_store calls by result; no_space = the primary tier could not take one step's "
+    "store job, so nothing from it reaches any tier.",
+    (L_RESULT,), label_values={L_RESULT: _values(StoreJobResult)},
+)
+PENDING_TRANSFERS = Metric(
+    "kvscope_pending_transfers", Kind.GAUGE, Side.SCHEDULER,
+    "Transfers not yet finished: connector load/store jobs not reported by every rank, tier "
+    "promotions and cascades in flight.",
+    (L_KIND,), label_values={L_KIND: _values(PendingKind)},
+)
+OLDEST_PENDING_TRANSFER = Metric(
+    "kvscope_oldest_pending_transfer_seconds", Kind.GAUGE, Side.SCHEDULER,
+    "Age of the oldest unfinished transfer of each kind (0 when none): how long a stuck "
+    "transfer has been stuck, readable from a single scrape.",
+    (L_KIND,), label_values={L_KIND: _values(PendingKind)},
+)
+REQUESTS = Metric(
+    "kvscope_requests", Kind.GAUGE, Side.SCHEDULER,
+    "Unfinished requests as the connector sees them, by state.",
+    (L_STATE,), label_values={L_STATE: _values(RequestState)},
+)
+REQUESTS_IN_FLIGHT = Metric(
+    "kvscope_requests_in_flight", Kind.GAUGE, Side.SCHEDULER,
+    "Requests the connector has seen and not yet finished.",
+)
+SCHEDULER_STEPS = Metric(
+    "kvscope_scheduler_steps_total", Kind.COUNTER, Side.SCHEDULER,
+    "Scheduler steps the connector took part in (build_connector_meta calls).",
+)
+LAST_STEP_TIMESTAMP = Metric(
+    "kvscope_last_step_timestamp_seconds", Kind.GAUGE, Side.SCHEDULER,
+    "Unix time of the latest scheduler step; alerts use it to reject stale gauges.",
+)
+INFO = Metric(
+    "kvscope_info", Kind.GAUGE, Side.SCHEDULER,
+    "Always 1; labels describe the kvscope/vLLM build and the offload configuration.",
+    (L_KVSCOPE_VERSION, L_VLLM_VERSION, L_SPEC, L_TIERS, L_PRIMARY_ROWS, L_HASH_SEED),
+)
+KV_GROUP_INFO = Metric(
+    "kvscope_kv_group_info", Kind.GAUGE, Side.SCHEDULER,
+    "Always 1; one series per KV-cache group with its attention kind and block size.",
+    (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK),
+)
+TELEMETRY_ERRORS = Metric(
+    "kvscope_telemetry_errors_total", Kind.COUNTER, Side.SCHEDULER,
+    "Exceptions the instrumentation caught and swallowed (serving went on).",
+    (L_WHERE,), label_values={L_WHERE: _values(ErrorSite)},
+)
+
+# ---- worker side (per rank) ----------------------------------------------
+TRANSFER_BYTES = Metric(
+    "kvscope_transfer_bytes_total", Kind.COUNTER, Side.WORKER,
+    "Bytes moved by KV transfers, per rank and direction (disk directions: rank=\"manager\").",
+    (L_RANK, L_DIRECTION), label_values={L_DIRECTION: _values(Direction)},
+)
+TRANSFER_SECONDS = Metric(
+    "kvscope_transfer_seconds", Kind.HISTOGRAM, Side.WORKER,
+    "Duration of finished KV transfer jobs, per rank and direction.",
+    (L_RANK, L_DIRECTION), buckets=TRANSFER_SECONDS_BUCKETS,
+    label_values={L_DIRECTION: _values(Direction)},
+)
+TRANSFERS_IN_FLIGHT = Metric(
+    "kvscope_transfers_in_flight", Kind.GAUGE, Side.WORKER,
+    "Transfer jobs submitted and not yet finished, per rank and direction.",
+    (L_RANK, L_DIRECTION), label_values={L_DIRECTION: _values(Direction)},
+)
+ROW_CHECKSUMS = Metric(
+    "kvscope_row_checksums_total", Kind.COUNTER, Side.WORKER,
+    "Promoted-row checksums compared by a rank before a CPU->GPU load, by outcome.",
+    (L_RANK, L_OUTCOME), label_values={L_OUTCOME: _values(ChecksumOutcome)},
+)
+LOADS_REFUSED = Metric(
+    "kvscope_loads_refused_total", Kind.COUNTER, Side.WORKER,
+    "CPU->GPU loads a rank refused (vLLM recomputes those tokens instead).",
+    (L_RANK, L_REASON), label_values={L_REASON: _values(RefusalReason)},
+)
+WORKER_LAST_STEP_TIMESTAMP = Metric(
+    "kvscope_worker_last_step_timestamp_seconds", Kind.GAUGE, Side.WORKER,
+    "Unix time a rank last reported (get_finished); a stuck rank stops advancing it.",
+    (L_RANK,),
+)
+
+SCHEDULER_METRICS: tuple[Metric, ...] = (
+    LOOKUPS, LOOKUP_ROUNDS, ROUND_PENDING_KEYS, LAST_ROUND_PENDING_KEYS, ROUNDS_AT_ROW_CEILING,
+    HIT_TOKENS, PRIMARY_ROWS, PROMOTIONS, CASCADES, STORE_JOBS, PENDING_TRANSFERS,
+    OLDEST_PENDING_TRANSFER, REQUESTS,
+    REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
+    TELEMETRY_ERRORS,
+)
+WORKER_METRICS: tuple[Metric, ...] = (
+    TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,
+    WORKER_LAST_STEP_TIMESTAMP,
+)
+ALL_METRICS: tuple[Metric, ...] = SCHEDULER_METRICS + WORKER_METRICS
+BY_NAME: dict[str, Metric] = {m.name: m for m in ALL_METRICS}
+
+
+def exposed_series(metric: Metric) -> tuple[str, ...]:
+    """Every series name a scrape of ``metric`` yields (histograms fan out)."""
+    if metric.kind is Kind.HISTOGRAM:
+        return (f"{metric.name}_bucket", f"{metric.name}_sum", f"{metric.name}_count")
+    return (metric.name,)
+
+
+# --------------------------------------------------------------------------
+# vLLM's own metrics kvscope reads (dashboards, rules, kv-diagnose) by their
+# real exposed names. kvscope never emits these.
+# --------------------------------------------------------------------------
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_REQUESTS_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+VLLM_REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
+VLLM_EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits_total"
+VLLM_OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+VLLM_OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+
+
+# --------------------------------------------------------------------------
+# OpenTelemetry spans and attributes
+# --------------------------------------------------------------------------
+TRACER_NAME = "kvscope"
+SPAN_LOOKUP_ROUND = "kvscope.lookup_round"
+SPAN_PROMOTION = "kvscope.promotion"
+SPAN_TRANSFER = "kvscope.transfer"
+
+A_VERDICT = "kvscope.verdict"
+A_REQUEST_ID_HASH = "kvscope.request.id_hash"  # salted, truncated: never the raw id
+A_HIT_TOKENS = "kvscope.hit_tokens"
+A_PENDING_KEYS = "kvscope.pending_keys"
+A_PRIMARY_ROWS = "kvscope.primary_rows"
+A_AT_ROW_CEILING = "kvscope.at_row_ceiling"
+# Per-group lookup result counts: one int array per result, indexed by kv_group.
+A_GROUP_RESULT_PREFIX = "kvscope.lookups."  # + LookupResult value
+A_TIER = "kvscope.tier"
+A_ROW_COUNT = "kvscope.row_count"
+A_RESULT = "kvscope.result"
+A_RANK = "kvscope.rank"
+A_DIRECTION = "kvscope.direction"
+A_BYTES = "kvscope.bytes"
+A_JOB_ID = "kvscope.job_id"
+A_DURATION_S = "kvscope.duration_s"
+A_SUCCESS = "kvscope.success"
