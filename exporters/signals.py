@@ -166,7 +166,7 @@ RANK_MANAGER = "manager"
 # --------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: signals are singletons
 class Metric:
     name: str  # the series name as scraped (counters end in _total)
     kind: Kind

@@ -1,0 +1,206 @@
+"""Everything kvscope reads from vLLM's offload internals, in one place.
+
+kvscope is written against vLLM 0.26 (pinned in the ``vllm`` extra). What vLLM
+0.33 renamed (``chunk_ids`` for ``block_ids``, ``_jobs`` for ``_transfer_jobs``,
+HIT_PENDING for promotion RETRY, ...) is absorbed here and nowhere else; see
+``../shared/research/vllm-offload-internals.md`` section 5 for the checklist.
+Private attributes are read only here, always with a fallback, never written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+from collections.abc import Iterable
+from typing import Any
+
+import vllm
+from vllm.v1.kv_offload.base import LookupResult as VLookupResult
+from vllm.v1.kv_offload.base import get_offload_group_idx
+
+from kvscope.exporters import signals
+
+VLLM_VERSION: str = getattr(vllm, "__version__", "unknown")
+
+LOOKUP_RESULT: dict[Any, signals.LookupResult] = {
+    VLookupResult.HIT: signals.LookupResult.HIT,
+    VLookupResult.MISS: signals.LookupResult.MISS,
+    VLookupResult.RETRY: signals.LookupResult.RETRY,
+    VLookupResult.HIT_PENDING: signals.LookupResult.HIT_PENDING,
+}
+
+# Attribute an instrumented object carries so wrapping twice is a no-op.
+WRAPPED_MARK = "_kvscope_wrapped"
+# Attribute on a CPU load spec carrying the expected per-rank row digests.
+EXPECTED_DIGESTS_ATTR = "kvscope_expected_digests"
+
+
+def group_of_key(key: bytes) -> int:
+    return get_offload_group_idx(key)
+
+
+def primary_tier(manager: Any) -> Any:
+    """The CPU primary tier: a tiering manager's ``primary_tier``, else the manager."""
+    return getattr(manager, "primary_tier", manager)
+
+
+def secondary_tiers(manager: Any) -> list[Any]:
+    return list(getattr(manager, "secondary_tiers", ()) or ())
+
+
+def tier_type(tier: Any) -> str:
+    return str(getattr(tier, "tier_type", type(tier).__name__))
+
+
+def row_states(primary: Any) -> tuple[int, int, int]:
+    """(total, occupied, in_flight) rows of a CPUOffloadingManager."""
+    total = int(getattr(primary, "_num_blocks", 0))
+    allocated = int(getattr(primary, "_num_allocated_blocks", 0))
+    free = len(getattr(primary, "_free_list", ()))
+    in_flight = int(getattr(primary, "_num_write_pending_blocks", 0))
+    return total, max(allocated - free, 0), in_flight
+
+
+def connector_jobs(connector_scheduler: Any) -> Iterable[tuple[int, bool]]:
+    """(job id, is_store) of connector jobs not yet reported by every rank."""
+    jobs = getattr(connector_scheduler, "_jobs", {}) or {}
+    return [(jid, bool(getattr(st, "is_store", False))) for jid, st in list(jobs.items())]
+
+
+def job_rows(job: Any) -> list[int]:
+    rows = getattr(job, "chunk_ids", None)
+    if rows is None:
+        rows = getattr(job, "block_ids", ())
+    return [int(r) for r in rows]
+
+
+def job_keys(job: Any) -> list[bytes]:
+    return list(getattr(job, "keys", ()) or ())
+
+
+def job_is_promotion(job: Any) -> bool:
+    return bool(getattr(job, "is_promotion", False))
+
+
+def spec_rows(spec: Any) -> list[int]:
+    """Row (CPU block) ids of a CPU load/store spec, or GPU block ids of a GPU spec."""
+    return job_rows(spec)
+
+
+class RegionGeometry:
+    """Where rows and rank slots live in the primary tier's shared region."""
+
+    def __init__(self, path: str, rows: int, row_stride: int, slot_size: int,
+                 world_size: int) -> None:
+        self.path = path
+        self.rows = rows
+        self.row_stride = row_stride
+        self.slot_size = slot_size
+        self.world_size = world_size
+
+    def slot_offset(self, row: int, rank: int) -> int:
+        return row * self.row_stride + rank * self.slot_size
+
+
+def region_geometry(spec: Any) -> RegionGeometry | None:
+    rows = int(getattr(spec, "num_blocks", 0) or 0)
+    row_stride = int(getattr(spec, "kv_bytes_per_chunk", 0) or 0)
+    slot = int(getattr(spec, "cpu_page_size_per_worker", 0) or 0)
+    if not (rows and row_stride and slot):
+        return None
+    engine_id = getattr(spec, "_engine_id", None) or getattr(
+        getattr(spec, "config", None), "engine_id", None)
+    world = int(getattr(getattr(getattr(spec, "config", None), "parallel", None),
+                        "world_size", 1) or 1)
+    return RegionGeometry(f"/dev/shm/vllm_offload_{engine_id}.mmap", rows, row_stride,
+                          slot, world)
+
+
+def scheduler_view(manager: Any) -> memoryview | None:
+    """The scheduler's (rows, row_stride) view of the primary tier, tiering only."""
+    getter = getattr(primary_tier(manager), "get_kv_memoryview", None)
+    return getter() if getter is not None else None
+
+
+def worker_region(worker: Any) -> Any | None:
+    """The SharedOffloadRegion a CPU offloading worker maps for its own rank."""
+    return getattr(worker, "_mmap_region", None) or getattr(worker, "mmap_region", None)
+
+
+def region_rank(region: Any) -> int | None:
+    rank = getattr(region, "rank", None)
+    return int(rank) if rank is not None else None
+
+
+def region_buffer(region: Any) -> mmap.mmap | None:
+    return getattr(region, "mmap_obj", None)
+
+
+def process_rank() -> int:
+    """This worker's rank when no shared region says it (CPU spec without tiering)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:
+        return 0
+
+
+def hash_fingerprint(vllm_config: Any) -> str:
+    """Short digest of the prefix-hash configuration (hash algorithm + NONE_HASH).
+
+    vLLM 0.26 seeds NONE_HASH from PYTHONHASHSEED, or from os.urandom when it is
+    unset: two processes (or one process before and after a restart) with
+    different fingerprints compute different keys for the same tokens, so one
+    never hits what the other stored.
+    """
+    from vllm.v1.core import kv_cache_utils
+
+    none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
+    algo = getattr(getattr(vllm_config, "cache_config", None), "prefix_caching_hash_algo", "")
+    if none_hash is None:
+        return "unset"
+    return hashlib.blake2b(bytes(none_hash) + str(algo).encode(), digest_size=4).hexdigest()
+
+
+def kv_group_kinds(kv_cache_config: Any) -> list[str]:
+    kinds = []
+    for group in getattr(kv_cache_config, "kv_cache_groups", ()) or ():
+        spec = group.kv_cache_spec
+        name = type(spec).__name__
+        if "SlidingWindow" in name:
+            kinds.append("sliding_window")
+        elif "Mamba" in name:
+            kinds.append("mamba")
+        elif "FullAttention" in name or "MLA" in name:
+            kinds.append("full_attention")
+        else:
+            kinds.append(name.removesuffix("Spec").lower() or "unknown")
+    return kinds
+
+
+def group_tokens_per_block(spec: Any) -> list[int]:
+    return [int(t) for t in (getattr(spec, "tokens_per_block", ()) or ())]
+
+
+def blocks_per_chunk(spec: Any) -> int:
+    return int(getattr(spec, "blocks_per_chunk", 1) or 1)
+
+
+def scheduler_spec(manager: Any, vllm_config: Any, kv_cache_config: Any) -> Any:
+    """The OffloadingSpec the scheduler's manager came from.
+
+    0.26's connector does not keep it; a secondary tier does. Without tiers it is
+    rebuilt through vLLM's public factory (construction has no side effects; only
+    get_manager/get_worker allocate).
+    """
+    for tier in secondary_tiers(manager):
+        spec = getattr(tier, "_offloading_spec", None)
+        if spec is not None:
+            return spec
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+        build_offloading_config,
+    )
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    return OffloadingSpecFactory.create_spec(build_offloading_config(vllm_config, kv_cache_config))

@@ -1,0 +1,254 @@
+"""ObservedOffloadingConnector: vLLM's OffloadingConnector with kvscope's eyes on it.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "ObservedOffloadingConnector",
+      "kv_connector_module_path": "kvscope.connector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": ..., "kvscope": {...}}}'
+
+The subclass only wraps: after ``super().__init__`` it replaces the manager the
+connector scheduler calls with a forwarding proxy, taps the tier instances, and
+after ``register_kv_caches`` wraps the worker instance. Options live under
+``kv_connector_extra_config["kvscope"]`` (see :class:`Settings`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+    OffloadPromMetrics,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+    OffloadingConnector,
+)
+from vllm.v1.kv_offload.base import (
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingHistogramMetadata,
+)
+
+from kvscope.connector import compat
+from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.scheduler_side import SchedulerObserver, bracket
+from kvscope.connector.worker_side import WorkerProxy
+from kvscope.exporters import signals
+from kvscope.exporters.otel import get_tracer
+from kvscope.exporters.prometheus import DEFAULT_ADDR, Exporter, start_exporter
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import ErrorSite, Kind
+
+logger = logging.getLogger("kvscope")
+
+SETTINGS_KEY = "kvscope"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``kv_connector_extra_config["kvscope"]``."""
+
+    # Standalone /metrics port of the scheduler process; worker rank r serves on
+    # exporter_port + 1 + r. None: only vLLM's own /metrics carries kvscope series.
+    exporter_port: int | None = None
+    exporter_addr: str = DEFAULT_ADDR
+    # off | observe | refuse (default): what a rank does when its copy of a
+    # promoted row differs from the scheduler host's. Pair "refuse" with
+    # kv_load_failure_policy="recompute" so refused loads are recomputed.
+    checksum_policy: str = ChecksumPolicy.REFUSE
+    checksum_algorithm: str = DEFAULT_ALGORITHM
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
+        raw = dict((extra or {}).get(SETTINGS_KEY) or {})
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown kvscope settings: {sorted(unknown)}")
+        s = cls(**raw)
+        if s.checksum_policy not in ChecksumPolicy.ALL:
+            raise ValueError(f"checksum_policy must be one of {ChecksumPolicy.ALL}")
+        if s.checksum_algorithm not in ALGORITHMS:
+            raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
+        return s
+
+
+class ObservedOffloadingConnector(OffloadingConnector):
+    """OffloadingConnector + kvscope signals. Behaviour is the stock connector's,
+    except that a promoted row whose bytes differ on some rank is not loaded
+    (checksum policy ``refuse``)."""
+
+    # Tests and embedders may pass these before construction (class-level
+    # injection keeps vLLM's constructor signature).
+    recorder_factory = Recorder
+    tracer_provider = None
+
+    def __init__(self, vllm_config, role, kv_cache_config):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None)
+        self.kvscope_settings = Settings.from_extra_config(extra)
+        self.kvscope_recorder: Recorder = type(self).recorder_factory()
+        self.kvscope_exporter: Exporter | None = None
+        self._kvscope_tracer = get_tracer(type(self).tracer_provider)
+        self._kvscope_observer: SchedulerObserver | None = None
+        self._kvscope_spec = None
+        self._kvscope_role = role
+        rec = self.kvscope_recorder
+        with rec.guard(ErrorSite.MANAGER):
+            if role == KVConnectorRole.SCHEDULER and self.connector_scheduler is not None:
+                self._kvscope_observer = SchedulerObserver(
+                    recorder=rec, tracer=self._kvscope_tracer,
+                    connector_scheduler=self.connector_scheduler,
+                    spec=compat.scheduler_spec(self.connector_scheduler.manager,
+                                               vllm_config, kv_cache_config),
+                    vllm_config=vllm_config,
+                    kv_cache_config=kv_cache_config,
+                    checksum_policy=self.kvscope_settings.checksum_policy)
+                self._maybe_start_exporter(0)
+        rec.flush()
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _maybe_start_exporter(self, offset: int) -> None:
+        port = self.kvscope_settings.exporter_port
+        if port is None or self.kvscope_exporter is not None:
+            return
+        with self.kvscope_recorder.guard(ErrorSite.EXPORTER):
+            self.kvscope_exporter = start_exporter(
+                self.kvscope_recorder, port + offset if port else 0,
+                self.kvscope_settings.exporter_addr)
+            logger.info("kvscope: serving %s", self.kvscope_exporter.url)
+
+    @property
+    def kvscope_worker(self) -> WorkerProxy | None:
+        cw = self.connector_worker
+        w = getattr(cw, "worker", None) if cw is not None else None
+        return w if isinstance(w, WorkerProxy) else None
+
+    def _wrap_worker(self) -> None:
+        cw = self.connector_worker
+        if cw is None or cw.worker is None or isinstance(cw.worker, WorkerProxy):
+            return
+        with self.kvscope_recorder.guard(ErrorSite.WORKER):
+            cw.worker = WorkerProxy(
+                cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
+                spec=cw.spec, checksum_policy=self.kvscope_settings.checksum_policy,
+                algorithm=self.kvscope_settings.checksum_algorithm)
+            self._maybe_start_exporter(1 + cw.worker.rank)
+
+    # ---- worker role ----------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches):
+        super().register_kv_caches(kv_caches)
+        self._wrap_worker()
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        super().register_cross_layers_kv_cache(kv_cache, attn_backend)
+        self._wrap_worker()
+
+    def get_finished(self, finished_req_ids):
+        result = super().get_finished(finished_req_ids)
+        w = self.kvscope_worker
+        if w is not None:
+            w.step()
+        return result
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors = set(super().get_block_ids_with_load_errors())
+        w = self.kvscope_worker
+        if w is not None:
+            errors |= w.take_load_errors()
+        return errors
+
+    # ---- scheduler role ---------------------------------------------------------------------
+    def on_new_request(self, request):
+        super().on_new_request(request)
+        if self._kvscope_observer is not None:
+            self._kvscope_observer.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return bracket(self._kvscope_observer,
+                       lambda: super(ObservedOffloadingConnector, self)
+                       .get_num_new_matched_tokens(request, num_computed_tokens), request)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        out = super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if self._kvscope_observer is not None:
+            self._kvscope_observer.after_alloc(request, num_external_tokens)
+        return out
+
+    def build_connector_meta(self, scheduler_output):
+        meta = super().build_connector_meta(scheduler_output)
+        if self._kvscope_observer is not None:
+            self._kvscope_observer.on_step(scheduler_output)
+        return meta
+
+    def request_finished(self, request, block_ids):
+        out = super().request_finished(request, block_ids)
+        if self._kvscope_observer is not None:
+            self._kvscope_observer.on_finished(request)
+        return out
+
+    def request_finished_all_groups(self, request, block_ids):
+        out = super().request_finished_all_groups(request, block_ids)
+        if self._kvscope_observer is not None:
+            self._kvscope_observer.on_finished(request)
+        return out
+
+    # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
+    def get_kv_connector_stats(self):
+        stats = super().get_kv_connector_stats()
+        rec = self.kvscope_recorder
+        try:
+            delta = rec.take_delta()
+            if delta.is_empty():
+                return stats
+            ours = OffloadingConnectorStats()
+            for (metric, labels), value in delta.counters.items():
+                ours.increase_counter(metric.name, value, labels)
+            for (metric, labels), value in delta.gauges.items():
+                ours.set_gauge(metric.name, value, labels)
+            for (metric, labels), values in delta.observations.items():
+                for v in values:
+                    ours.observe_histogram(metric.name, v, labels)
+            return ours if stats is None else stats.aggregate(ours)
+        except Exception as exc:
+            rec.error(ErrorSite.STATS, exc)
+            return stats
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvscopePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self):
+        try:
+            super().shutdown()
+        finally:
+            if self.kvscope_exporter is not None:
+                self.kvscope_exporter.close()
+                self.kvscope_exporter = None
+
+
+def _metadata(m: signals.Metric):
+    if m.kind is Kind.COUNTER:
+        return OffloadingCounterMetadata(documentation=m.help, labelnames=m.labels)
+    if m.kind is Kind.GAUGE:
+        return OffloadingGaugeMetadata(documentation=m.help, labelnames=m.labels)
+    return OffloadingHistogramMetadata(documentation=m.help, labelnames=m.labels,
+                                       buckets=m.buckets)
+
+
+class KvscopePromMetrics(OffloadPromMetrics):
+    """vLLM's offload Prometheus metrics plus every kvscope signal.
+
+    vLLM asserts that each stats key it observes was declared, so the kvscope
+    names are declared here, keyed by their exposed name and created with the
+    name prometheus-client expects (counters without ``_total``).
+    """
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        for m in signals.ALL_METRICS:
+            md = _metadata(m)
+            self._offloading_metric_metadata[m.name] = md
+            self._offloading_metric_defs[m.name] = self._create_metric(m.base, md)

@@ -1,0 +1,413 @@
+"""Scheduler-side instrumentation: manager proxy, tier taps, round verdicts, step gauges.
+
+Nothing here changes what vLLM decides. The proxy and the taps forward every
+call unchanged and record what passed through; every recording is guarded so
+that an exception in kvscope is counted (``kvscope_telemetry_errors_total``)
+and never reaches vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import Tracer
+
+from kvscope import __version__
+from kvscope.connector import compat
+from kvscope.connector.checksums import ChecksumPolicy, digest_slots
+from kvscope.exporters import signals
+from kvscope.exporters.otel import request_id_hash
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import (
+    Direction,
+    ErrorSite,
+    LookupResult,
+    PendingKind,
+    PromotionResult,
+    RequestState,
+    RowState,
+    Verdict,
+)
+
+_RESULTS = tuple(LookupResult)
+
+
+@dataclass
+class Round:
+    """One get_num_new_matched_tokens call: per-group lookup results."""
+
+    started_ns: int
+    per_group: dict[int, list[int]] = field(default_factory=dict)  # group -> counts by _RESULTS
+
+    def add(self, group: int, result: LookupResult) -> None:
+        counts = self.per_group.get(group)
+        if counts is None:
+            counts = self.per_group[group] = [0] * len(_RESULTS)
+        counts[_RESULTS.index(result)] += 1
+
+    def total(self, result: LookupResult) -> int:
+        i = _RESULTS.index(result)
+        return sum(c[i] for c in self.per_group.values())
+
+    @property
+    def pending_keys(self) -> int:
+        return self.total(LookupResult.RETRY) + self.total(LookupResult.HIT_PENDING)
+
+    def verdict(self, num_tokens: int | None) -> Verdict:
+        if num_tokens is None:
+            return Verdict.DEFERRED
+        if num_tokens > 0:
+            return Verdict.HIT
+        found = self.total(LookupResult.HIT) + self.pending_keys
+        return Verdict.VETOED if found else Verdict.MISS
+
+
+@dataclass
+class _TierJob:
+    started: float
+    rows: list[int]
+    keys: list[bytes]
+    tier: str
+
+
+class ManagerProxy:
+    """Stands in for the OffloadingManager the connector scheduler talks to.
+
+    Every method forwards to the real manager; ``lookup``, ``prepare_load`` and
+    ``prepare_store`` also record. Attributes not defined here (``primary_tier``,
+    ``secondary_tiers``, 0.33's ``lock``, ...) resolve on the real manager.
+    """
+
+    def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_obs", observer)
+        object.__setattr__(self, compat.WRAPPED_MARK, True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._inner, name, value)
+
+    def lookup(self, key, req_context, *args, **kwargs):
+        result = self._inner.lookup(key, req_context, *args, **kwargs)
+        self._obs.on_lookup(key, result)
+        return result
+
+    def prepare_load(self, keys, req_context, *args, **kwargs):
+        spec = self._inner.prepare_load(keys, req_context, *args, **kwargs)
+        self._obs.on_prepare_load(keys, spec)
+        return spec
+
+    def prepare_store(self, keys, req_context, *args, **kwargs):
+        out = self._inner.prepare_store(keys, req_context, *args, **kwargs)
+        self._obs.on_prepare_store(out)
+        return out
+
+
+class SchedulerObserver:
+    """All scheduler-side state kvscope keeps; one per connector instance."""
+
+    def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
+                 spec: Any, vllm_config: Any, kv_cache_config: Any,
+                 checksum_policy: str = ChecksumPolicy.REFUSE) -> None:
+        self.rec = recorder
+        self.tracer = tracer
+        self.cs = connector_scheduler
+        self.spec = spec
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
+        self.checksum_policy = checksum_policy
+
+        inner = connector_scheduler.manager
+        if not getattr(inner, compat.WRAPPED_MARK, False):
+            connector_scheduler.manager = ManagerProxy(inner, self)
+        self.manager = connector_scheduler.manager
+        self.primary = compat.primary_tier(inner)
+        self.tiers = compat.secondary_tiers(inner)
+        self.geometry = compat.region_geometry(spec)
+        self._view = compat.scheduler_view(inner) if self.tiers else None
+
+        self._round: Round | None = None
+        self._requests: dict[str, RequestState] = {}
+        self._promotions: dict[int, _TierJob] = {}
+        self._cascades: dict[int, _TierJob] = {}
+        self._job_first_seen: dict[int, float] = {}
+        # key -> (row, per-rank digests) of rows filled by a completed promotion
+        self._expected: dict[bytes, tuple[int, tuple[int, ...]]] = {}
+        self._fingerprint_src: object = None
+        self._static_done = False
+
+        with self.rec.guard(ErrorSite.TIER):
+            for tier in self.tiers:
+                self._tap_tier(tier)
+            self._tap_primary()
+
+    # ---- taps on tier instances (instance-attribute shadowing) ------------
+    def _tap_primary(self) -> None:
+        primary = self.primary
+        original = getattr(primary, "prepare_write", None)
+        if original is None or getattr(original, compat.WRAPPED_MARK, False) or not self.tiers:
+            return
+
+        def prepare_write(keys, req_context, *a, **kw):
+            out = original(keys, req_context, *a, **kw)
+            with self.rec.guard(ErrorSite.TIER):
+                if out is None:
+                    self.rec.inc(signals.PROMOTIONS, (PromotionResult.NO_ROW.value,), len(keys))
+                else:
+                    self.rec.inc(signals.PROMOTIONS, (PromotionResult.STARTED.value,),
+                                 len(out.keys_to_store))
+                    self._forget(out.evicted_keys)
+                    self._forget(out.keys_to_store)
+            return out
+
+        setattr(prepare_write, compat.WRAPPED_MARK, True)
+        primary.prepare_write = prepare_write
+
+    def _tap_tier(self, tier: Any) -> None:
+        if getattr(tier, compat.WRAPPED_MARK, False):
+            return
+        name = compat.tier_type(tier)
+        submit_load, submit_store = tier.submit_load, tier.submit_store
+        get_finished_jobs = tier.get_finished_jobs
+
+        def tap_submit_load(job, *a, **kw):
+            with self.rec.guard(ErrorSite.TIER):
+                self._promotions[job.job_id] = _TierJob(
+                    time.monotonic(), compat.job_rows(job), compat.job_keys(job), name)
+            return submit_load(job, *a, **kw)
+
+        def tap_submit_store(job, *a, **kw):
+            with self.rec.guard(ErrorSite.TIER):
+                keys = compat.job_keys(job)
+                self._cascades[job.job_id] = _TierJob(
+                    time.monotonic(), compat.job_rows(job), keys, name)
+                self.rec.inc(signals.CASCADES, (signals.CascadeResult.STARTED.value,), len(keys))
+            return submit_store(job, *a, **kw)
+
+        def tap_get_finished_jobs(*a, **kw):
+            results = list(get_finished_jobs(*a, **kw))
+            with self.rec.guard(ErrorSite.TIER):
+                for res in results:
+                    self._on_tier_job_done(res.job_id, bool(res.success))
+            return results
+
+        tier.submit_load = tap_submit_load
+        tier.submit_store = tap_submit_store
+        tier.get_finished_jobs = tap_get_finished_jobs
+        setattr(tier, compat.WRAPPED_MARK, True)
+
+    def _on_tier_job_done(self, job_id: int, success: bool) -> None:
+        now = time.monotonic()
+        row_bytes = self.geometry.row_stride if self.geometry else 0
+        job = self._promotions.pop(job_id, None)
+        if job is not None:
+            result = PromotionResult.COMPLETED if success else PromotionResult.FAILED
+            self.rec.inc(signals.PROMOTIONS, (result.value,), len(job.keys))
+            direction = Direction.DISK_TO_CPU
+            if success:
+                self._digest_promoted(job)
+            with self.tracer.start_as_current_span(signals.SPAN_PROMOTION) as span:
+                span.set_attribute(signals.A_TIER, job.tier)
+                span.set_attribute(signals.A_ROW_COUNT, len(job.rows))
+                span.set_attribute(signals.A_SUCCESS, success)
+                span.set_attribute(signals.A_DURATION_S, now - job.started)
+        else:
+            job = self._cascades.pop(job_id, None)
+            if job is None:
+                return
+            result = (signals.CascadeResult.COMPLETED if success
+                      else signals.CascadeResult.FAILED)
+            self.rec.inc(signals.CASCADES, (result.value,), len(job.keys))
+            direction = Direction.CPU_TO_DISK
+        if success:
+            labels = (signals.RANK_MANAGER, direction.value)
+            self.rec.inc(signals.TRANSFER_BYTES, labels, len(job.rows) * row_bytes)
+            self.rec.observe(signals.TRANSFER_SECONDS, labels, now - job.started)
+
+    # ---- promoted-row checksums --------------------------------------------
+    def _digest_promoted(self, job: _TierJob) -> None:
+        if self.checksum_policy == ChecksumPolicy.OFF or self._view is None or not self.geometry:
+            return
+        g = self.geometry
+        with self.rec.guard(ErrorSite.CHECKSUM):
+            for key, row in zip(job.keys, job.rows):
+                self._expected[key] = (row, digest_slots(self._view[row], g.slot_size,
+                                                         g.world_size))
+            if len(self._expected) > 2 * g.rows:  # bound: at most rows are live anyway
+                for stale in list(self._expected)[: len(self._expected) - 2 * g.rows]:
+                    del self._expected[stale]
+
+    def _forget(self, keys) -> None:
+        if self._expected:
+            for key in keys or ():
+                self._expected.pop(key, None)
+
+    def on_prepare_load(self, keys, spec) -> None:
+        if not self._expected:
+            return
+        with self.rec.guard(ErrorSite.CHECKSUM):
+            rows = compat.spec_rows(spec)
+            expected = {}
+            for key, row in zip(keys, rows):
+                hit = self._expected.get(key)
+                if hit is not None and hit[0] == row:
+                    expected[row] = hit[1]
+            if expected:
+                setattr(spec, compat.EXPECTED_DIGESTS_ATTR, expected)
+
+    def on_prepare_store(self, out) -> None:
+        with self.rec.guard(ErrorSite.MANAGER):
+            if out is None:
+                self.rec.inc(signals.STORE_JOBS, (signals.StoreJobResult.NO_SPACE.value,))
+            elif out.keys_to_store:
+                self.rec.inc(signals.STORE_JOBS, (signals.StoreJobResult.PREPARED.value,))
+                self._forget(out.evicted_keys)
+                self._forget(out.keys_to_store)
+
+    # ---- lookup rounds --------------------------------------------------------
+    def on_lookup(self, key: bytes, result: Any) -> None:
+        with self.rec.guard(ErrorSite.LOOKUP):
+            group = compat.group_of_key(key)
+            res = compat.LOOKUP_RESULT[result]
+            self.rec.inc(signals.LOOKUPS, (str(group), res.value))
+            if self._round is not None:
+                self._round.add(group, res)
+
+    def begin_round(self) -> None:
+        self._round = Round(time.time_ns())
+
+    def end_round(self, request: Any, num_tokens: int | None) -> None:
+        rnd, self._round = self._round, None
+        if rnd is None:
+            return
+        with self.rec.guard(ErrorSite.ROUND):
+            verdict = rnd.verdict(num_tokens)
+            self.rec.inc(signals.LOOKUP_ROUNDS, (verdict.value,))
+            pending = rnd.pending_keys
+            rows_total = compat.row_states(self.primary)[0]
+            at_ceiling = False
+            if verdict in (Verdict.VETOED, Verdict.DEFERRED):
+                self.rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
+                self.rec.set(signals.LAST_ROUND_PENDING_KEYS, (verdict.value,), pending)
+                at_ceiling = rows_total > 0 and pending >= rows_total
+                if at_ceiling:
+                    self.rec.inc(signals.ROUNDS_AT_ROW_CEILING, (verdict.value,))
+            if verdict is Verdict.HIT:
+                self.rec.inc(signals.HIT_TOKENS, (), num_tokens or 0)
+            req_id = getattr(request, "request_id", "")
+            if req_id in self._requests:
+                self._requests[req_id] = (RequestState.DEFERRED if verdict is Verdict.DEFERRED
+                                          else RequestState.QUEUED)
+            span = self.tracer.start_span(signals.SPAN_LOOKUP_ROUND, start_time=rnd.started_ns)
+            if span.is_recording():
+                groups = range(max(rnd.per_group, default=-1) + 1)
+                for i, res in enumerate(_RESULTS):
+                    span.set_attribute(signals.A_GROUP_RESULT_PREFIX + res.value,
+                                       [rnd.per_group.get(g, [0] * len(_RESULTS))[i]
+                                        for g in groups])
+                span.set_attribute(signals.A_VERDICT, verdict.value)
+                span.set_attribute(signals.A_REQUEST_ID_HASH, request_id_hash(req_id))
+                span.set_attribute(signals.A_HIT_TOKENS, num_tokens or 0)
+                span.set_attribute(signals.A_PENDING_KEYS, pending)
+                span.set_attribute(signals.A_PRIMARY_ROWS, rows_total)
+                span.set_attribute(signals.A_AT_ROW_CEILING, at_ceiling)
+            span.end()
+
+    # ---- request lifecycle ------------------------------------------------------
+    def on_new_request(self, request: Any) -> None:
+        with self.rec.guard(ErrorSite.STEP):
+            self._requests[request.request_id] = RequestState.QUEUED
+
+    def after_alloc(self, request: Any, num_external_tokens: int) -> None:
+        with self.rec.guard(ErrorSite.STEP):
+            if request.request_id in self._requests:
+                self._requests[request.request_id] = (
+                    RequestState.LOADING if num_external_tokens else RequestState.RUNNING)
+
+    def on_finished(self, request: Any) -> None:
+        with self.rec.guard(ErrorSite.STEP):
+            self._requests.pop(request.request_id, None)
+
+    # ---- once per step ------------------------------------------------------------
+    def on_step(self, scheduler_output: Any) -> None:
+        with self.rec.guard(ErrorSite.STEP):
+            self._update_requests(scheduler_output)
+            self._update_gauges()
+            self.rec.inc(signals.SCHEDULER_STEPS)
+            self.rec.set(signals.LAST_STEP_TIMESTAMP, (), time.time())
+        with self.rec.guard(ErrorSite.STATS):
+            self.rec.flush()
+
+    def _update_requests(self, so: Any) -> None:
+        for rid in getattr(so, "num_scheduled_tokens", {}) or {}:
+            if rid in self._requests:
+                self._requests[rid] = RequestState.RUNNING
+        for rid in getattr(so, "preempted_req_ids", None) or ():
+            if rid in self._requests:
+                self._requests[rid] = RequestState.QUEUED
+
+    def _update_gauges(self) -> None:
+        now = time.monotonic()
+        total, occupied, in_flight = compat.row_states(self.primary)
+        self.rec.set(signals.PRIMARY_ROWS, (RowState.TOTAL.value,), total)
+        self.rec.set(signals.PRIMARY_ROWS, (RowState.OCCUPIED.value,), occupied)
+        self.rec.set(signals.PRIMARY_ROWS, (RowState.IN_FLIGHT.value,), in_flight)
+
+        started: dict[PendingKind, list[float]] = {k: [] for k in PendingKind}
+        live = set()
+        for jid, is_store in compat.connector_jobs(self.cs):
+            live.add(jid)
+            first = self._job_first_seen.setdefault(jid, now)
+            started[PendingKind.STORE if is_store else PendingKind.LOAD].append(first)
+        for jid in [j for j in self._job_first_seen if j not in live]:
+            del self._job_first_seen[jid]
+        started[PendingKind.PROMOTION] = [j.started for j in self._promotions.values()]
+        started[PendingKind.CASCADE] = [j.started for j in self._cascades.values()]
+        for kind, times in started.items():
+            self.rec.set(signals.PENDING_TRANSFERS, (kind.value,), len(times))
+            self.rec.set(signals.OLDEST_PENDING_TRANSFER, (kind.value,),
+                         now - min(times) if times else 0.0)
+
+        counts = {s: 0 for s in RequestState}
+        for state in self._requests.values():
+            counts[state] += 1
+        for state, n in counts.items():
+            self.rec.set(signals.REQUESTS, (state.value,), n)
+        self.rec.set(signals.REQUESTS_IN_FLIGHT, (), len(self._requests))
+        self._update_info(total)
+
+    def _update_info(self, rows_total: int) -> None:
+        from vllm.v1.core import kv_cache_utils
+
+        src = getattr(kv_cache_utils, "NONE_HASH", None)
+        if self._static_done and src is self._fingerprint_src:
+            return
+        self._fingerprint_src = src
+        tiers = "+".join(["cpu", *(compat.tier_type(t) for t in self.tiers)])
+        self.rec.replace_gauge(signals.INFO, {(
+            __version__, compat.VLLM_VERSION, type(self.spec).__name__, tiers,
+            str(rows_total), compat.hash_fingerprint(self.vllm_config)): 1.0})
+        if not self._static_done:
+            kinds = compat.kv_group_kinds(self.kv_cache_config)
+            tpb = compat.group_tokens_per_block(self.spec)
+            self.rec.replace_gauge(signals.KV_GROUP_INFO, {
+                (str(g), kind, str(tpb[g] if g < len(tpb) else 0)): 1.0
+                for g, kind in enumerate(kinds)})
+            self._static_done = True
+
+
+def bracket(observer: SchedulerObserver | None, fn: Callable[[], tuple[int | None, bool]],
+            request: Any) -> tuple[int | None, bool]:
+    """Run one get_num_new_matched_tokens call inside a lookup round."""
+    if observer is None:
+        return fn()
+    with observer.rec.guard(ErrorSite.ROUND):
+        observer.begin_round()
+    result = fn()
+    observer.end_round(request, result[0])
+    return result

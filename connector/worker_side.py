@@ -1,0 +1,175 @@
+"""Worker-side instrumentation: per-rank bytes, in-flight transfers, row checksums.
+
+:class:`WorkerProxy` stands in for the OffloadingWorker one rank's connector
+worker submits to. Stores and loads are forwarded unchanged and timed. A load
+whose source rows carry expected digests (rows a promotion filled on the
+scheduler host) is first checked against this rank's own mapping of those rows:
+
+* policy ``observe``: mismatches are counted, the load is served;
+* policy ``refuse`` (default): the load is not submitted. The job is reported
+  finished (vLLM 0.26 does not support failed jobs) and its GPU blocks are
+  reported through ``get_block_ids_with_load_errors`` so vLLM's
+  ``kv_load_failure_policy`` applies: ``recompute`` recomputes those tokens,
+  ``fail`` fails the request. Never wrong tokens.
+
+Fail-open for observability, fail-closed for correctness: an exception in the
+telemetry is counted and swallowed; a rank that cannot read its own slot
+refuses the load (``reason="checksum_error"``) under ``refuse``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.trace import Tracer
+
+from kvscope.connector import compat
+from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.exporters import signals
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import ChecksumOutcome, Direction, ErrorSite, RefusalReason
+
+
+@dataclass
+class _Job:
+    direction: Direction
+    started: float
+    blocks: int
+
+
+class WorkerProxy:
+    def __init__(self, inner: Any, *, recorder: Recorder, tracer: Tracer, spec: Any,
+                 checksum_policy: str = ChecksumPolicy.REFUSE,
+                 algorithm: str = DEFAULT_ALGORITHM) -> None:
+        self._inner = inner
+        self._rec = recorder
+        self._tracer = tracer
+        self._policy = checksum_policy
+        self._digest = ALGORITHMS[algorithm]
+        self._geometry = compat.region_geometry(spec)
+        self._region = compat.worker_region(inner)
+        rank = compat.region_rank(self._region)
+        self.rank = rank if rank is not None else compat.process_rank()
+        self._rank_label = str(self.rank)
+        self._jobs: dict[int, _Job] = {}
+        self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
+        self._load_errors: set[int] = set()
+        setattr(self, compat.WRAPPED_MARK, True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    # ---- OffloadingWorker interface ----------------------------------------------
+    def submit_store(self, job_id, src_spec, dst_spec, *args, **kwargs):
+        self._track(job_id, Direction.GPU_TO_CPU, src_spec)
+        return self._inner.submit_store(job_id, src_spec, dst_spec, *args, **kwargs)
+
+    def submit_load(self, job_id, src_spec, dst_spec, *args, **kwargs):
+        if self._policy != ChecksumPolicy.OFF and not self._verify(src_spec):
+            if self._policy == ChecksumPolicy.REFUSE:
+                with self._rec.guard(ErrorSite.WORKER):
+                    self._refused[job_id] = compat.spec_rows(dst_spec)
+                if job_id in self._refused:
+                    return True
+        self._track(job_id, Direction.CPU_TO_GPU, dst_spec)
+        return self._inner.submit_load(job_id, src_spec, dst_spec, *args, **kwargs)
+
+    def get_finished(self):
+        results = list(self._inner.get_finished())
+        with self._rec.guard(ErrorSite.WORKER):
+            now = time.monotonic()
+            for res in results:
+                job = self._jobs.pop(res.job_id, None)
+                if job is None or not res.success:
+                    continue
+                labels = (self._rank_label, job.direction.value)
+                size = res.transfer_size
+                if size is None and self._geometry is not None:
+                    size = job.blocks * self._geometry.slot_size
+                seconds = res.transfer_time if res.transfer_time is not None else now - job.started
+                self._rec.inc(signals.TRANSFER_BYTES, labels, size or 0)
+                self._rec.observe(signals.TRANSFER_SECONDS, labels, seconds)
+                with self._tracer.start_as_current_span(signals.SPAN_TRANSFER) as span:
+                    span.set_attribute(signals.A_RANK, self.rank)
+                    span.set_attribute(signals.A_DIRECTION, job.direction.value)
+                    span.set_attribute(signals.A_BYTES, int(size or 0))
+                    span.set_attribute(signals.A_JOB_ID, int(res.job_id))
+                    span.set_attribute(signals.A_DURATION_S, float(seconds))
+            if self._refused:
+                from vllm.v1.kv_offload.base import TransferResult
+
+                for job_id, blocks in self._refused.items():
+                    results.append(TransferResult(job_id=job_id, success=True))
+                    self._load_errors.update(blocks)
+                self._refused.clear()
+        return results
+
+    def wait(self, job_ids, *args, **kwargs):
+        return self._inner.wait({j for j in job_ids if j not in self._refused}, *args, **kwargs)
+
+    def shutdown(self):
+        return self._inner.shutdown()
+
+    # ---- kvscope ------------------------------------------------------------------------
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def step(self) -> None:
+        """Per-step gauges and flush (called from the connector's get_finished)."""
+        with self._rec.guard(ErrorSite.WORKER):
+            in_flight = {d: 0 for d in (Direction.GPU_TO_CPU, Direction.CPU_TO_GPU)}
+            for job in self._jobs.values():
+                in_flight[job.direction] += 1
+            for direction, n in in_flight.items():
+                self._rec.set(signals.TRANSFERS_IN_FLIGHT, (self._rank_label, direction.value), n)
+            self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), time.time())
+        with self._rec.guard(ErrorSite.STATS):
+            self._rec.flush()
+
+    def _track(self, job_id: int, direction: Direction, gpu_spec: Any) -> None:
+        with self._rec.guard(ErrorSite.WORKER):
+            self._jobs[job_id] = _Job(direction, time.monotonic(), len(compat.spec_rows(gpu_spec)))
+
+    def _verify(self, src_spec: Any) -> bool:
+        """Compare this rank's slot of promoted rows with the scheduler's digests.
+
+        True when nothing is to be checked or every row matches.
+        """
+        expected = getattr(src_spec, compat.EXPECTED_DIGESTS_ATTR, None)
+        if not expected:
+            return True
+        g, buf = self._geometry, compat.region_buffer(self._region)
+        try:
+            if g is None or buf is None:
+                raise RuntimeError("no shared region mapped on this rank")
+            mismatched = 0
+            view = memoryview(buf)
+            try:
+                for row, digests in expected.items():
+                    off = g.slot_offset(int(row), self.rank)
+                    if self._digest(view[off:off + g.slot_size]) != digests[self.rank]:
+                        mismatched += 1
+            finally:
+                view.release()
+        except Exception as exc:
+            self._rec.error(ErrorSite.CHECKSUM, exc)
+            if self._policy != ChecksumPolicy.REFUSE:
+                return True
+            self._rec.inc(signals.LOADS_REFUSED,
+                          (self._rank_label, RefusalReason.CHECKSUM_ERROR.value))
+            return False
+        matched = len(expected) - mismatched
+        if matched:
+            self._rec.inc(signals.ROW_CHECKSUMS, (self._rank_label, ChecksumOutcome.MATCH.value),
+                          matched)
+        if mismatched:
+            self._rec.inc(signals.ROW_CHECKSUMS,
+                          (self._rank_label, ChecksumOutcome.MISMATCH.value), mismatched)
+            if self._policy == ChecksumPolicy.REFUSE:
+                self._rec.inc(signals.LOADS_REFUSED,
+                              (self._rank_label, RefusalReason.CHECKSUM_MISMATCH.value))
+            return False
+        return True

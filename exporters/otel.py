@@ -1,0 +1,67 @@
+"""OpenTelemetry wiring: a tracer from a passed-in or global provider.
+
+* A ``tracer_provider`` passed in wins (tests pass one with an in-memory exporter).
+* Else, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set and
+  nobody has installed a global provider yet, kvscope installs an SDK provider
+  exporting over OTLP/HTTP.
+* Else the global provider is used as it is (a no-op unless the application set one).
+
+Spans never carry prompt text, raw request ids or block hashes: requests are
+identified by :func:`request_id_hash`, a salted, truncated digest that lets a
+reader correlate spans within one process and nothing more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+
+from opentelemetry import trace
+from opentelemetry.trace import Tracer, TracerProvider
+
+from kvscope import __version__
+from kvscope.exporters import signals
+
+logger = logging.getLogger("kvscope")
+
+_SALT = os.urandom(16)
+_install_lock = threading.Lock()
+_installed: TracerProvider | None = None
+
+
+def request_id_hash(request_id: str) -> str:
+    return hashlib.blake2b(request_id.encode(), key=_SALT, digest_size=6).hexdigest()
+
+
+def _otlp_configured() -> bool:
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def _maybe_install_otlp() -> None:
+    global _installed
+    with _install_lock:
+        if _installed is not None or not _otlp_configured():
+            return
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            return  # the application configured tracing itself; respect it
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = SDKTracerProvider(resource=Resource.create(
+            {"service.name": os.environ.get("OTEL_SERVICE_NAME", "vllm-kvscope")}))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+        _installed = provider
+        logger.info("kvscope: exporting spans over OTLP/HTTP")
+
+
+def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:
+    if tracer_provider is None:
+        _maybe_install_otlp()
+        tracer_provider = trace.get_tracer_provider()
+    return tracer_provider.get_tracer(signals.TRACER_NAME, __version__)

@@ -1,0 +1,183 @@
+"""In-process telemetry state: plain counters on the hot path, flushed once per step.
+
+The connector's proxies call :meth:`Recorder.inc` / :meth:`Recorder.observe` /
+:meth:`Recorder.set` from vLLM's scheduler or worker thread. Those are dict
+operations with no lock. Once per step the connector calls :meth:`flush`, which
+moves what was recorded into
+
+* the cumulative state a Prometheus scrape reads (:meth:`snapshot`), and
+* a delta that vLLM's stats pipeline takes with :meth:`take_delta`.
+
+Telemetry never breaks serving: :meth:`error` counts and logs an exception once
+per site; :meth:`guard` wraps a block so that it cannot raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kvscope.exporters import signals
+from kvscope.exporters.signals import Kind, Metric
+
+logger = logging.getLogger("kvscope")
+
+Labels = tuple[str, ...]
+Key = tuple[Metric, Labels]
+
+
+@dataclass
+class HistogramState:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)  # last one is +Inf
+
+    def observe(self, value: float) -> None:
+        for i, upper in enumerate(self.buckets):
+            if value <= upper:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass
+class Delta:
+    """What changed since the previous :meth:`Recorder.take_delta`."""
+
+    counters: dict[Key, float]
+    gauges: dict[Key, float]
+    observations: dict[Key, list[float]]
+
+    def is_empty(self) -> bool:
+        return not (self.counters or self.gauges or self.observations)
+
+
+@dataclass
+class Snapshot:
+    counters: dict[Key, float]
+    gauges: dict[Key, float]
+    histograms: dict[Key, HistogramState]
+
+
+class Recorder:
+    """Counters, gauges and histograms keyed by (signal, label values)."""
+
+    def __init__(self, *, keep_delta: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._keep_delta = keep_delta
+        # hot path (single writer thread)
+        self._pending_counts: dict[Key, float] = defaultdict(float)
+        self._pending_obs: dict[Key, list[float]] = defaultdict(list)
+        self._gauges: dict[Key, float] = {}
+        self._dirty_gauges: set[Key] = set()
+        # flushed
+        self._counters: dict[Key, float] = {}
+        self._histograms: dict[Key, HistogramState] = {}
+        self._delta_counts: dict[Key, float] = defaultdict(float)
+        self._delta_obs: dict[Key, list[float]] = defaultdict(list)
+        self._delta_gauges: dict[Key, float] = {}
+        self._errors_logged: set[str] = set()
+
+    # ---- hot path -------------------------------------------------------
+    def inc(self, metric: Metric, labels: Labels = (), value: float = 1.0) -> None:
+        self._pending_counts[(metric, labels)] += value
+
+    def observe(self, metric: Metric, labels: Labels, value: float) -> None:
+        self._pending_obs[(metric, labels)].append(value)
+
+    def set(self, metric: Metric, labels: Labels, value: float) -> None:
+        key = (metric, labels)
+        self._gauges[key] = value
+        self._dirty_gauges.add(key)
+
+    def replace_gauge(self, metric: Metric, values: dict[Labels, float]) -> None:
+        """Set every series of ``metric`` at once; series not named are dropped."""
+        for key in [k for k in self._gauges if k[0] is metric and k[1] not in values]:
+            del self._gauges[key]
+        for labels, value in values.items():
+            self.set(metric, labels, value)
+
+    def error(self, where: signals.ErrorSite, exc: BaseException) -> None:
+        """Count a swallowed exception; log it the first time per site."""
+        try:
+            self._pending_counts[(signals.TELEMETRY_ERRORS, (where.value,))] += 1
+            if where.value not in self._errors_logged:
+                self._errors_logged.add(where.value)
+                logger.warning(
+                    "kvscope telemetry error in %s (serving continues; further errors "
+                    "here are only counted in %s): %r",
+                    where.value, signals.TELEMETRY_ERRORS.name, exc, exc_info=exc,
+                )
+        except Exception:  # pragma: no cover - last line of defence
+            pass
+
+    @contextlib.contextmanager
+    def guard(self, where: signals.ErrorSite) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:  # telemetry must never raise into vLLM
+            self.error(where, exc)
+
+    # ---- once per step --------------------------------------------------
+    def flush(self) -> None:
+        counts, self._pending_counts = self._pending_counts, defaultdict(float)
+        obs, self._pending_obs = self._pending_obs, defaultdict(list)
+        dirty, self._dirty_gauges = self._dirty_gauges, set()
+        with self._lock:
+            for key, value in counts.items():
+                self._counters[key] = self._counters.get(key, 0.0) + value
+                if self._keep_delta:
+                    self._delta_counts[key] += value
+            for key, values in obs.items():
+                state = self._histograms.get(key)
+                if state is None:
+                    state = self._histograms[key] = HistogramState(key[0].buckets or ())
+                for v in values:
+                    state.observe(v)
+                if self._keep_delta:
+                    self._delta_obs[key].extend(values)
+            if self._keep_delta:
+                for key in dirty:
+                    if key in self._gauges:
+                        self._delta_gauges[key] = self._gauges[key]
+
+    def take_delta(self) -> Delta:
+        with self._lock:
+            delta = Delta(dict(self._delta_counts), dict(self._delta_gauges),
+                          {k: list(v) for k, v in self._delta_obs.items()})
+            self._delta_counts.clear()
+            self._delta_gauges.clear()
+            self._delta_obs.clear()
+        return delta
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(
+                dict(self._counters),
+                dict(self._gauges),
+                {k: HistogramState(v.buckets, list(v.counts), v.total, v.count)
+                 for k, v in self._histograms.items()},
+            )
+
+    # ---- reading (tests, demo) -----------------------------------------
+    def value(self, metric: Metric, labels: Labels = ()) -> float:
+        """Flushed value of one series (0 when never recorded)."""
+        with self._lock:
+            if metric.kind is Kind.COUNTER:
+                return self._counters.get((metric, labels), 0.0)
+            if metric.kind is Kind.GAUGE:
+                return self._gauges.get((metric, labels), 0.0)
+            state = self._histograms.get((metric, labels))
+            return float(state.count) if state else 0.0
