@@ -1,0 +1,162 @@
+"""The one configuration object of the kvscope dashboards and rules (a mixin's ``_config``).
+
+Everything an operator may need to change without forking lives here. Build a
+variant with ``dataclasses.replace(DEFAULT, selector='job="vllm"')`` and pass it
+to ``generate()`` / the ``kvscope dashboards|rules`` commands.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvscope.exporters import signals
+
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+
+
+@dataclass(frozen=True)
+class Config:
+    # ---- selectors ---------------------------------------------------------------------------
+    # Label matchers inserted between {} of every kvscope_* series selector, e.g. 'job="vllm"'
+    # or 'job=~"vllm|kvscope-exporter",cluster="eu1"'. Leave empty when the Prometheus only
+    # scrapes kvscope's targets; set it as soon as unrelated jobs could export same-named series
+    # (two vLLM fleets, a staging copy), or alerts will join series across them.
+    selector: str = ""
+    # Matchers for vLLM's own vllm:* series (request queues, TTFT, vLLM's offload bytes). These
+    # come from vLLM's /metrics, which may be a different job than the standalone kvscope
+    # exporter. Empty means "same as selector".
+    vllm_selector: str = ""
+    # Matchers for the `up` series used to decide "the target is being scraped". Empty means
+    # "same as selector" restricted to the job/instance labels Prometheus adds.
+    up_selector: str = ""
+
+    # Labels that identify one engine (one scheduler with its offload manager). Alerts aggregate
+    # and join by exactly these. Series scraped from vLLM's /metrics carry model_name/engine;
+    # series from the standalone exporter don't - a missing label is just empty, so one list
+    # serves both. Add e.g. "cluster" or "namespace" when several Prometheus targets share an
+    # instance name. Worker-rank series (transfer bytes, checksums) add "rank" on top.
+    engine_labels: tuple[str, ...] = (
+        "job",
+        "instance",
+        signals.VLLM_LABEL_MODEL,
+        signals.VLLM_LABEL_ENGINE,
+    )
+
+    # ---- windows -----------------------------------------------------------------------------
+    # Window of the recorded rates (and of the alert rates built on them). 5m smooths the bursty
+    # per-step counters enough that one idle minute does not flap an alert; must be >= 4x the
+    # scrape interval.
+    rate_window: str = "5m"
+    # Evaluation interval written into the rule groups. Leave at 1m unless your Prometheus
+    # evaluates faster and you want alerts to react within seconds.
+    rule_interval: str = "1m"
+
+    # ---- pending transfers at idle -----------------------------------------------------------
+    # How long transfers may stay pending while no request runs or waits before paging.
+    # Healthy stores finish within seconds of their request finishing; a cascade to a slow disk
+    # may take a minute under load. 10m is far beyond both: a transfer pending that long on an
+    # idle engine is not going to finish (lost completion, stuck rank, leaked job).
+    pending_at_idle_for: str = "10m"
+
+    # ---- capacity ceiling --------------------------------------------------------------------
+    # How long lookup rounds must keep hitting the primary tier's row ceiling (pending keys >=
+    # rows) while the disk tier holds data. A short burst happens when a large batch arrives;
+    # 10m of it means promotions can never all land and requests are deferred or recomputed
+    # forever. Raise it for workloads with long prompt bursts.
+    capacity_ceiling_for: str = "10m"
+
+    # ---- row checksum mismatch ---------------------------------------------------------------
+    # A mismatch means a rank read bytes for a promoted row that differ from what was written:
+    # the load was refused (vLLM recomputed), but the tier is corrupt or mis-addressed. One is
+    # enough to page; there is no "for" on purpose.
+    checksum_mismatch_for: str = "0m"
+    # How far back a mismatch still counts as "new". Use at least 2x the rule interval so a
+    # single mismatch is not missed between evaluations.
+    checksum_mismatch_window: str = "10m"
+
+    # ---- stores without restores -------------------------------------------------------------
+    # Window over which stores must happen while no external hit is served. Offloading costs
+    # GPU->CPU bandwidth on every request; if nothing is ever read back, the tier is dead weight
+    # (wrong hash seed across restarts, block size mismatch, a prompt prefix that changes every
+    # request). Workloads with no prefix reuse at all legitimately look like this: raise the
+    # window, or silence the alert for them.
+    stores_without_restores_window: str = "30m"
+    stores_without_restores_for: str = "30m"
+
+    # ---- stale stats -------------------------------------------------------------------------
+    # Seconds the scheduler's last step may lie in the past while requests are in flight. An
+    # engine with work steps many times a second; an idle engine does not step at all (so idle
+    # engines never trigger this). 120s tolerates a long prefill or a GC pause.
+    stale_stats_seconds: int = 120
+    stale_stats_for: str = "5m"
+
+    # ---- severities --------------------------------------------------------------------------
+    # Mixin convention: critical pages someone now, warning goes to a ticket queue, info is for
+    # dashboards and inhibition only. Map them to your Alertmanager routes here.
+    severity_critical: str = "critical"
+    severity_warning: str = "warning"
+    severity_info: str = "info"
+
+    # ---- runbooks ----------------------------------------------------------------------------
+    # runbook_url = runbook_base_url + runbook_path_pattern. The runbooks live in this repository
+    # under docs/runbooks/; point the base at where your team can open them, e.g.
+    # "https://github.com/<org>/kvscope/blob/v0.1.0/" (pin a tag so a page links to the runbook
+    # of the version that is deployed). Empty keeps a repository-relative path.
+    runbook_base_url: str = ""
+    runbook_path_pattern: str = "docs/runbooks/{alert}.md"
+
+    # ---- dashboards --------------------------------------------------------------------------
+    # Stable UIDs: links and bookmarks survive re-provisioning. Change them only when two copies
+    # of the dashboards must live in one Grafana.
+    overview_uid: str = "kvscope-kv-offload-overview"
+    incident_uid: str = "kvscope-kv-offload-incident"
+    dashboard_tags: tuple[str, ...] = ("kvscope", "vllm", "kv-offload")
+    # Grafana dashboard refresh and default time range.
+    refresh: str = "30s"
+    time_from: str = "now-1h"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "rate_window", "rule_interval", "pending_at_idle_for", "capacity_ceiling_for",
+            "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
+            "stores_without_restores_for", "stale_stats_for",
+        ):
+            value = getattr(self, name)
+            if not _DURATION.match(value):
+                raise ValueError(f"Config.{name}={value!r} is not a Prometheus duration")
+        for name in ("selector", "vllm_selector", "up_selector"):
+            value = getattr(self, name)
+            if "{" in value or "}" in value:
+                raise ValueError(f"Config.{name} holds matchers only, without braces: {value!r}")
+        if not self.engine_labels:
+            raise ValueError("Config.engine_labels must name at least one label")
+        if "{alert}" not in self.runbook_path_pattern:
+            raise ValueError("Config.runbook_path_pattern must contain {alert}")
+
+    # ---- derived ----------------------------------------------------------------------------
+    @property
+    def by_engine(self) -> str:
+        """``job, instance, model_name, engine`` - for ``by (...)`` / ``on (...)``."""
+        return ", ".join(self.engine_labels)
+
+    @property
+    def engine_level(self) -> str:
+        """The ``level`` part of recording-rule names aggregated by ``engine_labels``."""
+        return "_".join(self.engine_labels)
+
+    def runbook_url(self, alert: str) -> str:
+        return self.runbook_base_url + self.runbook_path_pattern.format(alert=alert)
+
+    def sel(self, *matchers: str, vllm: bool = False) -> str:
+        """``{<selector>,<matchers>}`` for a rule expression."""
+        base = (self.vllm_selector or self.selector) if vllm else self.selector
+        inner = ",".join(m for m in (base, *matchers) if m)
+        return "{" + inner + "}" if inner else ""
+
+    def up_sel(self) -> str:
+        inner = self.up_selector or self.selector
+        return "{" + inner + "}" if inner else ""
+
+
+DEFAULT = Config()

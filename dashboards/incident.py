@@ -1,0 +1,228 @@
+"""KV offload incident: the panels behind each alert, for the operator who just got paged."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from kvscope.exporters import signals as s
+
+from . import common as c
+from .config import DEFAULT, Config
+
+R = c.RATE_INTERVAL
+RANGE = "$__range"
+TITLE = "KV offload / Incident"
+
+
+def pending_keys_vs_rows(cfg: Config):
+    return c.timeseries(
+        "Pending keys vs primary-tier rows",
+        "Pending-key sum (retry plus hit_pending over all KV groups) of the latest vetoed or "
+        "deferred lookup round, against the primary tier's row count. While the pending line "
+        "stays below the rows line, promotions can land and deferred requests proceed. At or "
+        "above it, a request needs more rows than exist: it is deferred or vetoed forever "
+        "(KVOffloadCapacityCeiling). Fix by more primary rows or shorter prompts per request.",
+        [
+            (f"max by (instance, {s.L_VERDICT}) "
+             f"({s.LAST_ROUND_PENDING_KEYS.name}{c.dsel(cfg)})",
+             f"pending keys ({{{{{s.L_VERDICT}}}}}) {{{{instance}}}}"),
+            (f"max by (instance) "
+             f"({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))})",
+             "primary rows {{instance}}"),
+            (f"histogram_quantile(0.99, sum by (instance, le) "
+             f"(rate({s.ROUND_PENDING_KEYS.name}_bucket{c.dsel(cfg)}[{R}])))",
+             "p99 pending keys per round {{instance}}"),
+        ],
+    )
+
+
+def rounds_at_ceiling(cfg: Config):
+    return c.timeseries(
+        "Rounds at the row ceiling",
+        "Vetoed or deferred lookup rounds per second whose pending-key sum reached the primary "
+        "tier's row count. Any sustained value above 0 is the capacity-ceiling incident; short "
+        "spikes during a burst of long prompts are tolerable.",
+        [(f"sum by (instance, {s.L_VERDICT}) "
+          f"(rate({s.ROUNDS_AT_ROW_CEILING.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{instance}}}} {{{{{s.L_VERDICT}}}}}")],
+        unit="ops",
+    )
+
+
+def vetoed_deferred(cfg: Config):
+    return c.timeseries(
+        "Vetoed and deferred rounds vs promotions without a row",
+        "Vetoed/deferred lookup rounds per second beside promotions refused for lack of a free "
+        "primary row (no_row). Both rising together means the primary tier is pinned full; "
+        "vetoed alone, without no_row, points at a KV group that never becomes ready.",
+        [
+            (f"sum by ({s.L_VERDICT}) (rate({s.LOOKUP_ROUNDS.name}"
+             f"{c.dsel(cfg, c.re_in(s.L_VERDICT, s.Verdict.VETOED.value, s.Verdict.DEFERRED.value))}"
+             f"[{R}]))", f"{{{{{s.L_VERDICT}}}}} rounds"),
+            (f"sum(rate({s.PROMOTIONS.name}"
+             f"{c.dsel(cfg, c.eq(s.L_RESULT, s.PromotionResult.NO_ROW.value))}[{R}]))",
+             "promotions without a row"),
+        ],
+        unit="ops",
+    )
+
+
+def ceiling_ratio(cfg: Config):
+    by = cfg.by_engine
+    return c.stat(
+        "Worst pending keys / rows",
+        "Largest ratio of the latest pending-key sum to the primary tier's rows over the "
+        "selected engines. Red at 1: the capacity ceiling.",
+        [(f"max(max by ({by}) ({s.LAST_ROUND_PENDING_KEYS.name}{c.dsel(cfg)}) / on ({by}) "
+          f"max by ({by}) "
+          f"({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))}))",
+          "ratio")],
+        unit="percentunit", width=6, height=8, red_at=1,
+    )
+
+
+def checksum_mismatches(cfg: Config):
+    return c.stat(
+        "Row checksum mismatches (time range)",
+        "Promoted rows whose bytes differed from what was written, summed over all ranks in the "
+        "selected time range. Anything above 0 is KVOffloadRowChecksumMismatch: the loads were "
+        "refused (served by recompute), but a tier holds wrong data.",
+        [(f"sum(increase({s.ROW_CHECKSUMS.name}"
+          f"{c.dsel(cfg, c.eq(s.L_OUTCOME, s.ChecksumOutcome.MISMATCH.value), rank=True)}"
+          f"[{RANGE}])) or vector(0)", "mismatches")],
+        width=6, height=8, red_at=1,
+    )
+
+
+def checksums_by_rank(cfg: Config):
+    return c.timeseries(
+        "Row checksums by rank",
+        "Checksums compared per second by each rank before a CPU->GPU load, by outcome. A "
+        "mismatch on one rank only: that rank's slot of the row is wrong (addressing, a stale "
+        "row). On every rank: the row itself was overwritten or the disk tier returned stale "
+        "data.",
+        [(f"sum by ({s.L_RANK}, {s.L_OUTCOME}) "
+          f"(rate({s.ROW_CHECKSUMS.name}{c.dsel(cfg, rank=True)}[{R}]))",
+          f"rank {{{{{s.L_RANK}}}}} {{{{{s.L_OUTCOME}}}}}")],
+        unit="ops",
+    )
+
+
+def loads_refused(cfg: Config):
+    return c.timeseries(
+        "Loads refused by rank",
+        "CPU->GPU loads a rank refused (vLLM recomputed those tokens) by reason. "
+        "checksum_error means the rank could not even read its own slot.",
+        [(f"sum by ({s.L_RANK}, {s.L_REASON}) "
+          f"(rate({s.LOADS_REFUSED.name}{c.dsel(cfg, rank=True)}[{R}]))",
+          f"rank {{{{{s.L_RANK}}}}} {{{{{s.L_REASON}}}}}")],
+        unit="ops",
+    )
+
+
+def pending_vs_requests(cfg: Config):
+    return c.timeseries(
+        "Pending transfers vs requests",
+        "Unfinished transfers by kind beside the requests that could be waiting for them. "
+        "Pending transfers while requests run is normal. A pending line that stays flat above 0 "
+        "while every request line is 0 is a transfer that will never finish "
+        "(KVOffloadTransfersPendingAtIdle): its rows stay pinned and its request's blocks may "
+        "never be freed.",
+        [
+            (f"sum by ({s.L_KIND}) ({s.PENDING_TRANSFERS.name}{c.dsel(cfg)})",
+             f"pending {{{{{s.L_KIND}}}}}"),
+            (f"sum by ({s.L_STATE}) ({s.REQUESTS.name}{c.dsel(cfg)})",
+             f"requests {{{{{s.L_STATE}}}}}"),
+            (f"sum({s.VLLM_REQUESTS_RUNNING}{c.dsel(cfg, vllm=True)})", "vLLM running"),
+            (f"sum({s.VLLM_REQUESTS_WAITING}{c.dsel(cfg, vllm=True)})", "vLLM waiting"),
+        ],
+    )
+
+
+def oldest_pending(cfg: Config):
+    return c.timeseries(
+        "Oldest pending transfer age",
+        "Age of the oldest unfinished transfer of each kind. A sawtooth that returns to 0 is "
+        "healthy; a straight rising line is a stuck transfer, and its slope tells since when.",
+        [(f"max by ({s.L_KIND}) ({s.OLDEST_PENDING_TRANSFER.name}{c.dsel(cfg)})",
+          f"{{{{{s.L_KIND}}}}}")],
+        unit="s",
+    )
+
+
+def in_flight_by_rank(cfg: Config):
+    return c.timeseries(
+        "Transfers in flight per rank",
+        "Jobs submitted and not finished per rank and direction. One rank staying above 0 "
+        "while the others return to 0 is a stuck rank: the scheduler waits for every rank to "
+        "report a job before it counts as finished.",
+        [(f"sum by ({s.L_RANK}, {s.L_DIRECTION}) "
+          f"({s.TRANSFERS_IN_FLIGHT.name}{c.dsel(cfg, rank=True)})",
+          f"rank {{{{{s.L_RANK}}}}} {{{{{s.L_DIRECTION}}}}}")],
+    )
+
+
+def stats_freshness(cfg: Config):
+    return c.timeseries(
+        "Stats freshness",
+        "Seconds since the scheduler's last step and since each rank last reported. Rising "
+        "linearly while the engine is idle is normal (an idle engine does not step). Rising "
+        "while requests are in flight means the engine or the stats path is hung and every "
+        "kvscope gauge is stale (KVOffloadStatsStale). One rank rising alone: that rank hangs.",
+        [
+            (f"time() - max by (instance) ({s.LAST_STEP_TIMESTAMP.name}{c.dsel(cfg)})",
+             "scheduler {{instance}}"),
+            (f"time() - max by (instance, {s.L_RANK}) "
+             f"({s.WORKER_LAST_STEP_TIMESTAMP.name}{c.dsel(cfg, rank=True)})",
+             f"rank {{{{{s.L_RANK}}}}} {{{{instance}}}}"),
+        ],
+        unit="s",
+    )
+
+
+def scheduler_steps(cfg: Config):
+    return c.timeseries(
+        "Scheduler steps",
+        "Scheduler steps per second the connector took part in. Drops to 0 at idle; a drop to "
+        "0 while requests are in flight is a hung engine.",
+        [(f"sum by (instance) (rate({s.SCHEDULER_STEPS.name}{c.dsel(cfg)}[{R}]))",
+          "{{instance}}")],
+        unit="ops",
+    )
+
+
+def telemetry_errors(cfg: Config):
+    return c.timeseries(
+        "Instrumentation errors",
+        "Exceptions kvscope caught and swallowed, by site (serving went on). Any steady rate "
+        "means some kvscope series above are incomplete; report it with a kv-diagnose bundle.",
+        [(f"sum by ({s.L_WHERE}) (rate({s.TELEMETRY_ERRORS.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{{s.L_WHERE}}}}}")],
+        unit="ops", width=24,
+    )
+
+
+def build(cfg: Config = DEFAULT) -> db.Dashboard:
+    return (
+        c.dashboard(
+            cfg, cfg.incident_uid, TITLE,
+            "vLLM KV-cache offloading (kvscope): the evidence behind each KVOffload* alert.",
+        )
+        .link(c.link_to("Overview", cfg.overview_uid))
+        .with_row(db.Row("Capacity ceiling"))
+        .with_panel(ceiling_ratio(cfg))
+        .with_panel(pending_keys_vs_rows(cfg).span(18))
+        .with_panel(rounds_at_ceiling(cfg))
+        .with_panel(vetoed_deferred(cfg))
+        .with_row(db.Row("Row integrity"))
+        .with_panel(checksum_mismatches(cfg))
+        .with_panel(checksums_by_rank(cfg).span(9))
+        .with_panel(loads_refused(cfg).span(9))
+        .with_row(db.Row("Stuck transfers"))
+        .with_panel(pending_vs_requests(cfg))
+        .with_panel(oldest_pending(cfg))
+        .with_panel(in_flight_by_rank(cfg).span(24))
+        .with_row(db.Row("Freshness"))
+        .with_panel(stats_freshness(cfg))
+        .with_panel(scheduler_steps(cfg))
+        .with_panel(telemetry_errors(cfg))
+    )

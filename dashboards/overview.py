@@ -1,0 +1,225 @@
+"""KV offload overview: is offloading paying off, and how busy are the tiers and the links."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from kvscope.exporters import signals as s
+
+from . import common as c
+from .config import DEFAULT, Config
+
+R = c.RATE_INTERVAL
+TITLE = "KV offload / Overview"
+
+
+def lookup_verdicts(cfg: Config):
+    return c.timeseries(
+        "Lookup rounds by verdict",
+        "Lookup rounds per second (one per get_num_new_matched_tokens call) by the verdict the "
+        "KV groups reached together. Healthy: hit and miss dominate. A growing deferred share "
+        "means requests wait for promotions from the disk tier; vetoed means some group found "
+        "keys that were not ready, so the request recomputed. Deferred or vetoed above hit for "
+        "minutes: open the incident dashboard (capacity ceiling).",
+        [(f"sum by ({s.L_VERDICT}) (rate({s.LOOKUP_ROUNDS.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{{s.L_VERDICT}}}}}")],
+        unit="ops", stack=True,
+    )
+
+
+def group_outcomes(cfg: Config):
+    return c.timeseries(
+        "Lookup results per KV group",
+        "Keys looked up per second, per KV-cache group and result. On hybrid models (full plus "
+        "sliding-window attention) every group must hit for a round to hit: one group stuck on "
+        "retry or hit_pending while the others hit explains vetoed rounds. retry means the key "
+        "is on the disk tier and must be promoted first.",
+        [(f"sum by ({s.L_KV_GROUP}, {s.L_RESULT}) "
+          f"(rate({s.LOOKUPS.name}{c.dsel(cfg)}[{R}]))",
+          f"group {{{{{s.L_KV_GROUP}}}}} {{{{{s.L_RESULT}}}}}")],
+        unit="ops",
+    )
+
+
+def hit_ratio_per_tier(cfg: Config):
+    total = f"sum(rate({s.LOOKUPS.name}{c.dsel(cfg)}[{R}]))"
+    return c.timeseries(
+        "Hit ratio per tier",
+        "CPU tier: keys found ready in the primary tier per key looked up. Disk tier: keys "
+        "promoted from the secondary tier per key looked up. vLLM external: vLLM's own ratio of "
+        "external prefix-cache hit tokens (when vLLM's /metrics is scraped). A ratio that drops "
+        "to 0 after a restart points at a changed hash seed or block size; a CPU ratio far below "
+        "the disk ratio means the primary tier is too small for the working set.",
+        [
+            (f"sum(rate({s.LOOKUPS.name}{c.dsel(cfg, c.eq(s.L_RESULT, s.LookupResult.HIT.value))}"
+             f"[{R}])) / {total}", "CPU tier (keys)"),
+            (f"sum(rate({s.PROMOTIONS.name}"
+             f"{c.dsel(cfg, c.eq(s.L_RESULT, s.PromotionResult.COMPLETED.value))}[{R}])) / {total}",
+             "disk tier (keys promoted)"),
+            (f"sum(rate({s.VLLM_EXTERNAL_PREFIX_HITS}{c.dsel(cfg, vllm=True)}[{R}])) / "
+             f"sum(rate({s.VLLM_EXTERNAL_PREFIX_QUERIES}{c.dsel(cfg, vllm=True)}[{R}]))",
+             "vLLM external (tokens)"),
+        ],
+        unit="percentunit",
+    ).max(1)
+
+
+def hit_tokens(cfg: Config):
+    return c.timeseries(
+        "Tokens offered from the offload tiers",
+        "Tokens per second the connector offered vLLM to load instead of recomputing. Flat at 0 "
+        "while bytes are being stored (Transfers row) means stores without restores.",
+        [(f"sum by (instance, {s.VLLM_LABEL_MODEL}) "
+          f"(rate({s.HIT_TOKENS.name}{c.dsel(cfg)}[{R}]))",
+          "{{instance}} {{" + s.VLLM_LABEL_MODEL + "}}")],
+    )
+
+
+def bytes_by_rank_direction(cfg: Config):
+    return c.timeseries(
+        "Transfer bandwidth by rank and direction",
+        "Bytes per second moved per rank and direction (disk directions are made by the "
+        "scheduler-side manager, rank=\"manager\"). Ranks of one engine should move the same "
+        "bytes GPU->CPU; one rank lagging the others points at that rank's host or link. "
+        "gpu_to_cpu without cpu_to_gpu for long stretches: nothing is read back.",
+        [(f"sum by ({s.L_RANK}, {s.L_DIRECTION}) "
+          f"(rate({s.TRANSFER_BYTES.name}{c.dsel(cfg, rank=True)}[{R}]))",
+          f"rank {{{{{s.L_RANK}}}}} {{{{{s.L_DIRECTION}}}}}")],
+        unit="Bps",
+    )
+
+
+def vllm_offload_bytes(cfg: Config):
+    return c.timeseries(
+        "vLLM's own offload bandwidth",
+        "vLLM's built-in offload counters, for comparison with kvscope's per-rank bytes. A gap "
+        "between the two totals means one side misses transfers (usually a version mismatch). "
+        "Empty when only the standalone kvscope exporter is scraped.",
+        [
+            (f"sum(rate({s.VLLM_OFFLOAD_STORE_BYTES}{c.dsel(cfg, vllm=True)}[{R}]))", "store"),
+            (f"sum(rate({s.VLLM_OFFLOAD_LOAD_BYTES}{c.dsel(cfg, vllm=True)}[{R}]))", "load"),
+        ],
+        unit="Bps",
+    )
+
+
+def transfers_in_flight(cfg: Config):
+    return c.timeseries(
+        "Transfers in flight",
+        "Transfer jobs submitted and not yet finished, per rank and direction. It should fall "
+        "back to 0 between bursts. A line that stays up while traffic stops is a stuck transfer "
+        "(see the incident dashboard and KVOffloadTransfersPendingAtIdle).",
+        [(f"sum by ({s.L_RANK}, {s.L_DIRECTION}) "
+          f"({s.TRANSFERS_IN_FLIGHT.name}{c.dsel(cfg, rank=True)})",
+          f"rank {{{{{s.L_RANK}}}}} {{{{{s.L_DIRECTION}}}}}")],
+    )
+
+
+def transfer_latency(cfg: Config):
+    b = f"{s.TRANSFER_SECONDS.name}_bucket{c.dsel(cfg, rank=True)}"
+    return c.timeseries(
+        "Transfer duration (p50, p99)",
+        "Duration of finished transfer jobs by direction. CPU<->GPU jobs take milliseconds; a "
+        "p99 in seconds means PCIe contention or pinned-memory trouble. disk_to_cpu p99 rising "
+        "while its bandwidth stays flat: the disk is the bottleneck.",
+        [
+            (f"histogram_quantile(0.5, sum by ({s.L_DIRECTION}, le) (rate({b}[{R}])))",
+             f"p50 {{{{{s.L_DIRECTION}}}}}"),
+            (f"histogram_quantile(0.99, sum by ({s.L_DIRECTION}, le) (rate({b}[{R}])))",
+             f"p99 {{{{{s.L_DIRECTION}}}}}"),
+        ],
+        unit="s",
+    )
+
+
+def primary_rows(cfg: Config):
+    return c.timeseries(
+        "Primary (CPU) tier rows",
+        "Rows of the CPU primary tier: total, occupied by a key, and held by running writes or "
+        "promotions (in_flight). occupied near total is normal (a full cache evicts LRU). "
+        "in_flight near total is not: every row is pinned by a transfer, new promotions find no "
+        "row and lookups hit the row ceiling.",
+        [(f"sum by ({s.L_STATE}) ({s.PRIMARY_ROWS.name}{c.dsel(cfg)})", f"{{{{{s.L_STATE}}}}}")],
+    )
+
+
+def promotions(cfg: Config):
+    return c.timeseries(
+        "Promotions (disk -> CPU)",
+        "Keys promoted from the secondary (disk) tier into the primary tier, by result. "
+        "no_row > 0 means the primary tier had no evictable row: promotions cannot land and "
+        "requests that need them are deferred. failed > 0: read errors on the disk tier.",
+        [(f"sum by ({s.L_RESULT}) (rate({s.PROMOTIONS.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{{s.L_RESULT}}}}}")],
+        unit="ops",
+    )
+
+
+def cascades(cfg: Config):
+    return c.timeseries(
+        "Cascades (CPU -> disk)",
+        "Keys written from the primary tier down to the disk tier, by result. started well "
+        "above completed for long: the disk cannot keep up with evictions. failed > 0: write "
+        "errors (disk full, permissions).",
+        [(f"sum by ({s.L_RESULT}) (rate({s.CASCADES.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{{s.L_RESULT}}}}}")],
+        unit="ops",
+    )
+
+
+def store_jobs(cfg: Config):
+    return c.timeseries(
+        "Store jobs",
+        "prepare_store calls by result. no_space means one scheduler step's store job was "
+        "larger than the whole primary tier: nothing of it reaches any tier. Sustained no_space "
+        "is a sizing error (primary tier smaller than a batch), not a transient.",
+        [(f"sum by ({s.L_RESULT}) (rate({s.STORE_JOBS.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{{s.L_RESULT}}}}}")],
+        unit="ops",
+    )
+
+
+def restore_vs_recompute(cfg: Config):
+    ttft = f"{s.VLLM_TTFT}_bucket{c.dsel(cfg, vllm=True)}"
+    load = (f"{s.TRANSFER_SECONDS.name}_bucket"
+            f"{c.dsel(cfg, c.eq(s.L_DIRECTION, s.Direction.CPU_TO_GPU.value), rank=True)}")
+    return c.timeseries(
+        "Restore time vs time to first token",
+        "CPU->GPU restore duration (kvscope) beside vLLM's time to first token. Restoring should "
+        "cost a small fraction of TTFT; when restore p99 approaches TTFT p50, loading from the "
+        "tier is no cheaper than recomputing the prefix. TTFT lines are empty when vLLM's "
+        "/metrics is not scraped.",
+        [
+            (f"histogram_quantile(0.5, sum by (le) (rate({ttft}[{R}])))", "TTFT p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate({ttft}[{R}])))", "TTFT p99"),
+            (f"histogram_quantile(0.5, sum by (le) (rate({load}[{R}])))", "restore p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate({load}[{R}])))", "restore p99"),
+        ],
+        unit="s", width=24,
+    )
+
+
+def build(cfg: Config = DEFAULT) -> db.Dashboard:
+    return (
+        c.dashboard(
+            cfg, cfg.overview_uid, TITLE,
+            "vLLM KV-cache offloading (kvscope): lookups, hit ratios, transfers and tiers.",
+        )
+        .link(c.link_to("Incident view", cfg.incident_uid))
+        .with_row(db.Row("Lookups"))
+        .with_panel(lookup_verdicts(cfg))
+        .with_panel(group_outcomes(cfg))
+        .with_panel(hit_ratio_per_tier(cfg))
+        .with_panel(hit_tokens(cfg))
+        .with_row(db.Row("Transfers"))
+        .with_panel(bytes_by_rank_direction(cfg))
+        .with_panel(vllm_offload_bytes(cfg))
+        .with_panel(transfers_in_flight(cfg))
+        .with_panel(transfer_latency(cfg))
+        .with_row(db.Row("Tiers"))
+        .with_panel(primary_rows(cfg))
+        .with_panel(promotions(cfg))
+        .with_panel(cascades(cfg))
+        .with_panel(store_jobs(cfg))
+        .with_row(db.Row("Latency"))
+        .with_panel(restore_vs_recompute(cfg))
+    )

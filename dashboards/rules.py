@@ -1,0 +1,242 @@
+"""Prometheus recording and alerting rules for KV offloading, built from the signal contract.
+
+``rules(cfg)`` returns the rule-file document (``{"groups": [...]}``); ``generate()`` writes
+it as ``kvscope-rules.yaml``. Recording rules follow ``level:metric:operations`` where the
+level is ``Config.engine_labels`` joined by ``_`` (plus any extra ``by`` label).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.exporters import signals as s
+
+from .config import DEFAULT, Config
+
+ALERT_PENDING_AT_IDLE = "KVOffloadTransfersPendingAtIdle"
+ALERT_CAPACITY_CEILING = "KVOffloadCapacityCeiling"
+ALERT_CHECKSUM_MISMATCH = "KVOffloadRowChecksumMismatch"
+ALERT_STORES_WITHOUT_RESTORES = "KVOffloadStoresWithoutRestores"
+ALERT_STATS_STALE = "KVOffloadStatsStale"
+
+ALERT_NAMES: tuple[str, ...] = (
+    ALERT_PENDING_AT_IDLE,
+    ALERT_CAPACITY_CEILING,
+    ALERT_CHECKSUM_MISMATCH,
+    ALERT_STORES_WITHOUT_RESTORES,
+    ALERT_STATS_STALE,
+)
+
+RECORDING_GROUP = "kvscope.rules"
+ALERT_GROUP = "kvscope.alerts"
+
+# Rendered into descriptions: "vllm/10.0.0.1:8000 (model llama)" - the model part only where
+# the series carries vLLM's labels (the standalone exporter's series don't).
+_WHO = (
+    "{{ $labels.job }}/{{ $labels.instance }}"
+    f"{{{{ with $labels.{s.VLLM_LABEL_MODEL} }}}} (model {{{{ . }}}}){{{{ end }}}}"
+    f"{{{{ with $labels.{s.VLLM_LABEL_ENGINE} }}}} engine {{{{ . }}}}{{{{ end }}}}"
+)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Names of the recording rules, so alerts and dashboards refer to them, not re-spell."""
+
+    cfg: Config
+
+    def _n(self, extra: str, metric: str, ops: str) -> str:
+        level = self.cfg.engine_level + (f"_{extra}" if extra else "")
+        return f"{level}:{metric}:{ops}"
+
+    def _w(self) -> str:
+        return self.cfg.rate_window
+
+    @property
+    def lookup_rounds_rate(self) -> str:
+        return self._n(s.L_VERDICT, s.LOOKUP_ROUNDS.base, f"rate{self._w()}")
+
+    @property
+    def lookups_rate(self) -> str:
+        return self._n(f"{s.L_KV_GROUP}_{s.L_RESULT}", s.LOOKUPS.base, f"rate{self._w()}")
+
+    @property
+    def lookup_hit_ratio(self) -> str:
+        return self._n("", f"{s.LOOKUPS.base}_{s.LookupResult.HIT.value}", f"ratio_rate{self._w()}")
+
+    @property
+    def hit_tokens_rate(self) -> str:
+        return self._n("", s.HIT_TOKENS.base, f"rate{self._w()}")
+
+    @property
+    def ceiling_rate(self) -> str:
+        return self._n("", s.ROUNDS_AT_ROW_CEILING.base, f"rate{self._w()}")
+
+    @property
+    def transfer_bytes_rate(self) -> str:
+        return self._n(f"{s.L_RANK}_{s.L_DIRECTION}", s.TRANSFER_BYTES.base, f"rate{self._w()}")
+
+    @property
+    def store_jobs_rate(self) -> str:
+        return self._n(s.L_RESULT, s.STORE_JOBS.base, f"rate{self._w()}")
+
+    @property
+    def promotions_rate(self) -> str:
+        return self._n(s.L_RESULT, s.PROMOTIONS.base, f"rate{self._w()}")
+
+    @property
+    def pending_transfers(self) -> str:
+        return self._n(s.L_KIND, s.PENDING_TRANSFERS.name, "sum")
+
+    @property
+    def last_step_age(self) -> str:
+        # time() - max(timestamp): the age in seconds of the newest scheduler step.
+        return self._n("", s.LAST_STEP_TIMESTAMP.name, "age")
+
+
+def recording_rules(cfg: Config = DEFAULT) -> list[dict]:
+    r = Recorded(cfg)
+    by, w, sel = cfg.by_engine, cfg.rate_window, cfg.sel
+    hit = s.LookupResult.HIT.value
+    return [
+        {"record": r.lookup_rounds_rate,
+         "expr": f"sum by ({by}, {s.L_VERDICT}) (rate({s.LOOKUP_ROUNDS.name}{sel()}[{w}]))"},
+        {"record": r.lookups_rate,
+         "expr": f"sum by ({by}, {s.L_KV_GROUP}, {s.L_RESULT}) (rate({s.LOOKUPS.name}{sel()}[{w}]))"},
+        {"record": r.lookup_hit_ratio,
+         "expr": (f"sum by ({by}) (rate({s.LOOKUPS.name}{sel(eq(s.L_RESULT, hit))}[{w}]))\n"
+                  f"/\nsum by ({by}) (rate({s.LOOKUPS.name}{sel()}[{w}]))")},
+        {"record": r.hit_tokens_rate,
+         "expr": f"sum by ({by}) (rate({s.HIT_TOKENS.name}{sel()}[{w}]))"},
+        {"record": r.ceiling_rate,
+         "expr": f"sum by ({by}) (rate({s.ROUNDS_AT_ROW_CEILING.name}{sel()}[{w}]))"},
+        {"record": r.transfer_bytes_rate,
+         "expr": (f"sum by ({by}, {s.L_RANK}, {s.L_DIRECTION}) "
+                  f"(rate({s.TRANSFER_BYTES.name}{sel()}[{w}]))")},
+        {"record": r.store_jobs_rate,
+         "expr": f"sum by ({by}, {s.L_RESULT}) (rate({s.STORE_JOBS.name}{sel()}[{w}]))"},
+        {"record": r.promotions_rate,
+         "expr": f"sum by ({by}, {s.L_RESULT}) (rate({s.PROMOTIONS.name}{sel()}[{w}]))"},
+        {"record": r.pending_transfers,
+         "expr": f"sum by ({by}, {s.L_KIND}) ({s.PENDING_TRANSFERS.name}{sel()})"},
+        {"record": r.last_step_age,
+         "expr": f"time() - max by ({by}) ({s.LAST_STEP_TIMESTAMP.name}{sel()})"},
+    ]
+
+
+def eq(label: str, value: str) -> str:
+    """``label="value"`` matcher."""
+    return f'{label}="{value}"'
+
+
+def _alert(cfg: Config, name: str, expr: str, for_: str, severity: str, summary: str,
+           description: str) -> dict:
+    rule: dict = {"alert": name, "expr": expr}
+    if for_ not in ("0m", "0s"):
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {
+        "summary": summary,
+        "description": description,
+        "runbook_url": cfg.runbook_url(name),
+    }
+    return rule
+
+
+def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
+    r = Recorded(cfg)
+    by, sel = cfg.by_engine, cfg.sel
+    vsel = lambda *m: cfg.sel(*m, vllm=True)  # noqa: E731
+    completed = s.CascadeResult.COMPLETED.value
+    prepared = s.StoreJobResult.PREPARED.value
+    mismatch = s.ChecksumOutcome.MISMATCH.value
+    verdict_hit = s.Verdict.HIT.value
+    cw, sw = cfg.checksum_mismatch_window, cfg.stores_without_restores_window
+
+    pending_at_idle = (
+        # something is pending ...
+        f"{r.pending_transfers} > 0\n"
+        # ... while the connector sees no unfinished request in any state ...
+        f"and on ({by}) sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel()}) == 0\n"
+        f"and on ({by}) sum by ({by}) ({s.REQUESTS.name}{sel()}) == 0\n"
+        # ... and vLLM (where its series share the target) runs and queues nothing either.
+        f"unless on ({by}) (\n"
+        f"  sum by ({by}) ({s.VLLM_REQUESTS_RUNNING}{vsel()})\n"
+        f"  + sum by ({by}) ({s.VLLM_REQUESTS_WAITING}{vsel()})\n"
+        f") > 0"
+    )
+    capacity_ceiling = (
+        f"{r.ceiling_rate} > 0\n"
+        # the disk tier holds data: something was ever cascaded to it
+        f"and on ({by}) sum by ({by}) ({s.CASCADES.name}{sel(eq(s.L_RESULT, completed))}) > 0"
+    )
+    mm = f"{s.ROW_CHECKSUMS.name}{sel(eq(s.L_OUTCOME, mismatch))}"
+    checksum_mismatch = (
+        f"sum by ({by}, {s.L_RANK}) (increase({mm}[{cw}])) > 0\n"
+        # a mismatch series born within the window with a value > 0 (increase() misses its
+        # first sample when the exporter creates the child lazily)
+        f"or sum by ({by}, {s.L_RANK}) ({mm} > 0 unless {mm} offset {cw})"
+    )
+    stores_without_restores = (
+        f"sum by ({by}) (increase({s.STORE_JOBS.name}{sel(eq(s.L_RESULT, prepared))}[{sw}])) > 0\n"
+        f"unless on ({by}) sum by ({by}) (increase({s.HIT_TOKENS.name}{sel()}[{sw}])) > 0\n"
+        f"unless on ({by}) sum by ({by}) "
+        f"(increase({s.LOOKUP_ROUNDS.name}{sel(eq(s.L_VERDICT, verdict_hit))}[{sw}])) > 0"
+    )
+    stats_stale = (
+        f"{r.last_step_age} > {cfg.stale_stats_seconds}\n"
+        # only while there is work: an idle engine does not step at all
+        f"and on ({by}) sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel()}) > 0\n"
+        # and only while Prometheus still scrapes the target (else TargetDown is the alert)
+        f"and on (job, instance) max by (job, instance) (up{cfg.up_sel()}) == 1"
+    )
+
+    return [
+        _alert(
+            cfg, ALERT_PENDING_AT_IDLE, pending_at_idle, cfg.pending_at_idle_for,
+            cfg.severity_warning,
+            "KV offload transfers are pending on an idle engine.",
+            f"{_WHO} has had {{{{ $value | humanize }}}} pending {{{{ $labels.{s.L_KIND} }}}} "
+            f"transfer(s) for more than {cfg.pending_at_idle_for} while no request is running "
+            f"or waiting.",
+        ),
+        _alert(
+            cfg, ALERT_CAPACITY_CEILING, capacity_ceiling, cfg.capacity_ceiling_for,
+            cfg.severity_warning,
+            "KV offload lookups keep hitting the primary tier's row ceiling.",
+            f"{_WHO}: {{{{ printf \"%.2f\" $value }}}} lookup rounds/s have needed at least as many "
+            f"primary-tier rows as exist for more than {cfg.capacity_ceiling_for}, while the "
+            f"disk tier holds data; those requests are deferred or recompute.",
+        ),
+        _alert(
+            cfg, ALERT_CHECKSUM_MISMATCH, checksum_mismatch, cfg.checksum_mismatch_for,
+            cfg.severity_critical,
+            "A promoted KV row failed its checksum.",
+            f"Rank {{{{ $labels.{s.L_RANK} }}}} of {_WHO} saw {{{{ printf \"%.0f\" $value }}}} row "
+            f"checksum mismatch(es) in the last {cw}; the loads were refused and recomputed, "
+            f"but an offload tier holds wrong data.",
+        ),
+        _alert(
+            cfg, ALERT_STORES_WITHOUT_RESTORES, stores_without_restores,
+            cfg.stores_without_restores_for, cfg.severity_warning,
+            "KV blocks are offloaded but never restored.",
+            f"{_WHO} prepared {{{{ $value | humanize }}}} store jobs in the last {sw} and served "
+            f"no external prefix-cache hit.",
+        ),
+        _alert(
+            cfg, ALERT_STATS_STALE, stats_stale, cfg.stale_stats_for, cfg.severity_warning,
+            "kvscope statistics stopped advancing while requests are in flight.",
+            f"The last scheduler step of {_WHO} is {{{{ $value | humanizeDuration }}}} old "
+            f"although requests are in flight and the target is up; its kvscope gauges are stale.",
+        ),
+    ]
+
+
+def rules(cfg: Config = DEFAULT) -> dict:
+    return {
+        "groups": [
+            {"name": RECORDING_GROUP, "interval": cfg.rule_interval,
+             "rules": recording_rules(cfg)},
+            {"name": ALERT_GROUP, "interval": cfg.rule_interval, "rules": alert_rules(cfg)},
+        ]
+    }
