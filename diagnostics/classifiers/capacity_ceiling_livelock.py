@@ -1,0 +1,93 @@
+"""Capacity ceiling, livelock form.
+
+The working set is only somewhat larger than the primary tier: no group misses
+first, so the request is deferred forever while promotions evict each other,
+rewriting about one row budget per step, and nothing is ever restored.
+"""
+
+from __future__ import annotations
+
+from kvscope.exporters import signals as S
+
+from ..evidence import Evidence
+from ..model import Finding, Mark
+from ..thresholds import Thresholds
+from ._common import n, rows_needed, window_word
+
+ID = "capacity_ceiling_livelock"
+TITLE = "Capacity ceiling (livelock form)"
+SEVERITY = 78
+CHECK = "requests deferred again and again while promotions churn the primary tier (livelock)"
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    r = ev.rounds
+    deferred = r.get(S.Verdict.DEFERRED)
+    hit = r.get(S.Verdict.HIT)
+    rows = ev.primary_rows
+    started = ev.tiers.promotion(S.PromotionResult.STARTED)
+    if deferred.increase < th.livelock_min_deferred_rounds or rows <= 0:
+        return None
+    nothing_window = hit.increase == 0 and r.hit_tokens.increase == 0
+    # A scrape sees lifetime totals: an engine that restored once and is stuck
+    # now shows deferrals and promotions, and no hit, between the two scrapes.
+    nothing_recent = deferred.recent > 0 and hit.recent == 0 and started.recent >= rows
+    if not (nothing_window or nothing_recent):
+        return None
+    steps = ev.freshness.steps.increase
+    window_promos = started.recent if (nothing_recent and not nothing_window) else started.increase
+    window_steps = ev.freshness.steps.recent if (nothing_recent and not nothing_window) else steps
+    if window_promos < 2 * rows:
+        return None  # the tier did not even turn over twice: not a churn
+    per_step = window_promos / window_steps if window_steps > 0 else None
+    if per_step is not None and per_step < th.livelock_churn_fraction * rows:
+        return None
+    w = window_word(ev)
+    conf = 0.6
+    lines = [
+        f"{n(deferred.increase)} deferred rounds {w}, {n(hit.increase)} hit rounds, "
+        f"{n(r.hit_tokens.increase)} tokens offered to load",
+    ]
+    if nothing_recent and not nothing_window:
+        lines.append(
+            f"still happening: +{n(deferred.recent)} deferred, +0 hit rounds in the last "
+            f"{ev.source.recent_span:.0f} s"
+        )
+    if per_step is not None:
+        lines.append(
+            f"promotions churn {n(per_step)} rows per scheduler step "
+            f"({n(window_promos)} promotions in {n(window_steps)} steps; primary tier: {n(rows)} rows)"
+        )
+        if per_step >= 0.5 * rows:
+            conf += 0.1
+    else:
+        lines.append(f"{n(window_promos)} promotions for a {n(rows)}-row primary tier")
+    ceil = r.ceiling(S.Verdict.DEFERRED)
+    pk = r.pending_keys(S.Verdict.DEFERRED)
+    if ceil.increase > 0 or (pk.present and pk.max >= rows):
+        conf += 0.2
+        lines.append(
+            f"{n(ceil.increase)} deferred rounds at the row ceiling; latest deferred pending-key "
+            f"sum {n(pk.last)} vs {n(rows)} rows"
+        )
+    no_row = ev.tiers.promotion(S.PromotionResult.NO_ROW).increase
+    if no_row > 0:
+        lines.append(f"{n(no_row)} promotions found no free row")
+    waiting = ev.requests.get(S.RequestState.DEFERRED)
+    if waiting.present and waiting.last > 0:
+        conf += 0.05
+        lines.append(f"{n(waiting.last)} requests deferred now")
+    _, step = rows_needed(ev, th)
+    marks = []
+    if started.samples:
+        marks.append(Mark("promotions", started.samples[-1][0], "churn, no restore"))
+    return Finding(
+        id=ID,
+        title=TITLE,
+        confidence=min(conf, 0.95),
+        evidence=lines,
+        next_step=step[0].upper() + step[1:]
+        + ". Until then these requests wait forever: they are not queued, they are livelocked.",
+        severity=SEVERITY,
+        marks=marks,
+    )

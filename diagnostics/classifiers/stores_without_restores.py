@@ -1,0 +1,115 @@
+"""Stores without restores: the tiers fill up, lookups never find anything.
+
+Sub-cases and their tells:
+
+* the ``hash_seed`` fingerprint of ``kvscope_info`` differs between processes
+  or across a restart: keys are computed differently, nothing stored matches;
+* one KV group never finds a key while others do: it vetoes every round.
+"""
+
+from __future__ import annotations
+
+from kvscope.exporters import signals as S
+
+from ..evidence import Evidence
+from ..model import Finding, Mark
+from ..thresholds import Thresholds
+from ._common import n, nbytes, window_word
+
+ID = "stores_without_restores"
+TITLE = "Stores without restores"
+SEVERITY = 60
+CHECK = "stores that are never restored (hash-seed drift, a group that always misses)"
+
+
+def _stored(ev: Evidence) -> tuple[float, list[str]]:
+    w = window_word(ev)
+    lines, amount = [], 0.0
+    jobs = ev.tiers.store(S.StoreJobResult.PREPARED).increase
+    if jobs > 0:
+        amount += jobs
+        lines.append(f"{n(jobs)} store jobs prepared {w}")
+    b = sum(
+        rt.bytes.get(S.Direction.GPU_TO_CPU.value).increase
+        for rt in ev.ranks.values() if S.Direction.GPU_TO_CPU.value in rt.bytes
+    )
+    if b == 0 and ev.vllm.offload_store_bytes.present:
+        b = ev.vllm.offload_store_bytes.increase
+    if b > 0:
+        amount += b
+        lines.append(f"{nbytes(b)} stored GPU -> CPU {w}")
+    casc = ev.tiers.cascade(S.CascadeResult.COMPLETED).increase
+    if casc > 0:
+        amount += casc
+        lines.append(f"{n(casc)} keys cascaded to the disk tier {w}")
+    return amount, lines
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    stored, lines = _stored(ev)
+    if stored <= 0:
+        return None
+    w = window_word(ev)
+    found = sum(g.found for g in ev.lookups.values())
+    missed = ev.lookups_total(S.LookupResult.MISS)
+    restored = ev.rounds.get(S.Verdict.HIT).increase
+    seeds = ev.hash_seeds
+    conf, sub, step = 0.0, "", ""
+    if len(seeds) > 1:
+        conf = 0.9 if restored == 0 else 0.6
+        sub = "hash seed differs"
+        per_target = [
+            f"{t.target}: {' -> '.join(t.hash_seeds)}" for t in ev.targets if t.hash_seeds
+        ]
+        lines.insert(0, "hash_seed fingerprint differs: " + "; ".join(per_target))
+        step = (
+            "Keys are hashed differently across processes/restarts: set the same PYTHONHASHSEED "
+            "and prefix-caching hash algorithm on every process and keep it across restarts. "
+            "Keys stored under the old seed never match: clear the fs tier's directory."
+        )
+    else:
+        silent = [g for g in ev.lookups.values() if g.total > 0 and g.found == 0]
+        finders = [g for g in ev.lookups.values() if g.found > 0]
+        vetoed = ev.rounds.get(S.Verdict.VETOED).increase
+        at_ceiling = ev.rounds.ceiling(S.Verdict.VETOED).increase > 0
+        # At the row ceiling a group misses because promotions took every row:
+        # the capacity-ceiling verdict explains those vetoes, not a key mismatch.
+        if silent and finders and vetoed > 0 and not at_ceiling:
+            conf = 0.75
+            sub = "one group always misses"
+            names = ", ".join(g.group for g in silent)
+            lines.insert(
+                0,
+                f"kv_group {names} found 0 of {n(sum(g.total for g in silent))} keys {w} while "
+                + ", ".join(f"kv_group {g.group} found {n(g.found)}" for g in finders)
+                + f"; {n(vetoed)} rounds vetoed",
+            )
+            step = (
+                f"kv_group {names} never resolves and vetoes the others: check that this group is "
+                "stored at all (sliding-window/other attention kinds, per-group block size) and "
+                "that its keys are computed like the stored ones."
+            )
+        elif found == 0 and missed > 0:
+            conf = 0.4
+            sub = "nothing found"
+            lines.insert(0, f"0 of {n(missed)} lookups found anything {w}")
+            step = (
+                "If this workload repeats prefixes, keys stored are not the keys looked up: compare "
+                "hash_seed and the model/config between the processes that store and that look up."
+            )
+        else:
+            return None
+    lines.append(f"{n(restored)} hit rounds {w}")
+    marks = []
+    hit_q = ev.rounds.get(S.Verdict.HIT)
+    t_end = ev.source.end
+    marks.append(Mark("rounds", t_end if not hit_q.samples else hit_q.samples[-1][0], sub))
+    return Finding(
+        id=ID,
+        title=f"{TITLE} ({sub})",
+        confidence=conf,
+        evidence=lines,
+        next_step=step,
+        severity=SEVERITY,
+        marks=marks,
+    )

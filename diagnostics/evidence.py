@@ -1,0 +1,490 @@
+"""The typed evidence model: what kv-diagnose knows about one incident window.
+
+:func:`build_evidence` turns a :class:`RawWindow` (any source) into
+:class:`Evidence`; classifiers read only ``Evidence``. Metric names come from
+:mod:`kvscope.exporters.signals` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from kvscope.exporters import signals as S
+
+from .model import ABSENT, DiagnoseError, Quantity, RawWindow, Series, SourceInfo
+
+# --------------------------------------------------------------------------
+# Which series the classifiers need (the only ones a bundle keeps)
+# --------------------------------------------------------------------------
+VLLM_GAUGES = (
+    S.VLLM_REQUESTS_RUNNING,
+    S.VLLM_REQUESTS_WAITING,
+    S.VLLM_REQUESTS_WAITING_BY_REASON,
+)
+VLLM_COUNTERS = (
+    S.VLLM_EXTERNAL_PREFIX_QUERIES,
+    S.VLLM_EXTERNAL_PREFIX_HITS,
+    S.VLLM_OFFLOAD_LOAD_BYTES,
+    S.VLLM_OFFLOAD_STORE_BYTES,
+    S.VLLM_REQUEST_QUEUE_TIME + "_sum",
+    S.VLLM_REQUEST_QUEUE_TIME + "_count",
+)
+# Histograms: only _sum/_count are read (buckets are never needed for a verdict).
+KVSCOPE_SERIES = tuple(
+    name
+    for m in S.ALL_METRICS
+    for name in (
+        (m.name + "_sum", m.name + "_count") if m.kind is S.Kind.HISTOGRAM else (m.name,)
+    )
+)
+WANTED_SERIES: frozenset[str] = frozenset(KVSCOPE_SERIES + VLLM_GAUGES + VLLM_COUNTERS)
+COUNTER_SERIES: frozenset[str] = frozenset(
+    [m.name for m in S.ALL_METRICS if m.kind is S.Kind.COUNTER]
+    + [n for n in KVSCOPE_SERIES if n.endswith(("_sum", "_count"))]
+    + list(VLLM_COUNTERS)
+)
+
+
+def is_counter(name: str) -> bool:
+    return name in COUNTER_SERIES
+
+
+# --------------------------------------------------------------------------
+# Evidence dataclasses
+# --------------------------------------------------------------------------
+def _q(d: dict[str, Quantity], key: str) -> Quantity:
+    return d.get(key, ABSENT)
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """One scraped process (scheduler side), from ``kvscope_info``."""
+
+    target: str
+    model_name: str
+    engine: str
+    kvscope_version: str
+    vllm_version: str
+    spec: str
+    tiers: str
+    primary_rows: str
+    hash_seeds: tuple[str, ...]  # distinct values, in order of first appearance
+
+
+@dataclass(frozen=True)
+class GroupLookups:
+    group: str
+    results: dict[str, Quantity]  # LookupResult value -> lookups
+
+    def get(self, result: S.LookupResult) -> Quantity:
+        return _q(self.results, result.value)
+
+    @property
+    def found(self) -> float:
+        """Keys this group found anywhere (hit, hit_pending, retry) over the window."""
+        return sum(
+            self.get(r).increase
+            for r in (S.LookupResult.HIT, S.LookupResult.HIT_PENDING, S.LookupResult.RETRY)
+        )
+
+    @property
+    def total(self) -> float:
+        return sum(q.increase for q in self.results.values())
+
+
+@dataclass(frozen=True)
+class Rounds:
+    verdicts: dict[str, Quantity]  # Verdict value -> rounds
+    at_ceiling: dict[str, Quantity]  # vetoed|deferred -> rounds at the row ceiling
+    last_pending_keys: dict[str, Quantity]  # vetoed|deferred -> latest pending-key sum
+    hit_tokens: Quantity
+
+    def get(self, verdict: S.Verdict) -> Quantity:
+        return _q(self.verdicts, verdict.value)
+
+    def ceiling(self, verdict: S.Verdict) -> Quantity:
+        return _q(self.at_ceiling, verdict.value)
+
+    def pending_keys(self, verdict: S.Verdict) -> Quantity:
+        return _q(self.last_pending_keys, verdict.value)
+
+    @property
+    def total(self) -> float:
+        return sum(q.increase for q in self.verdicts.values())
+
+
+@dataclass(frozen=True)
+class Tiers:
+    rows: dict[str, Quantity]  # RowState value -> rows
+    promotions: dict[str, Quantity]  # PromotionResult value
+    cascades: dict[str, Quantity]  # CascadeResult value
+    store_jobs: dict[str, Quantity]  # StoreJobResult value
+
+    def row(self, state: S.RowState) -> Quantity:
+        return _q(self.rows, state.value)
+
+    def promotion(self, r: S.PromotionResult) -> Quantity:
+        return _q(self.promotions, r.value)
+
+    def cascade(self, r: S.CascadeResult) -> Quantity:
+        return _q(self.cascades, r.value)
+
+    def store(self, r: S.StoreJobResult) -> Quantity:
+        return _q(self.store_jobs, r.value)
+
+
+@dataclass(frozen=True)
+class Pending:
+    transfers: dict[str, Quantity]  # PendingKind value -> transfers not finished
+    oldest_seconds: dict[str, Quantity]  # PendingKind value -> age of the oldest (max over targets)
+
+    def get(self, kind: S.PendingKind) -> Quantity:
+        return _q(self.transfers, kind.value)
+
+    def oldest(self, kind: S.PendingKind) -> Quantity:
+        return _q(self.oldest_seconds, kind.value)
+
+
+@dataclass(frozen=True)
+class Requests:
+    states: dict[str, Quantity]  # RequestState value
+    in_flight: Quantity
+    vllm_running: Quantity
+    vllm_waiting: Quantity
+    vllm_waiting_by_reason: dict[str, Quantity]
+    vllm_queue_time_sum: Quantity
+    vllm_queue_time_count: Quantity
+
+    def get(self, state: S.RequestState) -> Quantity:
+        return _q(self.states, state.value)
+
+    @property
+    def mean_queue_seconds(self) -> float | None:
+        n = self.vllm_queue_time_count.increase
+        return self.vllm_queue_time_sum.increase / n if n > 0 else None
+
+
+@dataclass(frozen=True)
+class RankTransfers:
+    rank: str
+    bytes: dict[str, Quantity]  # Direction value
+    in_flight: dict[str, Quantity]  # Direction value
+    checksums: dict[str, Quantity]  # ChecksumOutcome value
+    refused: dict[str, Quantity]  # RefusalReason value
+    last_report: Quantity  # kvscope_worker_last_step_timestamp_seconds
+
+    def checksum(self, o: S.ChecksumOutcome) -> Quantity:
+        return _q(self.checksums, o.value)
+
+    def refusals(self, r: S.RefusalReason) -> Quantity:
+        return _q(self.refused, r.value)
+
+
+@dataclass(frozen=True)
+class Freshness:
+    steps: Quantity
+    last_step: dict[str, Quantity]  # target -> kvscope_last_step_timestamp_seconds
+    now: float
+
+    def age(self, target: str) -> float | None:
+        q = self.last_step.get(target)
+        if q is None or not q.present:
+            return None
+        return max(0.0, self.now - q.last)
+
+    @property
+    def newest_age(self) -> float | None:
+        ages = [a for t in self.last_step if (a := self.age(t)) is not None]
+        return min(ages) if ages else None
+
+
+@dataclass(frozen=True)
+class Vllm:
+    external_queries: Quantity
+    external_hits: Quantity
+    offload_load_bytes: Quantity
+    offload_store_bytes: Quantity
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: SourceInfo
+    targets: tuple[TargetInfo, ...]
+    kv_groups: dict[str, tuple[str, str]]  # group -> (attention kind, tokens_per_block)
+    lookups: dict[str, GroupLookups]  # kv_group -> lookups
+    rounds: Rounds
+    tiers: Tiers
+    pending: Pending
+    requests: Requests
+    ranks: dict[str, RankTransfers]
+    freshness: Freshness
+    vllm: Vllm
+    telemetry_errors: dict[str, Quantity]
+    present: frozenset[str] = field(default_factory=frozenset)  # series names seen
+
+    def has(self, metric: S.Metric) -> bool:
+        return metric.name in self.present or f"{metric.name}_count" in self.present
+
+    @property
+    def primary_rows(self) -> float:
+        return self.tiers.row(S.RowState.TOTAL).last
+
+    @property
+    def hash_seeds(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for t in self.targets:
+            for h in t.hash_seeds:
+                if h not in seen:
+                    seen.append(h)
+        return tuple(seen)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs or waits (latest values), by kvscope and, when present, vLLM."""
+        r = self.requests
+        kv_busy = sum(q.last for q in r.states.values()) + r.in_flight.last
+        vllm_busy = (r.vllm_running.last if r.vllm_running.present else 0) + (
+            r.vllm_waiting.last if r.vllm_waiting.present else 0
+        )
+        return kv_busy == 0 and vllm_busy == 0
+
+    def lookups_total(self, result: S.LookupResult) -> float:
+        return sum(g.get(result).increase for g in self.lookups.values())
+
+
+# --------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------
+def _step_values(samples, times: list[float]) -> list[float]:
+    """The series as a step function evaluated at ``times`` (0 before its first sample)."""
+    ts = [t for t, _ in samples]
+    out = []
+    for t in times:
+        i = bisect.bisect_right(ts, t + 1e-9) - 1
+        out.append(samples[i][1] if i >= 0 else 0.0)
+    return out
+
+
+def _counter_growth(samples, counts_from_zero: bool) -> float:
+    if not samples:
+        return 0.0
+    growth = samples[0][1] if counts_from_zero else 0.0
+    prev = samples[0][1]
+    for _, v in samples[1:]:
+        growth += v - prev if v >= prev else v  # a drop is a counter reset
+        prev = v
+    return growth
+
+
+def _series_quantity(s: Series, src: SourceInfo, counter: bool) -> tuple[float, float, float, float]:
+    """(first, last, increase, recent) of one series."""
+    smp = s.samples
+    first, last = smp[0][1], smp[-1][1]
+    recent_from = src.end - src.recent_span
+    recent_smp = [p for p in smp if p[0] >= recent_from - 1e-9]
+    before = [p for p in smp if p[0] < recent_from - 1e-9]
+    if before:
+        recent_smp = [before[-1]] + recent_smp
+    if counter:
+        # A series that first shows up after the window start was created (first
+        # touched) inside it: its first value is growth too. A scrape source's
+        # window is the process lifetime, so every counter counts from zero.
+        tol = 1e-6
+        increase = _counter_growth(smp, src.lifetime or smp[0][0] > src.start + tol)
+        recent_from_zero = not before and smp[0][0] > max(recent_from, src.start) + tol
+        recent = _counter_growth(recent_smp, recent_from_zero)
+    else:
+        increase = last - first
+        recent = recent_smp[-1][1] - recent_smp[0][1] if recent_smp else 0.0
+    return first, last, increase, recent
+
+
+def aggregate(series: Iterable[Series], src: SourceInfo, how: str = "sum") -> Quantity:
+    """Sum (or max) series into one Quantity; per-series reset handling first."""
+    series = [s for s in series if s.samples]
+    if not series:
+        return ABSENT
+    counter = is_counter(series[0].name)
+    parts = [_series_quantity(s, src, counter) for s in series]
+    times = sorted({t for s in series for t, _ in s.samples})
+    combine: Callable[[Iterable[float]], float] = sum if how == "sum" else max
+    columns = [_step_values(s.samples, times) for s in series]
+    timeline = tuple(
+        (t, float(combine(vals))) for t, vals in zip(times, zip(*columns, strict=True), strict=True)
+    )
+    values = [v for _, v in timeline]
+    if how == "sum":
+        first, last, inc, rec = (float(sum(p[i] for p in parts)) for i in range(4))
+    else:
+        first, last = values[0], values[-1]
+        inc, rec = max(p[2] for p in parts), max(p[3] for p in parts)
+    return Quantity(
+        first=first,
+        last=last,
+        increase=inc,
+        recent=rec,
+        min=min(values),
+        max=max(values),
+        samples=timeline,
+        present=True,
+    )
+
+
+def _by_label(
+    series: list[Series], label: str, src: SourceInfo, how: str = "sum"
+) -> dict[str, Quantity]:
+    groups: dict[str, list[Series]] = defaultdict(list)
+    for s in series:
+        groups[s.label(label)].append(s)
+    return {k: aggregate(v, src, how) for k, v in sorted(groups.items())}
+
+
+def build_evidence(raw: RawWindow) -> Evidence:
+    """Typed evidence from any source. Raises DiagnoseError when kvscope is absent."""
+    src = raw.source
+    by_name: dict[str, list[Series]] = defaultdict(list)
+    for s in raw.series:
+        if s.name in WANTED_SERIES and s.samples:
+            by_name[s.name].append(s)
+    present = frozenset(by_name)
+    if not any(n.startswith(S.PREFIX) for n in present):
+        if present:
+            raise DiagnoseError(
+                f"no kvscope metrics at {src.location} (only vLLM's own): is kvscope's "
+                "ObservedOffloadingConnector installed on that engine?"
+            )
+        raise DiagnoseError(
+            f"no kvscope or vLLM metrics at {src.location}"
+            + (f" for selector {src.selector}" if src.selector else "")
+            + " in the window: wrong target, empty window, or kvscope not installed"
+        )
+
+    def get(metric_or_name) -> list[Series]:
+        name = metric_or_name.name if isinstance(metric_or_name, S.Metric) else metric_or_name
+        return by_name.get(name, [])
+
+    # per-target info
+    targets: list[TargetInfo] = []
+    info_by_target: dict[tuple[str, str, str], list[Series]] = defaultdict(list)
+    for s in get(S.INFO):
+        info_by_target[(s.target, s.label(S.VLLM_LABEL_MODEL), s.label(S.VLLM_LABEL_ENGINE))].append(s)
+    for (target, model, engine), ss in sorted(info_by_target.items()):
+        ss = sorted(ss, key=lambda s: s.samples[0][0])
+        seeds: list[str] = []
+        for s in ss:
+            if s.label(S.L_HASH_SEED) not in seeds:
+                seeds.append(s.label(S.L_HASH_SEED))
+        last = max(ss, key=lambda s: s.samples[-1][0])
+        targets.append(
+            TargetInfo(
+                target=target,
+                model_name=model,
+                engine=engine,
+                kvscope_version=last.label(S.L_KVSCOPE_VERSION),
+                vllm_version=last.label(S.L_VLLM_VERSION),
+                spec=last.label(S.L_SPEC),
+                tiers=last.label(S.L_TIERS),
+                primary_rows=last.label(S.L_PRIMARY_ROWS),
+                hash_seeds=tuple(seeds),
+            )
+        )
+
+    kv_groups: dict[str, tuple[str, str]] = {}
+    for s in get(S.KV_GROUP_INFO):
+        kv_groups[s.label(S.L_KV_GROUP)] = (s.label(S.L_KIND), s.label(S.L_TOKENS_PER_BLOCK))
+
+    lookups: dict[str, GroupLookups] = {}
+    per_group: dict[str, list[Series]] = defaultdict(list)
+    for s in get(S.LOOKUPS):
+        per_group[s.label(S.L_KV_GROUP)].append(s)
+    for g in sorted(set(per_group) | set(kv_groups), key=_natural):
+        lookups[g] = GroupLookups(g, _by_label(per_group.get(g, []), S.L_RESULT, src))
+
+    rounds = Rounds(
+        verdicts=_by_label(get(S.LOOKUP_ROUNDS), S.L_VERDICT, src),
+        at_ceiling=_by_label(get(S.ROUNDS_AT_ROW_CEILING), S.L_VERDICT, src),
+        last_pending_keys=_by_label(get(S.LAST_ROUND_PENDING_KEYS), S.L_VERDICT, src, "max"),
+        hit_tokens=aggregate(get(S.HIT_TOKENS), src),
+    )
+    tiers = Tiers(
+        rows=_by_label(get(S.PRIMARY_ROWS), S.L_STATE, src),
+        promotions=_by_label(get(S.PROMOTIONS), S.L_RESULT, src),
+        cascades=_by_label(get(S.CASCADES), S.L_RESULT, src),
+        store_jobs=_by_label(get(S.STORE_JOBS), S.L_RESULT, src),
+    )
+    pending = Pending(
+        transfers=_by_label(get(S.PENDING_TRANSFERS), S.L_KIND, src),
+        oldest_seconds=_by_label(get(S.OLDEST_PENDING_TRANSFER), S.L_KIND, src, "max"),
+    )
+    requests = Requests(
+        states=_by_label(get(S.REQUESTS), S.L_STATE, src),
+        in_flight=aggregate(get(S.REQUESTS_IN_FLIGHT), src),
+        vllm_running=aggregate(get(S.VLLM_REQUESTS_RUNNING), src),
+        vllm_waiting=aggregate(get(S.VLLM_REQUESTS_WAITING), src),
+        vllm_waiting_by_reason=_by_label(get(S.VLLM_REQUESTS_WAITING_BY_REASON), S.L_REASON, src),
+        vllm_queue_time_sum=aggregate(get(S.VLLM_REQUEST_QUEUE_TIME + "_sum"), src),
+        vllm_queue_time_count=aggregate(get(S.VLLM_REQUEST_QUEUE_TIME + "_count"), src),
+    )
+
+    rank_series: dict[str, dict[str, list[Series]]] = defaultdict(lambda: defaultdict(list))
+    for m in (S.TRANSFER_BYTES, S.TRANSFERS_IN_FLIGHT, S.ROW_CHECKSUMS, S.LOADS_REFUSED,
+              S.WORKER_LAST_STEP_TIMESTAMP):
+        for s in get(m):
+            rank_series[s.label(S.L_RANK)][m.name].append(s)
+    ranks: dict[str, RankTransfers] = {}
+    for rank in sorted(rank_series, key=_natural):
+        rs = rank_series[rank]
+        ranks[rank] = RankTransfers(
+            rank=rank,
+            bytes=_by_label(rs[S.TRANSFER_BYTES.name], S.L_DIRECTION, src),
+            in_flight=_by_label(rs[S.TRANSFERS_IN_FLIGHT.name], S.L_DIRECTION, src),
+            checksums=_by_label(rs[S.ROW_CHECKSUMS.name], S.L_OUTCOME, src),
+            refused=_by_label(rs[S.LOADS_REFUSED.name], S.L_REASON, src),
+            last_report=aggregate(rs[S.WORKER_LAST_STEP_TIMESTAMP.name], src, "max"),
+        )
+
+    last_step: dict[str, list[Series]] = defaultdict(list)
+    for s in get(S.LAST_STEP_TIMESTAMP):
+        last_step[_target_key(s)].append(s)
+    freshness = Freshness(
+        steps=aggregate(get(S.SCHEDULER_STEPS), src),
+        last_step={t: aggregate(ss, src, "max") for t, ss in sorted(last_step.items())},
+        now=src.now,
+    )
+    vllm = Vllm(
+        external_queries=aggregate(get(S.VLLM_EXTERNAL_PREFIX_QUERIES), src),
+        external_hits=aggregate(get(S.VLLM_EXTERNAL_PREFIX_HITS), src),
+        offload_load_bytes=aggregate(get(S.VLLM_OFFLOAD_LOAD_BYTES), src),
+        offload_store_bytes=aggregate(get(S.VLLM_OFFLOAD_STORE_BYTES), src),
+    )
+    return Evidence(
+        source=src,
+        targets=tuple(targets),
+        kv_groups=kv_groups,
+        lookups=lookups,
+        rounds=rounds,
+        tiers=tiers,
+        pending=pending,
+        requests=requests,
+        ranks=ranks,
+        freshness=freshness,
+        vllm=vllm,
+        telemetry_errors=_by_label(get(S.TELEMETRY_ERRORS), S.L_WHERE, src),
+        present=present,
+    )
+
+
+def _target_key(s: Series) -> str:
+    parts = [s.target]
+    for lbl in (S.VLLM_LABEL_MODEL, S.VLLM_LABEL_ENGINE):
+        if v := s.label(lbl):
+            parts.append(f"{lbl}={v}")
+    return " ".join(parts)
+
+
+def _natural(key: str):
+    return (0, int(key), "") if key.isdigit() else (1, math.inf, key)

@@ -1,0 +1,38 @@
+"""Every knob kv-diagnose judges with, in one place, with the operator-facing why.
+
+Defaults come from the system's own scales (transfer-time buckets, scrape
+intervals, the primary tier's row count), never from one recorded run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvscope.exporters import signals as S
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # A busy engine stamps kvscope_last_step_timestamp_seconds every step
+    # (milliseconds apart). Four default Prometheus scrape intervals (15 s) of
+    # silence while work is unfinished means the engine or its stats path stopped.
+    stale_after_s: float = 60.0
+
+    # A transfer older than the top bucket of kvscope_transfer_seconds (a cold
+    # disk read under load) is stuck, not slow.
+    pending_after_s: float = S.TRANSFER_SECONDS_BUCKETS[-1]
+
+    # Head-room on top of the rows one request needs resident at once
+    # (partial tail chunks, a second request restoring concurrently).
+    row_margin: float = 0.25
+
+    # Livelock: deferred again and again (a healthy disk promotion defers a
+    # request 2-3 rounds, then hits) ...
+    livelock_min_deferred_rounds: int = 5
+    # ... while promotions rewrite at least this fraction of the primary tier
+    # per scheduler step (the measured livelock churns 0.5-1 row budget/step).
+    livelock_churn_fraction: float = 0.25
+
+    # Bytes of one primary-tier row (all rank slots), if the operator knows it;
+    # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.
+    row_bytes: int | None = None

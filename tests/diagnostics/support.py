@@ -1,0 +1,119 @@
+"""Test helpers for kv-diagnose: synthetic windows (single-classifier unit tests
+only) and a prometheus-client registry built from the signal contract."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import threading
+from collections.abc import Iterator
+
+from kvscope.diagnostics.evidence import build_evidence
+from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
+from kvscope.exporters import signals as S
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+T0 = 1_700_000_000.0  # fixed clock: 2023-11-14 22:13:20 UTC
+TARGET = "http://127.0.0.1:9400/metrics"
+
+
+def window(values: dict, *, t0: float = T0, t1: float | None = None, lifetime: bool = True,
+           target: str = TARGET, now: float | None = None, recent_span: float | None = None):
+    """values: {(name, {labels}) or name: [v0, v1, ...]} -> RawWindow, samples spread t0..t1."""
+    t1 = t0 + 1.0 if t1 is None else t1
+    series = []
+    for key, vals in values.items():
+        name, labels = (key, {}) if isinstance(key, str) else (key[0], dict(key[1]))
+        tgt = labels.pop("__target__", target)
+        vals = list(vals)
+        k = len(vals)
+        ts = [t1] if k == 1 else [t0 + (t1 - t0) * i / (k - 1) for i in range(k)]
+        series.append(Series(name, tuple(sorted(labels.items())), tgt,
+                             tuple((t, float(v)) for t, v in zip(ts, vals, strict=False))))
+    src = SourceInfo(kind="scrape" if lifetime else "prometheus", location=target, start=t0, end=t1,
+                     now=t1 if now is None else now, lifetime=lifetime,
+                     recent_span=(t1 - t0) if recent_span is None else recent_span)
+    return RawWindow(src, tuple(series))
+
+
+def evidence(values: dict, **kw):
+    return build_evidence(window(values, **kw))
+
+
+def L(name: str, **labels):  # noqa: N802  a series key for window()
+    return (name, tuple(labels.items()))
+
+
+def info(seed: str = "a1b2c3", rows: int = 8, **extra):
+    return L(S.INFO.name, kvscope_version="0.1.0", vllm_version="0.26.0",
+             spec="TieringOffloadingSpec", tiers="cpu+fs", primary_rows=str(rows),
+             hash_seed=seed, **extra)
+
+
+def base(rows: int = 8, steps=(100, 110), last_step=None, seed="a1b2c3") -> dict:
+    """A quiet engine: info, rows, steps, freshness, empty request/pending gauges."""
+    ls = last_step if last_step is not None else [T0, T0 + 1.0]
+    d = {
+        info(seed, rows): [1, 1],
+        L(S.PRIMARY_ROWS.name, state="total"): [rows, rows],
+        L(S.PRIMARY_ROWS.name, state="occupied"): [rows // 2, rows // 2],
+        S.SCHEDULER_STEPS.name: list(steps),
+        S.LAST_STEP_TIMESTAMP.name: ls,
+        S.REQUESTS_IN_FLIGHT.name: [0, 0],
+    }
+    for st in S.RequestState:
+        d[L(S.REQUESTS.name, state=st.value)] = [0, 0]
+    for k in S.PendingKind:
+        d[L(S.PENDING_TRANSFERS.name, kind=k.value)] = [0, 0]
+        d[L(S.OLDEST_PENDING_TRANSFER.name, kind=k.value)] = [0, 0]
+    return d
+
+
+# ---- a registry built from the contract (parser/source tests) --------------
+def contract_registry(extra_labels: dict[str, str] | None = None):
+    """One prometheus-client metric per signal; returns (registry, {name: metric})."""
+    reg = CollectorRegistry()
+    extra = dict(extra_labels or {})
+    metrics = {}
+    for m in S.ALL_METRICS:
+        labels = list(extra) + list(m.labels)
+        if m.kind is S.Kind.COUNTER:
+            metrics[m.name] = Counter(m.base, m.help, labels, registry=reg)
+        elif m.kind is S.Kind.GAUGE:
+            metrics[m.name] = Gauge(m.name, m.help, labels, registry=reg)
+        else:
+            metrics[m.name] = Histogram(m.name, m.help, labels, buckets=m.buckets, registry=reg)
+    return reg, metrics
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        body = self.server.body_fn()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@contextlib.contextmanager
+def serve(body_fn) -> Iterator[str]:
+    """Serve body_fn() (bytes) on 127.0.0.1:<free port>/metrics; yields the URL."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.body_fn = body_fn  # type: ignore[attr-defined]
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        th.join(5)
+
+
+def serve_registry(reg):
+    return serve(lambda: generate_latest(reg))

@@ -1,0 +1,332 @@
+"""One classifier at a time, on synthetic evidence (positive and negative cases)."""
+
+from __future__ import annotations
+
+from kvscope.diagnostics.classifiers import (
+    capacity_ceiling_livelock,
+    capacity_ceiling_veto,
+    pending_at_idle,
+    queue_wait,
+    stale_rows,
+    stale_telemetry,
+    store_never_fits,
+    stores_without_restores,
+)
+from kvscope.diagnostics.engine import diagnose
+from kvscope.diagnostics.thresholds import Thresholds
+from kvscope.exporters import signals as S
+
+from .support import T0, L, base, evidence, info
+
+TH = Thresholds()
+
+
+def rounds(**v):
+    return {L(S.LOOKUP_ROUNDS.name, verdict=k): vals for k, vals in v.items()}
+
+
+def lookups(group, **v):
+    return {L(S.LOOKUPS.name, kv_group=group, result=k): vals for k, vals in v.items()}
+
+
+# ---- capacity ceiling, veto --------------------------------------------------
+def veto_case(rows=4):
+    d = base(rows=rows)
+    d |= rounds(vetoed=[3, 6], deferred=[3, 6], hit=[0, 0])
+    d |= {
+        L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed"): [3, 6],
+        L(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed"): [rows, rows],
+        L(S.CASCADES.name, result="completed"): [24, 24],
+        S.HIT_TOKENS.name: [0, 0],
+    }
+    d |= lookups("0", retry=[36, 72]) | lookups("1", miss=[6, 12], retry=[6, 12])
+    return d
+
+
+def test_veto_fires_with_rows_needed():
+    f = capacity_ceiling_veto.classify(evidence(veto_case()), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert any("reached the row ceiling" in e for e in f.evidence)
+    assert any("disk tier has data: 24 keys" in e for e in f.evidence)
+    # 72 + 24 lookups over 12 rounds: 6 keys per group per round x 2 groups = 12, +25% = 15
+    assert "≥ 15 rows (now 4" in f.next_step
+    assert "row bytes unknown" in f.next_step
+
+
+def test_veto_gives_bytes_when_row_bytes_known():
+    f = capacity_ceiling_veto.classify(evidence(veto_case()), Thresholds(row_bytes=1 << 20))
+    assert "cpu_bytes_to_use ≥ 15.0 MiB (15 rows × 1.0 MiB per row)" in f.next_step
+
+
+def test_veto_row_bytes_derived_from_manager_disk_bytes():
+    d = veto_case()
+    d[L(S.TRANSFER_BYTES.name, rank="manager", direction="cpu_to_disk")] = [24 * 8192, 24 * 8192]
+    f = capacity_ceiling_veto.classify(evidence(d), TH)
+    assert "8.0 KiB per row" in f.next_step
+
+
+def test_veto_needs_the_ceiling():
+    d = veto_case()
+    d[L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed")] = [0, 0]
+    d[L(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed")] = [2, 2]
+    assert capacity_ceiling_veto.classify(evidence(d), TH) is None
+
+
+def test_veto_silent_on_quiet_engine():
+    assert capacity_ceiling_veto.classify(evidence(base()), TH) is None
+
+
+# ---- capacity ceiling, livelock ------------------------------------------------
+def livelock_case(rows=8):
+    d = base(rows=rows, steps=[0, 30])
+    d |= rounds(deferred=[0, 30], hit=[0, 0])
+    d |= {
+        L(S.PROMOTIONS.name, result="started"): [0, 135],
+        L(S.PROMOTIONS.name, result="completed"): [0, 128],
+        L(S.ROUNDS_AT_ROW_CEILING.name, verdict="deferred"): [0, 15],
+        L(S.LAST_ROUND_PENDING_KEYS.name, verdict="deferred"): [rows, rows],
+        L(S.REQUESTS.name, state="deferred"): [1, 1],
+        S.HIT_TOKENS.name: [0, 0],
+    }
+    return d
+
+
+def test_livelock_fires():
+    f = capacity_ceiling_livelock.classify(evidence(livelock_case()), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert any("churn 4.5 rows per scheduler step" in e for e in f.evidence)
+
+
+def test_livelock_not_for_a_healthy_promotion():
+    d = livelock_case()
+    d |= rounds(deferred=[0, 30], hit=[0, 10])  # deferred then hit: disk promotions working
+    d[S.HIT_TOKENS.name] = [0, 960]
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_needs_churn():
+    d = livelock_case()
+    d[L(S.PROMOTIONS.name, result="started")] = [0, 8]  # the tier did not turn over
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_still_happening_between_scrapes():
+    d = livelock_case()
+    d |= rounds(deferred=[100, 110], hit=[5, 5])  # restored once long ago, stuck now
+    d[S.HIT_TOKENS.name] = [80, 80]
+    d[S.SCHEDULER_STEPS.name] = [200, 210]
+    d[L(S.PROMOTIONS.name, result="started")] = [500, 545]
+    f = capacity_ceiling_livelock.classify(evidence(d), TH)
+    assert f is not None
+    assert any("still happening" in e for e in f.evidence)
+
+
+# ---- queue wait ----------------------------------------------------------------
+def queue_case():
+    d = base()
+    d |= rounds(hit=[20, 20], miss=[5, 5])
+    d[S.HIT_TOKENS.name] = [640, 640]
+    d[L(S.REQUESTS.name, state="queued")] = [6, 7]
+    d[L(S.REQUESTS.name, state="running")] = [4, 4]
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="capacity")] = [6, 7]
+    d[S.VLLM_REQUESTS_WAITING] = [6, 7]
+    return d
+
+
+def test_queue_wait_fires_and_is_not_a_restore_failure():
+    ev = evidence(queue_case())
+    f = queue_wait.classify(ev, TH)
+    assert f is not None and f.confidence_label == "high"
+    assert "Not a restore failure" in f.next_step
+    assert any("restore path healthy when it runs: 20 hit rounds" in e for e in f.evidence)
+    report = diagnose(ev)
+    assert [v.id for v in report.verdicts] == ["queue_wait"]
+
+
+def test_queue_wait_not_when_queue_empties():
+    d = queue_case()
+    d[L(S.REQUESTS.name, state="queued")] = [6, 0]
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="capacity")] = [6, 0]
+    d[S.VLLM_REQUESTS_WAITING] = [6, 0]
+    assert queue_wait.classify(evidence(d), TH) is None
+
+
+def test_queue_wait_yields_to_ceiling():
+    d = queue_case() | {L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed"): [1, 2]}
+    assert queue_wait.classify(evidence(d), TH) is None
+
+
+def test_queue_wait_ignores_connector_deferrals():
+    d = base()
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="deferred")] = [3, 3]
+    assert queue_wait.classify(evidence(d), TH) is None
+
+
+# ---- stale rows ----------------------------------------------------------------
+def stale_case(refused=True):
+    d = base()
+    d[L(S.PROMOTIONS.name, result="completed")] = [16, 16]
+    d[L(S.ROW_CHECKSUMS.name, rank="0", outcome="match")] = [16, 16]
+    d[L(S.ROW_CHECKSUMS.name, rank="1", outcome="match")] = [4, 4]
+    d[L(S.ROW_CHECKSUMS.name, rank="1", outcome="mismatch")] = [12, 12]
+    d[L(S.LOADS_REFUSED.name, rank="1", reason="checksum_mismatch")] = [12 if refused else 0] * 2
+    return d
+
+
+def test_stale_rows_names_the_rank():
+    f = stale_rows.classify(evidence(stale_case()), TH)
+    assert f is not None and f.confidence > 0.9
+    assert f.evidence[0].startswith("rank 1: 12 of 16 promoted-row checksums mismatched")
+    assert "ranks with matching checksums only: 0" in f.evidence
+    assert any("every mismatching load was refused" in e for e in f.evidence)
+
+
+def test_stale_rows_observe_policy_served():
+    f = stale_rows.classify(evidence(stale_case(refused=False)), TH)
+    assert any("SERVED" in e for e in f.evidence)
+    assert f.next_step.startswith("Mismatching rows were served")
+
+
+def test_stale_rows_silent_when_all_match():
+    d = base()
+    d[L(S.ROW_CHECKSUMS.name, rank="0", outcome="match")] = [16, 16]
+    assert stale_rows.classify(evidence(d), TH) is None
+
+
+# ---- pending at idle -------------------------------------------------------------
+def pending_case(age=(95, 96)):
+    d = base()
+    d[L(S.PENDING_TRANSFERS.name, kind="store")] = [1, 1]
+    d[L(S.OLDEST_PENDING_TRANSFER.name, kind="store")] = list(age)
+    d[L(S.TRANSFERS_IN_FLIGHT.name, rank="0", direction="gpu_to_cpu")] = [0, 0]
+    d[L(S.TRANSFERS_IN_FLIGHT.name, rank="1", direction="gpu_to_cpu")] = [1, 1]
+    d[S.VLLM_REQUESTS_RUNNING] = [0, 0]
+    d[S.VLLM_REQUESTS_WAITING] = [0, 0]
+    return d
+
+
+def test_pending_at_idle_names_rank_and_direction():
+    f = pending_at_idle.classify(evidence(pending_case()), TH)
+    assert f is not None
+    assert f.evidence[0] == "1 store transfer pending, oldest 96 s (threshold 30 s)"
+    assert "in flight: rank 1 gpu_to_cpu (1)" in f.evidence
+    assert "rank 1 (gpu_to_cpu)" in f.next_step
+
+
+def test_pending_below_threshold_is_not_stuck():
+    assert pending_at_idle.classify(evidence(pending_case(age=(1, 2))), TH) is None
+
+
+def test_pending_while_busy_is_not_idle():
+    d = pending_case()
+    d[L(S.REQUESTS.name, state="running")] = [2, 2]
+    assert pending_at_idle.classify(evidence(d), TH) is None
+
+
+# ---- stores without restores ---------------------------------------------------
+def swr_case():
+    d = base()
+    d[L(S.STORE_JOBS.name, result="prepared")] = [40, 50]
+    d[L(S.CASCADES.name, result="completed")] = [80, 100]
+    d |= rounds(miss=[40, 50]) | lookups("0", miss=[40, 50]) | lookups("1", miss=[40, 50])
+    return d
+
+
+def test_stores_without_restores_hash_seed_changed():
+    d = swr_case()
+    d[info(seed="0")] = [1]  # the old process' info series, one sample
+    d[info(seed="1234")] = [1, 1]
+    f = stores_without_restores.classify(evidence(d), TH)
+    assert f is not None and f.title.endswith("(hash seed differs)")
+    assert f.confidence_label == "high"
+    assert "PYTHONHASHSEED" in f.next_step
+
+
+def test_stores_without_restores_hash_seed_differs_between_targets():
+    d = swr_case()
+    d[info(seed="1", __target__="http://127.0.0.1:1/metrics")] = [1, 1]
+    d[info(seed="2", __target__="http://127.0.0.1:2/metrics")] = [1, 1]
+    f = stores_without_restores.classify(evidence(d), TH)
+    assert "differs" in f.evidence[0] and "127.0.0.1:2" in f.evidence[0]
+
+
+def test_stores_without_restores_group_always_misses():
+    d = swr_case() | lookups("0", hit=[40, 50], miss=[0, 0]) | rounds(vetoed=[40, 50], miss=[0, 0])
+    f = stores_without_restores.classify(evidence(d), TH)
+    assert f.title.endswith("(one group always misses)")
+    assert f.evidence[0].startswith("kv_group 1 found 0 of 50 keys")
+
+
+def test_stores_without_restores_generic_is_low_confidence():
+    f = stores_without_restores.classify(evidence(swr_case()), TH)
+    assert f.confidence_label == "low"
+
+
+def test_no_stores_no_verdict():
+    d = base() | rounds(miss=[40, 50]) | lookups("0", miss=[40, 50])
+    assert stores_without_restores.classify(evidence(d), TH) is None
+
+
+# ---- store never fits ------------------------------------------------------------
+def test_store_never_fits():
+    d = base(rows=4)
+    d[L(S.STORE_JOBS.name, result="no_space")] = [10, 12]
+    d[L(S.STORE_JOBS.name, result="prepared")] = [0, 0]
+    d[L(S.CASCADES.name, result="completed")] = [0, 0]
+    f = store_never_fits.classify(evidence(d), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert "max_num_batched_tokens" in f.next_step and "cpu_bytes_to_use" in f.next_step
+
+
+def test_store_fits_sometimes_when_disk_has_data():
+    d = base(rows=4)
+    d[L(S.STORE_JOBS.name, result="no_space")] = [10, 12]
+    d[L(S.CASCADES.name, result="completed")] = [5, 9]
+    assert store_never_fits.classify(evidence(d), TH) is None
+
+
+# ---- stale telemetry --------------------------------------------------------------
+def test_stale_telemetry_voids_gauge_verdicts():
+    d = pending_case()
+    d[S.LAST_STEP_TIMESTAMP.name] = [T0 - 600, T0 - 600]
+    d[S.SCHEDULER_STEPS.name] = [500, 500]
+    ev = evidence(d)
+    f = stale_telemetry.classify(ev, TH)
+    assert f is not None and "last scheduler step 10 min before" in f.evidence[0]
+    report = diagnose(ev)
+    assert [v.id for v in report.verdicts] == ["stale_telemetry"]
+    assert report.notes == ["not judged from stale gauges: Transfers pending on an idle engine"]
+
+
+def test_old_step_on_idle_engine_is_not_stale():
+    d = base(last_step=[T0 - 3600, T0 - 3600], steps=[50, 50])
+    assert stale_telemetry.classify(evidence(d), TH) is None
+    report = diagnose(evidence(d))
+    assert report.healthy and any("(engine idle)" in e for e in report.top.evidence)
+
+
+# ---- healthy and ranking ------------------------------------------------------------
+def test_healthy_says_what_was_checked():
+    d = base() | rounds(hit=[10, 12], miss=[2, 2]) | lookups("0", hit=[60, 72])
+    d[S.HIT_TOKENS.name] = [160, 192]
+    report = diagnose(evidence(d))
+    assert report.healthy and report.exit_code == 0
+    assert sum(e.startswith("checked: ") for e in report.top.evidence) == 8
+
+
+def test_several_verdicts_are_ranked():
+    d = stale_case() | veto_case()
+    report = diagnose(evidence(d))
+    ids = [v.id for v in report.verdicts]
+    assert ids[:2] == ["stale_row_corruption", "capacity_ceiling_veto"]
+    assert report.exit_code == 1
+
+
+def test_a_broken_classifier_does_not_hide_the_others(monkeypatch):
+    def boom(ev, th):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(queue_wait, "classify", boom)
+    report = diagnose(evidence(stale_case()))
+    assert report.top.id == "stale_row_corruption"
+    assert report.notes == ["classifier queue_wait failed: RuntimeError: bug"]

@@ -1,0 +1,91 @@
+"""The evidence layer alone: aggregation, counter semantics per source, missing metrics."""
+
+from __future__ import annotations
+
+import pytest
+from kvscope.diagnostics.evidence import aggregate, build_evidence
+from kvscope.diagnostics.model import DiagnoseError, RawWindow, Series, SourceInfo
+from kvscope.exporters import signals as S
+
+from .support import T0, L, base, evidence, window
+
+PROM = dict(lifetime=False, t0=T0, t1=T0 + 600, recent_span=120)
+
+
+def _series(name, samples, **labels):
+    return Series(name, tuple(sorted(labels.items())), "t", tuple(samples))
+
+
+def _src(lifetime, start=T0, end=T0 + 600, recent=120):
+    return SourceInfo("prometheus", "p", start, end, end, lifetime, recent)
+
+
+def test_counter_reset_is_growth_not_loss():
+    s = _series(S.HIT_TOKENS.name, [(T0, 100), (T0 + 300, 150), (T0 + 400, 10), (T0 + 600, 30)])
+    q = aggregate([s], _src(False))
+    assert q.increase == 50 + 10 + 20
+    assert q.recent == 30 - 10  # last 120 s: from the sample at T0+400 (before the span) on
+
+
+def test_counter_born_inside_the_window_counts_from_zero():
+    s = _series(S.HIT_TOKENS.name, [(T0 + 300, 7), (T0 + 600, 9)])
+    assert aggregate([s], _src(False)).increase == 9
+
+
+def test_scrape_window_counters_are_lifetime_totals():
+    ev = evidence({L(S.LOOKUP_ROUNDS.name, verdict="hit"): [40, 42]} | base())
+    q = ev.rounds.get(S.Verdict.HIT)
+    assert (q.increase, q.recent, q.first, q.last) == (42, 2, 40, 42)
+
+
+def test_series_only_in_second_scrape_is_recent():
+    ev = evidence({L(S.LOOKUP_ROUNDS.name, verdict="vetoed"): [3]} | base())
+    q = ev.rounds.get(S.Verdict.VETOED)
+    assert (q.increase, q.recent) == (3, 3)
+
+
+def test_gauges_sum_over_targets_and_oldest_age_is_a_max():
+    d = base()
+    d[L(S.PENDING_TRANSFERS.name, kind="load", __target__="a")] = [1, 2]
+    d[L(S.PENDING_TRANSFERS.name, kind="load", __target__="b")] = [3, 3]
+    d[L(S.OLDEST_PENDING_TRANSFER.name, kind="load", __target__="a")] = [5, 6]
+    d[L(S.OLDEST_PENDING_TRANSFER.name, kind="load", __target__="b")] = [40, 41]
+    ev = evidence(d)
+    assert ev.pending.get(S.PendingKind.LOAD).last == 2 + 3 + 0  # base()'s own series is 0
+    assert ev.pending.oldest(S.PendingKind.LOAD).last == 41
+
+
+def test_vllm_labels_are_summed_away_and_per_rank_kept():
+    d = base()
+    for rank in ("0", "1"):
+        d[L(S.ROW_CHECKSUMS.name, rank=rank, outcome="match", model_name="m", engine="0")] = [1, 2]
+    ev = evidence(d)
+    assert sorted(ev.ranks) == ["0", "1"]
+    assert ev.ranks["1"].checksum(S.ChecksumOutcome.MATCH).increase == 2
+
+
+def test_hash_seeds_in_order_of_appearance():
+    d = base(seed="new")
+    d[("kvscope_info", (("hash_seed", "old"), ("primary_rows", "8")))] = [1]
+    raw = window(d)
+    # make the old seed's sample earlier than the new one's
+    series = tuple(
+        Series(s.name, s.labels, s.target, ((T0 - 10, 1.0),)) if s.label("hash_seed") == "old" else s
+        for s in raw.series
+    )
+    ev = build_evidence(RawWindow(raw.source, series))
+    assert ev.hash_seeds == ("old", "new")
+
+
+def test_no_kvscope_metrics_is_a_clear_error():
+    with pytest.raises(DiagnoseError, match=r"no kvscope metrics .* \(only vLLM.s own\)"):
+        evidence({S.VLLM_REQUESTS_RUNNING: [1, 1]})
+    with pytest.raises(DiagnoseError, match="no kvscope or vLLM metrics"):
+        evidence({"process_cpu_seconds_total": [1, 2]})
+
+
+def test_groups_sorted_naturally():
+    d = base()
+    for g in ("10", "2", "1"):
+        d[L(S.LOOKUPS.name, kv_group=g, result="hit")] = [0, 1]
+    assert list(evidence(d).lookups) == ["1", "2", "10"]
