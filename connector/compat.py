@@ -22,6 +22,7 @@ from kvscope.exporters import signals
 
 VLLM_VERSION: str = getattr(vllm, "__version__", "unknown")
 
+MISS = VLookupResult.MISS
 LOOKUP_RESULT: dict[Any, signals.LookupResult] = {
     VLookupResult.HIT: signals.LookupResult.HIT,
     VLookupResult.MISS: signals.LookupResult.MISS,
@@ -117,9 +118,9 @@ def region_geometry(spec: Any) -> RegionGeometry | None:
 
 
 def scheduler_view(manager: Any) -> memoryview | None:
-    """The scheduler's (rows, row_stride) view of the primary tier, tiering only."""
+    """The scheduler's view of the primary tier as flat bytes (tiering only)."""
     getter = getattr(primary_tier(manager), "get_kv_memoryview", None)
-    return getter() if getter is not None else None
+    return getter().cast("B") if getter is not None else None
 
 
 def worker_region(worker: Any) -> Any | None:
@@ -204,3 +205,14 @@ def scheduler_spec(manager: Any, vllm_config: Any, kv_cache_config: Any) -> Any:
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
     return OffloadingSpecFactory.create_spec(build_offloading_config(vllm_config, kv_cache_config))
+
+
+def load_errors_recoverable(kv_cache_config: Any) -> bool:
+    """Whether vLLM can recompute blocks reported through get_block_ids_with_load_errors.
+
+    vLLM 0.26's recovery path (Scheduler._update_requests_with_invalid_blocks)
+    unpacks exactly one KV-cache group; with several groups it raises inside the
+    engine step. kvscope then must not report load errors: a refusal would crash
+    the engine instead of recomputing.
+    """
+    return len(getattr(kv_cache_config, "kv_cache_groups", ()) or ()) <= 1

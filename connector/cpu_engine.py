@@ -64,7 +64,7 @@ VOCAB = 1024
 _SIM_RANK: contextvars.ContextVar[int] = contextvars.ContextVar("kvscope_sim_rank", default=0)
 _SIM_OWN_REGION: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
     "kvscope_sim_own_region", default=frozenset())
-_SIM_STUCK: contextvars.ContextVar[Callable[[str, int], bool] | None] = contextvars.ContextVar(
+_SIM_STUCK: contextvars.ContextVar[Callable[[int, str, int], bool] | None] = contextvars.ContextVar(
     "kvscope_sim_stuck", default=None)
 
 
@@ -72,7 +72,9 @@ class CPUCopyWorker(OffloadingWorker):
     """vLLM's OffloadingWorker interface, with memcpy where a GPU would DMA."""
 
     def __init__(self, kv_caches: Any, region: SharedOffloadRegion | None, rows: int,
-                 slot_size: int, stuck: Callable[[str, int], bool] | None = None) -> None:
+                 slot_size: int, rank: int = 0,
+                 stuck: Callable[[int, str, int], bool] | None = None) -> None:
+        self._rank = rank
         self._tensors = [t.tensor for t in kv_caches.tensors]
         self._group_refs = kv_caches.group_data_refs
         self._mmap_region = region
@@ -104,7 +106,7 @@ class CPUCopyWorker(OffloadingWorker):
                         self._tensors[t][g].copy_(self._views[t][r])
                     moved += self._tensors[t].shape[1]
         result = TransferResult(job_id, True, moved, time.perf_counter() - t0)
-        if self._stuck is not None and self._stuck(kind, job_id):
+        if self._stuck is not None and self._stuck(self._rank, kind, job_id):
             self._held[job_id] = result  # never reported: a hung transfer
         else:
             self._done.append(result)
@@ -141,7 +143,7 @@ def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
                                      kv_bytes_per_block=spec.kv_bytes_per_chunk,
                                      cpu_page_size=spec.cpu_page_size_per_worker)
     return CPUCopyWorker(kv_caches, region, spec.num_blocks, spec.cpu_page_size_per_worker,
-                         _SIM_STUCK.get())
+                         rank, _SIM_STUCK.get())
 
 
 class CPUSimTieringSpec(TieringOffloadingSpec):
@@ -175,13 +177,20 @@ class EngineConfig:
     max_num_seqs: int = 8
     max_model_len: int = 4096
     own_region_ranks: tuple[int, ...] = ()  # ranks with their own /dev/shm region
-    stuck: Callable[[str, int], bool] | None = None  # (kind, job id) -> never report
+    stuck: Callable[[int, str, int], bool] | None = None  # (rank, kind, job id) -> never report
     checksum_policy: str = "refuse"
     kv_load_failure_policy: str = "recompute"
     exporter_port: int | None = None
     connector: str = "ObservedOffloadingConnector"  # or "OffloadingConnector" (stock)
     hash_seed: str | None = "0"  # PYTHONHASHSEED for NONE_HASH; None = random
     fs_root: str | None = None
+    model_dir: str | None = None  # share it (and fs_root) to model a restarted engine
+    # Wall time one step takes (a GPU forward would); the fs tier's I/O threads
+    # run meanwhile, as they do beside a real engine.
+    step_time_s: float = 0.002
+    # Feed scheduler stats to vLLM's own PrometheusStatLogger (the global
+    # prometheus-client registry), as `vllm serve` does for its /metrics.
+    vllm_metrics: bool = False
 
 
 @dataclass
@@ -209,15 +218,21 @@ class CPUEngine:
         cfg = self.cfg
         self._tmp = tempfile.mkdtemp(prefix="kvscope-engine-")
         self.fs_root = cfg.fs_root or os.path.join(self._tmp, "fs")
-        model_dir = os.path.join(self._tmp, "model")
-        _write_tiny_llama(model_dir, cfg.num_layers * cfg.kv_groups, cfg.max_model_len)
+        model_dir = cfg.model_dir or os.path.join(self._tmp, "model")
+        if not os.path.exists(os.path.join(model_dir, "config.json")):
+            _write_tiny_llama(model_dir, cfg.num_layers * cfg.kv_groups, cfg.max_model_len)
 
         self.layers = [f"model.layers.{i}.self_attn.attn"
                        for i in range(cfg.num_layers * cfg.kv_groups)]
         spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=2, head_size=16,
                                  dtype=torch.float16)
         self.page = spec.page_size_bytes
-        groups = [KVCacheGroupSpec(self.layers[g::cfg.kv_groups], spec)
+        # Groups of one attention kind with distinct head shapes (same page size):
+        # vLLM keeps them as separate KV-cache groups, each with its own keys.
+        group_specs = [FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=2 >> g,
+                                         head_size=16 << g, dtype=torch.float16)
+                       for g in range(cfg.kv_groups)]
+        groups = [KVCacheGroupSpec(self.layers[g::cfg.kv_groups], group_specs[g])
                   for g in range(cfg.kv_groups)]
         self.kv_cache_config = KVCacheConfig(
             num_blocks=cfg.num_gpu_blocks,
@@ -294,6 +309,11 @@ class CPUEngine:
                 _SIM_STUCK.reset(tokens[2])
             self.ranks.append(Rank(r, conn, kv))
         self._aggregator = KVOutputAggregator(cfg.world_size)
+        self.stat_logger = None
+        if cfg.vllm_metrics:
+            from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+            self.stat_logger = PrometheusStatLogger(self.vllm_config, [0])
         self._req_counter = 0
         self._outputs: dict[str, list[int]] = {}
         self._prefix_digest: dict[str, tuple[int, bytes]] = {}
@@ -336,14 +356,12 @@ class CPUEngine:
             n += 1
             if not self.scheduler.has_requests():
                 break
-            time.sleep(0.002)  # let the fs tier's I/O threads run
         return n
 
     # ---- one engine step -----------------------------------------------------------------
     def step(self) -> None:
         so = self.scheduler.schedule()
         meta = so.kv_connector_metadata
-        outputs = []
         for rank in self.ranks:
             c = rank.connector
             if meta is not None:
@@ -351,6 +369,10 @@ class CPUEngine:
                 c.bind_connector_metadata(meta)
                 c.start_load_kv(None)
             self._forward(rank, so)
+        sampled = self._sample_all(so)  # after every rank's forward, as one TP step
+        outputs = []
+        for rank in self.ranks:
+            c = rank.connector
             fs, fr = c.get_finished(so.finished_req_ids)
             out = KVConnectorOutput(
                 finished_sending=fs or None, finished_recving=fr or None,
@@ -359,13 +381,19 @@ class CPUEngine:
                 kv_connector_worker_meta=c.build_connector_worker_meta())
             if meta is not None:
                 c.clear_connector_metadata()
-            outputs.append(self._model_output(so, out))
+            outputs.append(ModelRunnerOutput(
+                req_ids=list(so.num_scheduled_tokens),
+                req_id_to_index={r: i for i, r in enumerate(so.num_scheduled_tokens)},
+                sampled_token_ids=sampled, kv_connector_output=out))
         merged = self._aggregator.aggregate(outputs)
         engine_outputs = self.scheduler.update_from_output(so, merged)
         self._collect(engine_outputs)
+        if self.stat_logger is not None:
+            for eco in engine_outputs.values():
+                if eco.scheduler_stats is not None:
+                    self.stat_logger.record(eco.scheduler_stats, None, engine_idx=0)
         self.steps += 1
-        if so.total_num_scheduled_tokens == 0:
-            time.sleep(0.001)  # an idle step: give the fs tier's I/O threads the core
+        time.sleep(self.cfg.step_time_s)
 
     def _forward(self, rank: Rank, so) -> None:
         """Write each scheduled token's KV pattern into this rank's blocks."""
@@ -397,16 +425,13 @@ class CPUEngine:
         self._prefix_digest[rid] = (pos + 1, h)
         return h
 
-    def _model_output(self, so, kv_out: KVConnectorOutput) -> ModelRunnerOutput:
-        req_ids = list(so.num_scheduled_tokens)
+    def _sample_all(self, so) -> list[list[int]]:
         sampled = []
-        for rid in req_ids:
+        for rid in so.num_scheduled_tokens:
             req = self.scheduler.requests[rid]
             sampled.append([self._sample(req)] if req.num_computed_tokens >= req.num_tokens
                            else [])
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, kv_connector_output=kv_out)
+        return sampled
 
     def _sample(self, req) -> int:
         """Next token = digest of every KV byte this request has, on every rank."""

@@ -130,10 +130,19 @@ class ObservedOffloadingConnector(OffloadingConnector):
         cw = self.connector_worker
         if cw is None or cw.worker is None or isinstance(cw.worker, WorkerProxy):
             return
+        policy = self.kvscope_settings.checksum_policy
+        if policy == ChecksumPolicy.REFUSE and not compat.load_errors_recoverable(
+                cw.kv_cache_config):
+            logger.warning(
+                "kvscope: checksum_policy=refuse needs vLLM to recompute refused loads, which "
+                "vLLM %s supports only for single-KV-group models; this model has several, "
+                "so mismatches are counted (policy observe) and not refused.",
+                compat.VLLM_VERSION)
+            policy = ChecksumPolicy.OBSERVE
         with self.kvscope_recorder.guard(ErrorSite.WORKER):
             cw.worker = WorkerProxy(
                 cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
-                spec=cw.spec, checksum_policy=self.kvscope_settings.checksum_policy,
+                spec=cw.spec, checksum_policy=policy,
                 algorithm=self.kvscope_settings.checksum_algorithm)
             self._maybe_start_exporter(1 + cw.worker.rank)
 
@@ -180,8 +189,14 @@ class ObservedOffloadingConnector(OffloadingConnector):
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
         if self._kvscope_observer is not None:
+            self._kvscope_observer.on_meta(meta)
             self._kvscope_observer.on_step(scheduler_output)
         return meta
+
+    def update_connector_output(self, connector_output):
+        if self._kvscope_observer is not None:
+            self._kvscope_observer.on_connector_output(connector_output)
+        return super().update_connector_output(connector_output)
 
     def request_finished(self, request, block_ids):
         out = super().request_finished(request, block_ids)
@@ -222,6 +237,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
 
     def shutdown(self):
         try:
+            if self._kvscope_observer is not None:
+                self._kvscope_observer.close()
             super().shutdown()
         finally:
             if self.kvscope_exporter is not None:
@@ -248,7 +265,39 @@ class KvscopePromMetrics(OffloadPromMetrics):
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._kvscope_names: set[str] = set()
         for m in signals.ALL_METRICS:
-            md = _metadata(m)
-            self._offloading_metric_metadata[m.name] = md
-            self._offloading_metric_defs[m.name] = self._create_metric(m.base, md)
+            try:
+                self._declare(m)
+            except Exception as exc:  # a metric we cannot declare is dropped, not fatal
+                logger.warning("kvscope: cannot register %s on vLLM's registry: %r", m.name, exc)
+
+    def _declare(self, m: signals.Metric) -> None:
+        md = _metadata(m)
+        try:
+            metric = self._create_metric(m.base, md)
+        except ValueError:
+            # vLLM re-creates its stat logger in one process (tests, restarts of
+            # the logger) and unregisters only "vllm:" collectors; drop our stale
+            # ones from the default registry and try once more.
+            from prometheus_client import REGISTRY
+
+            for collector, names in list(REGISTRY._collector_to_names.items()):
+                if m.base in names or m.name in names:
+                    REGISTRY.unregister(collector)
+            metric = self._create_metric(m.base, md)
+        self._offloading_metric_metadata[m.name] = md
+        self._offloading_metric_defs[m.name] = metric
+        self._kvscope_names.add(m.name)
+
+    def observe(self, transfer_stats_data, engine_idx: int = 0):
+        types = transfer_stats_data.get("types", {})
+        data = transfer_stats_data.get("data", {})
+        theirs = {k: v for k, v in data.items() if not k.startswith(signals.PREFIX)}
+        ours = {k: v for k, v in data.items() if k in self._kvscope_names}
+        super().observe({"types": types, "data": theirs}, engine_idx)
+        if ours:
+            try:
+                super().observe({"types": types, "data": ours}, engine_idx)
+            except Exception as exc:
+                logger.warning("kvscope: dropped a stats batch on vLLM's /metrics: %r", exc)

@@ -41,6 +41,7 @@ class Round:
 
     started_ns: int
     per_group: dict[int, list[int]] = field(default_factory=dict)  # group -> counts by _RESULTS
+    no_row: int = 0  # promotions refused during this round: the primary tier was full
 
     def add(self, group: int, result: LookupResult) -> None:
         counts = self.per_group.get(group)
@@ -93,7 +94,10 @@ class ManagerProxy:
         setattr(self._inner, name, value)
 
     def lookup(self, key, req_context, *args, **kwargs):
-        result = self._inner.lookup(key, req_context, *args, **kwargs)
+        if key in self._obs.quarantine:  # a rank refused these bytes: recompute instead
+            result = compat.MISS
+        else:
+            result = self._inner.lookup(key, req_context, *args, **kwargs)
         self._obs.on_lookup(key, result)
         return result
 
@@ -133,18 +137,43 @@ class SchedulerObserver:
 
         self._round: Round | None = None
         self._requests: dict[str, RequestState] = {}
+        self._looked_up: set[str] = set()  # requests with a lookup round this step
         self._promotions: dict[int, _TierJob] = {}
         self._cascades: dict[int, _TierJob] = {}
         self._job_first_seen: dict[int, float] = {}
         # key -> (row, per-rank digests) of rows filled by a completed promotion
         self._expected: dict[bytes, tuple[int, tuple[int, ...]]] = {}
         self._fingerprint_src: object = None
+        # Refused loads: a rank's copy of these keys' rows differs from the
+        # scheduler host's. Without this, vLLM's recompute would look the same
+        # keys up, load and be refused again, forever.
+        self.quarantine: dict[bytes, float] = {}
+        self._load_keys: dict[int, list[bytes]] = {}  # id(load spec) -> keys, until meta
+        self._load_jobs: dict[int, tuple[set[int], list[bytes]]] = {}  # job -> (GPU blocks, keys)
         self._static_done = False
 
         with self.rec.guard(ErrorSite.TIER):
             for tier in self.tiers:
                 self._tap_tier(tier)
             self._tap_primary()
+        self._declare_series()
+
+    def _declare_series(self) -> None:
+        rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
+        groups = range(len(compat.kv_group_kinds(self.kv_cache_config)) or 1)
+        rec.declare(signals.LOOKUPS, *[(str(g), r.value) for g in groups for r in LookupResult])
+        rec.declare(signals.LOOKUP_ROUNDS, *one(Verdict))
+        rec.declare(signals.ROUNDS_AT_ROW_CEILING,
+                    (Verdict.VETOED.value,), (Verdict.DEFERRED.value,))
+        rec.declare(signals.STORE_JOBS, *one(signals.StoreJobResult))
+        rec.declare(signals.TELEMETRY_ERRORS, *one(ErrorSite))
+        rec.declare(signals.HIT_TOKENS)
+        rec.declare(signals.SCHEDULER_STEPS)
+        if self.tiers:
+            rec.declare(signals.PROMOTIONS, *one(PromotionResult))
+            rec.declare(signals.CASCADES, *one(signals.CascadeResult))
+            rec.declare(signals.TRANSFER_BYTES, (signals.RANK_MANAGER, Direction.DISK_TO_CPU.value),
+                        (signals.RANK_MANAGER, Direction.CPU_TO_DISK.value))
 
     # ---- taps on tier instances (instance-attribute shadowing) ------------
     def _tap_primary(self) -> None:
@@ -158,6 +187,8 @@ class SchedulerObserver:
             with self.rec.guard(ErrorSite.TIER):
                 if out is None:
                     self.rec.inc(signals.PROMOTIONS, (PromotionResult.NO_ROW.value,), len(keys))
+                    if self._round is not None:
+                        self._round.no_row += len(keys)
                 else:
                     self.rec.inc(signals.PROMOTIONS, (PromotionResult.STARTED.value,),
                                  len(out.keys_to_store))
@@ -236,21 +267,24 @@ class SchedulerObserver:
         g = self.geometry
         with self.rec.guard(ErrorSite.CHECKSUM):
             for key, row in zip(job.keys, job.rows):
-                self._expected[key] = (row, digest_slots(self._view[row], g.slot_size,
-                                                         g.world_size))
+                start = row * g.row_stride
+                self._expected[key] = (row, digest_slots(
+                    self._view[start:start + g.row_stride], g.slot_size, g.world_size))
             if len(self._expected) > 2 * g.rows:  # bound: at most rows are live anyway
                 for stale in list(self._expected)[: len(self._expected) - 2 * g.rows]:
                     del self._expected[stale]
 
     def _forget(self, keys) -> None:
-        if self._expected:
+        if self._expected or self.quarantine:
             for key in keys or ():
                 self._expected.pop(key, None)
+                self.quarantine.pop(key, None)
 
     def on_prepare_load(self, keys, spec) -> None:
         if not self._expected:
             return
         with self.rec.guard(ErrorSite.CHECKSUM):
+            self._load_keys[id(spec)] = list(keys)
             rows = compat.spec_rows(spec)
             expected = {}
             for key, row in zip(keys, rows):
@@ -294,12 +328,17 @@ class SchedulerObserver:
             if verdict in (Verdict.VETOED, Verdict.DEFERRED):
                 self.rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
                 self.rec.set(signals.LAST_ROUND_PENDING_KEYS, (verdict.value,), pending)
-                at_ceiling = rows_total > 0 and pending >= rows_total
+                self.rec.set(signals.LAST_ROUND_REQUEST_KEYS, (verdict.value,),
+                             self._request_keys(request))
+                # Async-lookup RETRYs can also reach the row count (a working set
+                # exactly the tier's size); the ceiling is when rows ran out.
+                at_ceiling = rows_total > 0 and pending >= rows_total and rnd.no_row > 0
                 if at_ceiling:
                     self.rec.inc(signals.ROUNDS_AT_ROW_CEILING, (verdict.value,))
             if verdict is Verdict.HIT:
                 self.rec.inc(signals.HIT_TOKENS, (), num_tokens or 0)
             req_id = getattr(request, "request_id", "")
+            self._looked_up.add(req_id)
             if req_id in self._requests:
                 self._requests[req_id] = (RequestState.DEFERRED if verdict is Verdict.DEFERRED
                                           else RequestState.QUEUED)
@@ -318,6 +357,12 @@ class SchedulerObserver:
                 span.set_attribute(signals.A_AT_ROW_CEILING, at_ceiling)
             span.end()
 
+    def _request_keys(self, request: Any) -> int:
+        tokens = int(getattr(request, "num_tokens", 0) or 0)
+        per_chunk = compat.blocks_per_chunk(self.spec)
+        return sum(tokens // (tpb * per_chunk)
+                   for tpb in compat.group_tokens_per_block(self.spec) if tpb)
+
     # ---- request lifecycle ------------------------------------------------------
     def on_new_request(self, request: Any) -> None:
         with self.rec.guard(ErrorSite.STEP):
@@ -333,6 +378,42 @@ class SchedulerObserver:
         with self.rec.guard(ErrorSite.STEP):
             self._requests.pop(request.request_id, None)
 
+    def close(self) -> None:
+        """Drop buffer exports so vLLM can close the primary tier's mmap."""
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+
+    def on_meta(self, meta: Any) -> None:
+        """Remember which keys each checked load job covers (for refusals)."""
+        if not self._load_keys:
+            return
+        with self.rec.guard(ErrorSite.CHECKSUM):
+            for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
+                keys = self._load_keys.pop(id(job.src_spec), None)
+                if keys is not None:
+                    self._load_jobs[job_id] = (set(compat.spec_rows(job.dst_spec)), keys)
+            self._load_keys.clear()
+
+    def on_connector_output(self, output: Any) -> None:
+        if not self._load_jobs:
+            return
+        with self.rec.guard(ErrorSite.CHECKSUM):
+            invalid = set(getattr(output, "invalid_block_ids", None) or ())
+            if invalid:
+                now = time.monotonic()
+                for job_id, (blocks, keys) in list(self._load_jobs.items()):
+                    if blocks & invalid:
+                        for key in keys:
+                            self.quarantine[key] = now
+                        del self._load_jobs[job_id]
+            live = {jid for jid, _ in compat.connector_jobs(self.cs)}
+            for job_id in [j for j in self._load_jobs if j not in live]:
+                del self._load_jobs[job_id]
+            limit = 2 * (self.geometry.rows if self.geometry else 1024)
+            for stale in list(self.quarantine)[: max(len(self.quarantine) - limit, 0)]:
+                del self.quarantine[stale]
+
     # ---- once per step ------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
         with self.rec.guard(ErrorSite.STEP):
@@ -344,6 +425,12 @@ class SchedulerObserver:
             self.rec.flush()
 
     def _update_requests(self, so: Any) -> None:
+        # A deferred request is asked again every step it can be admitted; one
+        # not asked this step sits behind capacity (queued), not behind us.
+        for rid, state in self._requests.items():
+            if state is RequestState.DEFERRED and rid not in self._looked_up:
+                self._requests[rid] = RequestState.QUEUED
+        self._looked_up.clear()
         for rid in getattr(so, "num_scheduled_tokens", {}) or {}:
             if rid in self._requests:
                 self._requests[rid] = RequestState.RUNNING
@@ -379,6 +466,7 @@ class SchedulerObserver:
         for state, n in counts.items():
             self.rec.set(signals.REQUESTS, (state.value,), n)
         self.rec.set(signals.REQUESTS_IN_FLIGHT, (), len(self._requests))
+        self.rec.set(signals.QUARANTINED_KEYS, (), len(self.quarantine))
         self._update_info(total)
 
     def _update_info(self, rows_total: int) -> None:
@@ -389,9 +477,16 @@ class SchedulerObserver:
             return
         self._fingerprint_src = src
         tiers = "+".join(["cpu", *(compat.tier_type(t) for t in self.tiers)])
+        tpb = compat.group_tokens_per_block(self.spec)
+        chunk_tokens = (tpb[0] if tpb else 0) * compat.blocks_per_chunk(self.spec)
+        batched = getattr(getattr(self.vllm_config, "scheduler_config", None),
+                          "max_num_batched_tokens", "")
         self.rec.replace_gauge(signals.INFO, {(
             __version__, compat.VLLM_VERSION, type(self.spec).__name__, tiers,
-            str(rows_total), compat.hash_fingerprint(self.vllm_config)): 1.0})
+            str(rows_total), compat.hash_fingerprint(self.vllm_config), self.checksum_policy,
+            str(chunk_tokens), str(batched)): 1.0})
+        if self.geometry is not None:
+            self.rec.set(signals.PRIMARY_ROW_BYTES, (), self.geometry.row_stride)
         if not self._static_done:
             kinds = compat.kv_group_kinds(self.kv_cache_config)
             tpb = compat.group_tokens_per_block(self.spec)

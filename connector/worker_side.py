@@ -57,6 +57,11 @@ class WorkerProxy:
         self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
         self._load_errors: set[int] = set()
         setattr(self, compat.WRAPPED_MARK, True)
+        r = self._rank_label
+        recorder.declare(signals.TRANSFER_BYTES, (r, Direction.GPU_TO_CPU.value),
+                         (r, Direction.CPU_TO_GPU.value))
+        recorder.declare(signals.ROW_CHECKSUMS, *[(r, o.value) for o in ChecksumOutcome])
+        recorder.declare(signals.LOADS_REFUSED, *[(r, x.value) for x in RefusalReason])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -94,6 +94,11 @@ class Recorder:
     def inc(self, metric: Metric, labels: Labels = (), value: float = 1.0) -> None:
         self._pending_counts[(metric, labels)] += value
 
+    def declare(self, metric: Metric, *label_sets: Labels) -> None:
+        """Make counter series exist at 0 before their first event (no "No data" panels)."""
+        for labels in label_sets or ((),):
+            self._pending_counts[(metric, labels)] += 0.0
+
     def observe(self, metric: Metric, labels: Labels, value: float) -> None:
         self._pending_obs[(metric, labels)].append(value)
 

@@ -57,6 +57,9 @@ L_SPEC = "spec"
 L_TIERS = "tiers"
 L_PRIMARY_ROWS = "primary_rows"
 L_HASH_SEED = "hash_seed"
+L_CHECKSUM_POLICY = "checksum_policy"
+L_CHUNK_TOKENS = "chunk_tokens"
+L_MAX_BATCHED_TOKENS = "max_num_batched_tokens"
 
 # Labels vLLM's stats pipeline puts in front of ours on its /metrics.
 VLLM_LABEL_MODEL = "model_name"
@@ -218,7 +221,7 @@ LAST_ROUND_PENDING_KEYS = Metric(
 ROUNDS_AT_ROW_CEILING = Metric(
     "kvscope_rounds_at_row_ceiling_total", Kind.COUNTER, Side.SCHEDULER,
     "Vetoed or deferred lookup rounds whose pending-key sum reached the primary tier's row "
-    "count: the capacity-ceiling tell.",
+    "count while a promotion found no free row: the capacity-ceiling tell.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 HIT_TOKENS = Metric(
@@ -278,7 +281,24 @@ LAST_STEP_TIMESTAMP = Metric(
 INFO = Metric(
     "kvscope_info", Kind.GAUGE, Side.SCHEDULER,
     "Always 1; labels describe the kvscope/vLLM build and the offload configuration.",
-    (L_KVSCOPE_VERSION, L_VLLM_VERSION, L_SPEC, L_TIERS, L_PRIMARY_ROWS, L_HASH_SEED),
+    (L_KVSCOPE_VERSION, L_VLLM_VERSION, L_SPEC, L_TIERS, L_PRIMARY_ROWS, L_HASH_SEED,
+     L_CHECKSUM_POLICY, L_CHUNK_TOKENS, L_MAX_BATCHED_TOKENS),
+)
+QUARANTINED_KEYS = Metric(
+    "kvscope_quarantined_keys", Kind.GAUGE, Side.SCHEDULER,
+    "Keys kvscope answers MISS for because a rank refused to load their rows (checksum "
+    "mismatch); released when the row is evicted, so the next promotion is checked afresh.",
+)
+PRIMARY_ROW_BYTES = Metric(
+    "kvscope_primary_row_bytes", Kind.GAUGE, Side.SCHEDULER,
+    "Bytes of one primary-tier row (one chunk of one KV group, every rank's slot); "
+    "rows x this = cpu_bytes_to_use actually used.",
+)
+LAST_ROUND_REQUEST_KEYS = Metric(
+    "kvscope_last_round_request_keys", Kind.GAUGE, Side.SCHEDULER,
+    "Chunk keys (summed over KV groups) the request of the latest vetoed or deferred round "
+    "covers: the rows a full restore of it needs at once.",
+    (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 KV_GROUP_INFO = Metric(
     "kvscope_kv_group_info", Kind.GAUGE, Side.SCHEDULER,
@@ -329,7 +349,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     HIT_TOKENS, PRIMARY_ROWS, PROMOTIONS, CASCADES, STORE_JOBS, PENDING_TRANSFERS,
     OLDEST_PENDING_TRANSFER, REQUESTS,
     REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
-    TELEMETRY_ERRORS,
+    TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,

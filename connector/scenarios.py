@@ -1,0 +1,257 @@
+"""The incident classes, reproduced on real vLLM scheduler objects on CPU.
+
+Each scenario drives :class:`~kvscope.connector.cpu_engine.CPUEngine` (vLLM's
+real scheduler, offloading connector and tiering manager; CPU copies where a
+GPU would DMA) into one of the situations kvscope exists to tell apart, and
+records the facts a test or the demo checks (same output? tokens restored?).
+
+``run_scenario`` runs one and serves what it produced:
+
+* ``metrics_url``: kvscope's standalone exporter over the scheduler and every
+  rank of the scenario's engine(s) (``exporter_port``; 0 = a free port);
+* ``vllm_metrics_url``: vLLM's own /metrics (the default prometheus-client
+  registry its PrometheusStatLogger fills; kvscope series carry ``model_name``
+  and ``engine`` there), when ``vllm_metrics_port`` is given.
+
+Scenarios whose incident is ongoing (livelock, queue wait, pending at idle)
+keep the engine stepping in the background while served, as vLLM does while it
+has work; the others leave an idle engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prometheus_client import REGISTRY, start_http_server
+
+from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.exporters.prometheus import DEFAULT_ADDR, Exporter, start_exporter
+from kvscope.exporters.recorder import Recorder
+
+PROMPT_TOKENS = 96  # 6 chunks of 16 tokens per KV group
+FLOODS = 3
+
+
+@dataclass
+class ScenarioRun:
+    name: str
+    description: str
+    engines: list[CPUEngine]
+    facts: dict[str, Any] = field(default_factory=dict)
+    exporter: Exporter | None = None
+    vllm_metrics_url: str | None = None
+    background: Callable[[], None] | None = None  # one step of ongoing work
+
+    @property
+    def engine(self) -> CPUEngine:
+        return self.engines[-1]
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.exporter.url if self.exporter else None
+
+    @property
+    def recorders(self) -> list[Recorder]:
+        out = []
+        for e in self.engines:
+            out.append(e.connector.kvscope_recorder)
+            out.extend(r.connector.kvscope_recorder for r in e.ranks)
+        return out
+
+
+def _base(**kw) -> EngineConfig:
+    cfg = EngineConfig(rows=12, kv_groups=2, world_size=2, num_gpu_blocks=40,
+                       max_num_batched_tokens=16)
+    return replace(cfg, **kw)
+
+
+def _ask_flood_ask(e: CPUEngine, run: ScenarioRun) -> None:
+    target = prompt(1, PROMPT_TOKENS)
+    first = e.generate(target, 4)
+    e.drain()
+    for seed in range(2, 2 + FLOODS):  # evict the target from the GPU and the CPU tier
+        e.generate(prompt(seed, PROMPT_TOKENS), 2)
+        e.drain()
+    again = e.generate(target, 4, max_steps=200)
+    e.drain()
+    run.facts.update(first_output=first.output, again_output=again.output,
+                     same_output=first.output == again.output,
+                     restored_tokens=again.num_external_tokens)
+
+
+def healthy(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """Store, evict to disk, ask again: promotions, then a hit; output identical."""
+    e = CPUEngine(replace(cfg, rows=12))
+    run.engines.append(e)
+    _ask_flood_ask(e, run)
+
+
+def capacity_ceiling(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """Primary tier (4 rows) smaller than the prompt's 6 chunks x 2 groups: vetoed."""
+    e = CPUEngine(replace(cfg, rows=4))
+    run.engines.append(e)
+    _ask_flood_ask(e, run)
+
+
+def livelock(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """8 rows, between one and two groups' worth: deferred round after round."""
+    e = CPUEngine(replace(cfg, rows=8))
+    run.engines.append(e)
+    target = prompt(1, PROMPT_TOKENS)
+    e.generate(target, 4)
+    e.drain()
+    for seed in range(2, 2 + FLOODS):
+        e.generate(prompt(seed, PROMPT_TOKENS), 2)
+        e.drain()
+    rid = e.add_request(target, 4)
+    for _ in range(40):
+        e.step()
+    run.facts.update(stuck_request_done=rid in e.finished, steps=40)
+    run.background = e.step
+
+
+def stale_rows(run: ScenarioRun, cfg: EngineConfig, policy: str = "refuse") -> None:
+    """Rank 1 maps its own /dev/shm (another node): promotions never reach it."""
+    # One KV group: vLLM 0.26 recovers failed loads (kv_load_failure_policy)
+    # only for single-group models, see compat.load_errors_recoverable.
+    e = CPUEngine(replace(cfg, rows=12, kv_groups=1, num_gpu_blocks=16, own_region_ranks=(1,),
+                          checksum_policy=policy))
+    run.engines.append(e)
+    _ask_flood_ask(e, run)
+
+
+def stale_rows_observe(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """As stale-rows, with checksum_policy=observe: the stale load is served."""
+    stale_rows(run, cfg, policy="observe")
+
+
+def pending_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """Rank 1 never reports its store jobs: the engine idles with a transfer in flight."""
+    e = CPUEngine(replace(cfg, rows=64, stuck=lambda rank, kind, job: rank == 1
+                          and kind == "store"))
+    run.engines.append(e)
+    out = e.generate(prompt(1, PROMPT_TOKENS // 2), 2)
+    for _ in range(5):
+        e.step()
+    run.facts.update(request_done=out.request_id in e.finished,
+                     has_pending_work=e.scheduler.has_requests())
+    run.background = e.step
+
+
+def queue_wait(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """One long decode holds the only running slot; later requests queue behind it."""
+    e = CPUEngine(replace(cfg, rows=64, max_num_seqs=1, max_num_batched_tokens=64))
+    run.engines.append(e)
+    long = e.add_request(prompt(1, 32), 100_000)
+    queued = [e.add_request(prompt(seed, PROMPT_TOKENS), 4) for seed in range(2, 5)]
+    for _ in range(30):
+        e.step()
+    run.facts.update(long_running=long not in e.finished,
+                     queued_done=sum(r in e.finished for r in queued))
+    run.background = e.step
+
+
+def store_never_fits(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """A whole prompt prefilled in one step: its store job is larger than the tier."""
+    e = CPUEngine(replace(cfg, rows=4, max_num_batched_tokens=256))
+    run.engines.append(e)
+    _ask_flood_ask(e, run)
+
+
+def stores_without_restores(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """The engine restarts without PYTHONHASHSEED: the same prompt gets new keys."""
+    shared = tempfile.mkdtemp(prefix="kvscope-restart-")
+    run.facts["shared_dir"] = shared
+    base = replace(cfg, rows=64, fs_root=os.path.join(shared, "fs"),
+                   model_dir=os.path.join(shared, "model"))
+    target = prompt(1, PROMPT_TOKENS)
+    before = CPUEngine(replace(base, hash_seed="1"))
+    run.engines.append(before)
+    before.generate(target, 2)
+    before.drain()
+    after = CPUEngine(replace(base, hash_seed="2"))
+    run.engines.append(after)
+    out = after.generate(target, 2)
+    after.drain()
+    run.facts.update(restored_tokens=out.num_external_tokens)
+
+
+SCENARIOS: dict[str, Callable[..., None]] = {
+    "healthy": healthy,
+    "capacity-ceiling": capacity_ceiling,
+    "livelock": livelock,
+    "stale-rows": stale_rows,
+    "stale-rows-observe": stale_rows_observe,
+    "pending-at-idle": pending_at_idle,
+    "queue-wait": queue_wait,
+    "store-never-fits": store_never_fits,
+    "stores-without-restores": stores_without_restores,
+}
+
+
+@contextlib.contextmanager
+def run_scenario(name: str, *, exporter_port: int | None = 0,
+                 vllm_metrics_port: int | None = None, background_interval_s: float = 0.05,
+                 addr: str = DEFAULT_ADDR, **engine_overrides: Any) -> Iterator[ScenarioRun]:
+    """Run scenario ``name`` and serve its signals until the with-block exits."""
+    if name not in SCENARIOS:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    fn = SCENARIOS[name]
+    cfg = _base(vllm_metrics=vllm_metrics_port is not None, **engine_overrides)
+    run = ScenarioRun(name, (fn.__doc__ or "").strip(), [])
+    stop = threading.Event()
+    thread = None
+    server = None
+    try:
+        fn(run, cfg)
+        if exporter_port is not None:
+            run.exporter = start_exporter(run.recorders, exporter_port, addr)
+        if vllm_metrics_port is not None:
+            server, _ = start_http_server(vllm_metrics_port, addr=addr, registry=REGISTRY)
+            run.vllm_metrics_url = f"http://{addr}:{server.server_port}/metrics"
+        if run.background is not None:
+            lock = threading.Lock()
+            run.facts["step_lock"] = lock
+
+            def loop() -> None:
+                while not stop.wait(background_interval_s):
+                    with lock:
+                        run.background()
+
+            thread = threading.Thread(target=loop, name=f"kvscope-{name}", daemon=True)
+            thread.start()
+        yield run
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        if run.exporter is not None:
+            run.exporter.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        for e in run.engines:
+            e.close()
+        if "shared_dir" in run.facts:
+            import shutil
+
+            shutil.rmtree(run.facts["shared_dir"], ignore_errors=True)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
+               interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until true or ``timeout``; returns the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
