@@ -1,0 +1,142 @@
+"""The ``kvscope`` command: ``demo``, ``scenarios``, ``dashboards``, ``rules``.
+
+``kvscope demo <scenario>`` is the embedded default: it runs one incident class
+on vLLM's real scheduler-side objects on CPU with the instrumented connector,
+serves the signals it produced on a local kvscope exporter, prints them, and
+runs kv-diagnose against that endpoint. Exit 0 when kv-diagnose named the
+incident the scenario reproduces, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+
+DEFAULT_SCENARIO = "capacity-ceiling"
+
+# scenario -> the kv-diagnose verdict it must produce
+EXPECTED_VERDICT = {
+    "healthy": "healthy",
+    "capacity-ceiling": "capacity_ceiling_veto",
+    "livelock": "capacity_ceiling_livelock",
+    "stale-rows": "stale_row_corruption",
+    "stale-rows-observe": "stale_row_corruption",
+    "pending-at-idle": "pending_at_idle",
+    "queue-wait": "queue_wait",
+    "store-never-fits": "store_never_fits",
+    "stores-without-restores": "stores_without_restores",
+}
+
+# The series the demo prints (full exposition stays on the endpoint).
+_SHOWN_PREFIXES = (
+    "kvscope_lookup_rounds_total", "kvscope_lookups_total", "kvscope_rounds_at_row_ceiling_total",
+    "kvscope_last_round_pending_keys", "kvscope_last_round_request_keys", "kvscope_primary_rows",
+    "kvscope_promotions_total", "kvscope_store_jobs_total", "kvscope_pending_transfers",
+    "kvscope_oldest_pending_transfer_seconds", "kvscope_requests", "kvscope_hit_tokens_total",
+    "kvscope_transfer_bytes_total", "kvscope_transfers_in_flight", "kvscope_row_checksums_total",
+    "kvscope_loads_refused_total", "kvscope_quarantined_keys", "kvscope_info",
+)
+
+
+def _signals_table(url: str) -> list[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvscope.exporters import signals
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    rows = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.startswith(_SHOWN_PREFIXES) or s.name.endswith("_created"):
+                continue
+            if s.value == 0 and s.name != signals.INFO.name:
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            rows.append(f"  {s.name}{{{labels}}} {s.value:g}")
+    return rows
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from kvscope.connector.scenarios import SCENARIOS, run_scenario, wait_until
+    from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
+
+    name = args.scenario
+    if name not in SCENARIOS:
+        print(f"kvscope demo: unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}",
+              file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    with run_scenario(name, exporter_port=args.port) as sc:
+        print(f"== scenario {name}: {sc.description}")
+        print(f"   ran on vLLM's scheduler (CPU) in {time.monotonic() - t0:.1f}s; "
+              f"signals at {sc.metrics_url}")
+        facts = {k: v for k, v in sc.facts.items() if k not in ("step_lock", "shared_dir")}
+        for k, v in facts.items():
+            print(f"   {k}: {v}")
+        thresholds = Thresholds(pending_after_s=args.stuck_after) if name == "pending-at-idle" \
+            else None
+        if name == "pending-at-idle":  # let the stuck transfer age past the threshold
+            from kvscope.exporters import signals
+            rec = sc.engine.connector.kvscope_recorder
+            wait_until(lambda: rec.value(signals.OLDEST_PENDING_TRANSFER,
+                                         (signals.PendingKind.STORE.value,)) > args.stuck_after,
+                       timeout=args.stuck_after + 30)
+        print("\n== kvscope signals (non-zero)")
+        print("\n".join(_signals_table(sc.metrics_url)))
+        print(f"\n== kv-diagnose --scrape {sc.metrics_url} --interval {args.interval:g}")
+        report = diagnose_scrape([sc.metrics_url], interval=args.interval,
+                                 **({"thresholds": thresholds} if thresholds else {}))
+        print(format_text(report))
+        if args.serve:
+            print(f"\nserving {sc.metrics_url} for {args.serve:g}s (Ctrl-C stops)")
+            try:
+                time.sleep(args.serve)
+            except KeyboardInterrupt:
+                pass
+    ok = report.top is not None and report.top.id == EXPECTED_VERDICT.get(name)
+    print(f"\n{'OK' if ok else 'UNEXPECTED'}: scenario {name} -> verdict "
+          f"{report.top.id if report.top else None}")
+    return 0 if ok else 1
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from kvscope.connector.scenarios import SCENARIOS
+
+    for name, fn in SCENARIOS.items():
+        print(f"{name:24} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvscope", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run an incident scenario on CPU and diagnose it")
+    demo.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO)
+    demo.add_argument("--port", type=int, default=0, help="exporter port (0: a free one)")
+    demo.add_argument("--interval", type=float, default=1.0, help="kv-diagnose scrape interval")
+    demo.add_argument("--stuck-after", type=float, default=2.0,
+                      help="pending-at-idle: seconds a transfer must be pending (demo only)")
+    demo.add_argument("--serve", type=float, default=0.0,
+                      help="keep serving the endpoint this many seconds afterwards")
+    demo.set_defaults(func=cmd_demo)
+    sc = sub.add_parser("scenarios", help="list the demo scenarios")
+    sc.set_defaults(func=cmd_scenarios)
+    from kvscope.dashboards import cli as dashboards_cli
+
+    dashboards_cli.add_subcommands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
