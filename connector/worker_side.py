@@ -74,10 +74,8 @@ class WorkerProxy:
     def submit_load(self, job_id, src_spec, dst_spec, *args, **kwargs):
         if self._policy != ChecksumPolicy.OFF and not self._verify(src_spec):
             if self._policy == ChecksumPolicy.REFUSE:
-                with self._rec.guard(ErrorSite.WORKER):
-                    self._refused[job_id] = compat.spec_rows(dst_spec)
-                if job_id in self._refused:
-                    return True
+                self._refused[job_id] = compat.spec_rows(dst_spec)
+                return True
         self._track(job_id, Direction.CPU_TO_GPU, dst_spec)
         return self._inner.submit_load(job_id, src_spec, dst_spec, *args, **kwargs)
 
@@ -102,13 +100,13 @@ class WorkerProxy:
                     span.set_attribute(signals.A_BYTES, int(size or 0))
                     span.set_attribute(signals.A_JOB_ID, int(res.job_id))
                     span.set_attribute(signals.A_DURATION_S, float(seconds))
-            if self._refused:
-                from vllm.v1.kv_offload.base import TransferResult
+        if self._refused:  # correctness path: outside any telemetry guard
+            from vllm.v1.kv_offload.base import TransferResult
 
-                for job_id, blocks in self._refused.items():
-                    results.append(TransferResult(job_id=job_id, success=True))
-                    self._load_errors.update(blocks)
-                self._refused.clear()
+            for job_id, blocks in self._refused.items():
+                results.append(TransferResult(job_id=job_id, success=True))
+                self._load_errors.update(blocks)
+            self._refused.clear()
         return results
 
     def wait(self, job_ids, *args, **kwargs):

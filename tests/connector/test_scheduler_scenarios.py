@@ -9,6 +9,9 @@ in-memory OTel exporter received.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 
 from kvscope.connector.scenarios import run_scenario
@@ -79,6 +82,11 @@ def test_healthy_store_evict_to_disk_promote_then_hit(spans):
         assert not any(str(v).startswith("req-") for v in s.attributes.values())
     assert all(len(s.attributes[S.A_REQUEST_ID_HASH]) == 12 for s in rounds)
     assert request_id_hash("req-1") != "req-1"
+    # what a real run exports passes Prometheus' own naming lint
+    if shutil.which("promtool"):
+        proc = subprocess.run(["promtool", "check", "metrics"], input=ex.text, text=True,
+                              capture_output=True, timeout=30)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_capacity_ceiling_veto_form(spans):

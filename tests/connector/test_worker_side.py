@@ -1,0 +1,111 @@
+"""The worker-side connector on CPU ranks (issue: worker side).
+
+Ranks are worker-role ObservedOffloadingConnectors whose OffloadingWorker copies
+bytes on CPU (``cpu_engine.CPUCopyWorker``) between the rank's KV tensor and its
+slot of vLLM's SharedOffloadRegion. A rank given its own region file stands in
+for a rank on another node: the seeds' multi-node TP corruption, by construction.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.connector import ObservedOffloadingConnector, Settings
+from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.connector.scenarios import run_scenario, wait_until
+from kvscope.exporters import signals as S
+from kvscope.exporters.recorder import Recorder
+from tests.connector.support import Exposition
+from tests.support.prometheus import free_port
+
+pytestmark = pytest.mark.vllm
+
+
+def test_stale_rows_refused_on_the_remote_rank_only():
+    with run_scenario("stale-rows") as sc:
+        ex = Exposition.scrape(sc.metrics_url)
+        facts = sc.facts
+    assert ex.value(S.PROMOTIONS.name, result="completed") > 0
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="match") > 0
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="mismatch") == 0
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="mismatch") > 0
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="match") == 0
+    assert ex.value(S.LOADS_REFUSED.name, rank="1", reason="checksum_mismatch") >= 1
+    assert ex.value(S.LOADS_REFUSED.name, rank="0") == 0
+    # refused -> vLLM recomputed -> the answer is the first answer, not garbage
+    assert facts["same_output"], facts
+    assert facts["restored_tokens"] == 0
+    # and the refused keys are withheld so the recompute does not loop on them
+    assert ex.value(S.QUARANTINED_KEYS.name) > 0
+
+
+def test_stale_rows_observe_serves_the_corruption():
+    with run_scenario("stale-rows-observe") as sc:
+        ex = Exposition.scrape(sc.metrics_url)
+        facts = sc.facts
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="mismatch") > 0
+    assert ex.value(S.LOADS_REFUSED.name) == 0
+    assert facts["restored_tokens"] == 96
+    assert not facts["same_output"], "the stale bytes must really change the output"
+    (info,) = ex.series(S.INFO.name)
+    assert info[0]["checksum_policy"] == "observe"
+
+
+def test_pending_at_idle_rank_that_never_reports():
+    with run_scenario("pending-at-idle") as sc:
+        assert sc.facts["request_done"] and sc.facts["has_pending_work"]
+        rec = sc.engine.connector.kvscope_recorder
+        store = (S.PendingKind.STORE.value,)
+        assert wait_until(lambda: rec.value(S.OLDEST_PENDING_TRANSFER, store) > 0.5, timeout=20)
+        ex = Exposition.scrape(sc.metrics_url)
+    assert ex.value(S.PENDING_TRANSFERS.name, kind="store") > 0
+    assert ex.value(S.OLDEST_PENDING_TRANSFER.name, kind="store") > 0.5
+    assert ex.value(S.REQUESTS_IN_FLIGHT.name) == 0
+    assert ex.value(S.REQUESTS.name) == 0
+    assert ex.value(S.TRANSFERS_IN_FLIGHT.name, rank="1", direction="gpu_to_cpu") > 0
+    assert ex.value(S.TRANSFERS_IN_FLIGHT.name, rank="0") == 0
+    # the engine keeps stepping while work is pending, so the stats stay fresh
+    assert ex.value(S.SCHEDULER_STEPS.name) > 5
+
+
+def test_connector_serves_its_own_endpoint_per_process():
+    """Export path 2: ``kvscope.exporter_port`` in the connector's extra config."""
+    port = free_port()
+    with CPUEngine(EngineConfig(rows=16, world_size=2, exporter_port=port)) as e:
+        e.generate(prompt(1, 64), 2)
+        e.drain()
+        sched = Exposition.scrape(f"http://127.0.0.1:{port}/metrics")
+        rank1 = Exposition.scrape(f"http://127.0.0.1:{port + 2}/metrics")
+    assert sched.value(S.LOOKUP_ROUNDS.name) > 0
+    assert not sched.has(S.ROW_CHECKSUMS.name + "_total") or \
+        not sched.series(S.ROW_CHECKSUMS.name, rank="1")
+    assert rank1.value(S.TRANSFER_BYTES.name, rank="1", direction="gpu_to_cpu") > 0
+    assert rank1.value(S.LOOKUP_ROUNDS.name) == 0
+
+
+class _BrokenRecorder(Recorder):
+    """A recorder whose histogram path raises: the instrumentation must swallow it."""
+
+    def observe(self, metric, labels, value):
+        raise RuntimeError("telemetry bug")
+
+
+def test_telemetry_errors_never_reach_vllm():
+    ObservedOffloadingConnector.recorder_factory = _BrokenRecorder
+    try:
+        with run_scenario("healthy") as sc:
+            ex = Exposition.scrape(sc.metrics_url)
+            facts = sc.facts
+    finally:
+        ObservedOffloadingConnector.recorder_factory = Recorder
+    assert facts["same_output"] and facts["restored_tokens"] == 96
+    assert ex.value(S.TELEMETRY_ERRORS.name) > 0
+    assert ex.value(S.LOOKUP_ROUNDS.name, verdict="hit") == 1
+
+
+def test_settings_are_validated():
+    assert Settings.from_extra_config({}).checksum_policy == "refuse"
+    with pytest.raises(ValueError, match="unknown kvscope settings"):
+        Settings.from_extra_config({"kvscope": {"exporter_prot": 1}})
+    with pytest.raises(ValueError, match="checksum_policy"):
+        Settings.from_extra_config({"kvscope": {"checksum_policy": "maybe"}})
