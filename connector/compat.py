@@ -124,8 +124,16 @@ def scheduler_view(manager: Any) -> memoryview | None:
 
 
 def worker_region(worker: Any) -> Any | None:
-    """The SharedOffloadRegion a CPU offloading worker maps for its own rank."""
-    return getattr(worker, "_mmap_region", None) or getattr(worker, "mmap_region", None)
+    """The SharedOffloadRegion a CPU offloading worker maps for its own rank.
+
+    vLLM 0.26's CPUOffloadingWorker hands it to its store handler (the handler
+    that cleans it up); simpler workers keep it themselves.
+    """
+    for owner in (worker, getattr(worker, "_store_handler", None)):
+        region = getattr(owner, "_mmap_region", None) or getattr(owner, "mmap_region", None)
+        if region is not None:
+            return region
+    return None
 
 
 def region_rank(region: Any) -> int | None:

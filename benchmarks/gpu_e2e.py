@@ -1,0 +1,225 @@
+"""End to end on a GPU: vllm.LLM with ObservedOffloadingConnector (and the stock one).
+
+Each case runs in a fresh subprocess (vLLM keeps process-wide state: the KV
+transfer group, the CUDA context) and prints one JSON line. Cases:
+
+* ``cpu-restore``      CPUOffloadingSpec: ask, flood until evicted, ask again
+* ``disk-restore``     TieringOffloadingSpec + fs tier, 100 primary rows: back from disk
+* ``ceiling``          tiering, 60 rows, 256-token steps: the capacity ceiling
+* ``overhead-stock`` / ``overhead-observed``: the same workload with the stock and
+  the observed connector (run alternately by ``overhead``)
+
+    python benchmarks/gpu_e2e.py case cpu-restore          # one case, JSON on stdout
+    python benchmarks/gpu_e2e.py all --out results.json     # the cases above + overhead x3
+
+The model is a tiny random Llama built on the spot (4 layers, hidden 256,
+word-level tokenizer): no downloads. Results: benchmarks/results/gpu_e2e.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+KV_BYTES_PER_BLOCK = 32 * 1024  # 4 layers x K,V x 2 KV heads x 64 dims x 16 tokens x bf16
+VOCAB = 1021
+
+CASES = {
+    "cpu-restore": dict(connector="observed", spec="cpu", cpu_bytes=256 << 20),
+    "disk-restore": dict(connector="observed", spec="tiering", cpu_bytes=100 * KV_BYTES_PER_BLOCK),
+    "ceiling": dict(connector="observed", spec="tiering", cpu_bytes=60 * KV_BYTES_PER_BLOCK,
+                    max_num_batched_tokens=256),
+    "overhead-stock": dict(connector="stock", spec="cpu", cpu_bytes=256 << 20, workload=True),
+    "overhead-observed": dict(connector="observed", spec="cpu", cpu_bytes=256 << 20,
+                              workload=True),
+}
+
+
+def make_model(d: str) -> None:
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(VOCAB):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=8192, bos_token_id=1, eos_token_id=2,
+                      torch_dtype="bfloat16")
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+
+
+def text(seed: int, n: int) -> str:
+    r = random.Random(seed)
+    return " ".join(f"w{r.randrange(VOCAB)}" for _ in range(n))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body = resp.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            if s.name.startswith("kvscope_") and not s.name.endswith(("_bucket", "_created")):
+                key = s.name + json.dumps(dict(sorted(s.labels.items())), separators=(",", ":"))
+                out[key] = s.value
+    return out
+
+
+def run_case(name: str) -> dict:
+    case = dict(CASES[name])
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    from kvscope.connector import ObservedOffloadingConnector
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    ObservedOffloadingConnector.tracer_provider = provider
+
+    d = tempfile.mkdtemp(prefix="kvscope-gpu-model-")
+    make_model(d)
+    port = free_port()
+    extra: dict = {"cpu_bytes_to_use": case["cpu_bytes"], "block_size": 16}
+    if case["spec"] == "tiering":
+        fs = os.path.join(os.getcwd(), ".gpu-fs", f"{name}-{os.getpid()}")  # on disk, not tmpfs
+        os.makedirs(fs, exist_ok=True)
+        extra.update(spec_name="TieringOffloadingSpec", secondary_tiers=[
+            {"type": "fs", "root_dir": fs, "n_read_threads": 4, "n_write_threads": 4}])
+    observed = case["connector"] == "observed"
+    if observed:
+        extra["kvscope"] = {"exporter_port": port}
+    ktc = KVTransferConfig(
+        kv_connector="ObservedOffloadingConnector" if observed else "OffloadingConnector",
+        kv_connector_module_path="kvscope.connector" if observed else None,
+        kv_role="kv_both", kv_load_failure_policy="recompute", kv_connector_extra_config=extra)
+    t0 = time.perf_counter()
+    kwargs = {}
+    if case.get("max_num_batched_tokens"):
+        kwargs["max_num_batched_tokens"] = case["max_num_batched_tokens"]
+    llm = LLM(model=d, tokenizer=d, dtype="bfloat16", enforce_eager=True, block_size=16,
+              num_gpu_blocks_override=200, max_model_len=2048, gpu_memory_utilization=0.3,
+              kv_transfer_config=ktc, enable_prefix_caching=True, disable_log_stats=False,
+              max_num_seqs=8, **kwargs)
+    result: dict = {"case": name, "engine_up_s": round(time.perf_counter() - t0, 2)}
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    target = text(1, 1500)
+    before = _scrape(f"http://127.0.0.1:{port}/metrics") if observed else {}
+    first = llm.generate([target], sp, use_tqdm=False)[0].outputs[0].token_ids
+    for seed in range(2, 6):  # flood: evict the target from the GPU prefix cache
+        llm.generate([text(seed, 1500)], sp, use_tqdm=False)
+    time.sleep(0.5)  # let stores/cascades settle (the engine steps while they are pending)
+    t = time.perf_counter()
+    again = llm.generate([target], sp, use_tqdm=False)[0]
+    result["reask_s"] = round(time.perf_counter() - t, 4)
+    result["same_output"] = list(first) == list(again.outputs[0].token_ids)
+    result["num_cached_tokens"] = getattr(again, "num_cached_tokens", None)
+    if case.get("workload"):
+        batch = [text(100 + i, 512) for i in range(32)]
+        wsp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+        llm.generate(batch[:4], wsp, use_tqdm=False)  # warm-up
+        t = time.perf_counter()
+        outs = llm.generate(batch, wsp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        result["workload_tokens_per_s"] = round(
+            sum(len(o.outputs[0].token_ids) + len(o.prompt_token_ids) for o in outs) / dt, 1)
+    if observed:
+        after = _scrape(f"http://127.0.0.1:{port}/metrics")
+        rank0 = _scrape(f"http://127.0.0.1:{port + 1}/metrics")
+        result["kvscope_scheduler"] = {k: v for k, v in after.items() if v != before.get(k, 0)}
+        result["kvscope_rank0"] = {k: v for k, v in rank0.items() if v}
+        finished = spans.get_finished_spans()
+        result["spans"] = {n: sum(1 for s in finished if s.name == n) for n in
+                           ("kvscope.lookup_round", "kvscope.promotion", "kvscope.transfer")}
+        result["transfer_jobs_rank0"] = sum(
+            v for k, v in rank0.items() if k.startswith("kvscope_transfer_seconds_count"))
+        # vLLM's own in-process metrics (export path 1) carry the same kvscope series
+        try:
+            result["vllm_path_kvscope_series"] = sorted({m.name for m in llm.get_metrics()
+                                                         if m.name.startswith("kvscope_")})
+        except Exception as exc:  # record, do not lose the run
+            result["vllm_path_kvscope_series"] = repr(exc)
+    return result
+
+
+def _subprocess(name: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "case", name], capture_output=True,
+                          text=True, timeout=540)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"case": name, "error": proc.returncode, "tail": (proc.stdout + proc.stderr)[-3000:]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("case")
+    c.add_argument("name", choices=sorted(CASES))
+    a = sub.add_parser("all")
+    a.add_argument("--out", default="gpu_e2e.json")
+    a.add_argument("--rounds", type=int, default=3)
+    a.add_argument("--skip", nargs="*", default=[])
+    args = p.parse_args()
+    if args.cmd == "case":
+        print(json.dumps(run_case(args.name), default=str), flush=True)
+        return 0
+    results = {}
+    for name in ("cpu-restore", "disk-restore", "ceiling"):
+        if name not in args.skip:
+            results[name] = _subprocess(name)
+            print(json.dumps(results[name], default=str)[:2000], flush=True)
+    runs: dict[str, list[dict]] = {"overhead-stock": [], "overhead-observed": []}
+    for _ in range(args.rounds):  # alternate, so drift hits both alike
+        for name in runs:
+            runs[name].append(_subprocess(name))
+            print(json.dumps(runs[name][-1], default=str)[:600], flush=True)
+    results["overhead_runs"] = runs
+    try:
+        tps = {n: statistics.median(r["workload_tokens_per_s"] for r in rs)
+               for n, rs in runs.items()}
+        reask = {n: statistics.median(r["reask_s"] for r in rs) for n, rs in runs.items()}
+        results["overhead"] = {
+            "tokens_per_s_median": tps, "reask_s_median": reask,
+            "tokens_per_s_ratio_observed_over_stock":
+                round(tps["overhead-observed"] / tps["overhead-stock"], 4),
+            "restore_latency_ratio_observed_over_stock":
+                round(reask["overhead-observed"] / reask["overhead-stock"], 4)}
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        results["overhead"] = {"error": repr(exc)}
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    print(json.dumps(results["overhead"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""vllm.LLM on a GPU with ObservedOffloadingConnector (skipped without CUDA).
+
+Runs ``benchmarks/gpu_e2e.py`` cases in subprocesses, or reads their results from
+``KVSCOPE_GPU_RESULTS`` (the JSON ``gpu_e2e.py all`` wrote in the same session).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _results() -> dict:
+    path = os.environ.get("KVSCOPE_GPU_RESULTS")
+    if path:
+        return json.loads(Path(path).read_text())
+    spec = importlib.util.spec_from_file_location("gpu_e2e", ROOT / "benchmarks" / "gpu_e2e.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {name: mod._subprocess(name) for name in ("cpu-restore", "disk-restore", "ceiling")}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return _results()
+
+
+def _m(series: dict, name: str, **labels) -> float:
+    want = json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
+    return sum(v for k, v in series.items()
+               if k.startswith(name + "{") and (not labels or k == name + want))
+
+
+def test_cpu_restore(results):
+    r = results["cpu-restore"]
+    assert r["same_output"], r
+    assert r["num_cached_tokens"] >= 1488
+    rank0 = r["kvscope_rank0"]
+    assert _m(rank0, "kvscope_transfer_bytes_total", direction="cpu_to_gpu", rank="0") > 0
+    assert _m(r["kvscope_scheduler"], "kvscope_lookup_rounds_total", verdict="hit") >= 1
+    assert _m(rank0, "kvscope_transfers_in_flight") == 0
+    # one kvscope.transfer span per finished transfer job of the rank
+    assert r["spans"]["kvscope.transfer"] == r["transfer_jobs_rank0"] > 0
+    assert "kvscope_lookup_rounds_total" in r["vllm_path_kvscope_series"]
+
+
+def test_disk_restore_with_matching_checksums(results):
+    r = results["disk-restore"]
+    assert r["same_output"], r
+    assert r["num_cached_tokens"] >= 1488
+    sched, rank0 = r["kvscope_scheduler"], r["kvscope_rank0"]
+    assert _m(sched, "kvscope_transfer_bytes_total", direction="disk_to_cpu", rank="manager") > 0
+    assert _m(rank0, "kvscope_transfer_bytes_total", direction="cpu_to_gpu", rank="0") > 0
+    assert _m(rank0, "kvscope_row_checksums_total", outcome="match", rank="0") > 0
+    assert _m(rank0, "kvscope_row_checksums_total", outcome="mismatch", rank="0") == 0
+    assert r["spans"]["kvscope.promotion"] > 0
+
+
+def test_capacity_ceiling_on_gpu(results):
+    r = results["ceiling"]
+    assert r["same_output"], r  # recomputed, not restored
+    sched = r["kvscope_scheduler"]
+    assert _m(sched, "kvscope_hit_tokens_total") == 0
+    assert _m(sched, "kvscope_rounds_at_row_ceiling_total") > 0
