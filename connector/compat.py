@@ -16,13 +16,15 @@ from typing import Any
 
 import vllm
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
-from vllm.v1.kv_offload.base import get_offload_group_idx
 
 from kvscope.exporters import signals
 
 VLLM_VERSION: str = getattr(vllm, "__version__", "unknown")
 
 MISS = VLookupResult.MISS
+HIT = VLookupResult.HIT
+RETRY = VLookupResult.RETRY
+HIT_PENDING = VLookupResult.HIT_PENDING
 LOOKUP_RESULT: dict[Any, signals.LookupResult] = {
     VLookupResult.HIT: signals.LookupResult.HIT,
     VLookupResult.MISS: signals.LookupResult.MISS,
@@ -36,8 +38,9 @@ WRAPPED_MARK = "_kvscope_wrapped"
 EXPECTED_DIGESTS_ATTR = "kvscope_expected_digests"
 
 
-def group_of_key(key: bytes) -> int:
-    return get_offload_group_idx(key)
+# make_offload_key appends the KV-group index as 4 big-endian bytes.
+GROUP_SUFFIX_BYTES = 4
+
 
 
 def primary_tier(manager: Any) -> Any:

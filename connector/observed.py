@@ -105,7 +105,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
                                                vllm_config, kv_cache_config),
                     vllm_config=vllm_config,
                     kv_cache_config=kv_cache_config,
-                    checksum_policy=self.kvscope_settings.checksum_policy)
+                    checksum_policy=effective_policy(self.kvscope_settings.checksum_policy,
+                                                     kv_cache_config))
                 self._maybe_start_exporter(0)
         rec.flush()
 
@@ -130,15 +131,13 @@ class ObservedOffloadingConnector(OffloadingConnector):
         cw = self.connector_worker
         if cw is None or cw.worker is None or isinstance(cw.worker, WorkerProxy):
             return
-        policy = self.kvscope_settings.checksum_policy
-        if policy == ChecksumPolicy.REFUSE and not compat.load_errors_recoverable(
-                cw.kv_cache_config):
+        policy = effective_policy(self.kvscope_settings.checksum_policy, cw.kv_cache_config)
+        if policy != self.kvscope_settings.checksum_policy:
             logger.warning(
                 "kvscope: checksum_policy=refuse needs vLLM to recompute refused loads, which "
                 "vLLM %s supports only for single-KV-group models; this model has several, "
                 "so mismatches are counted (policy observe) and not refused.",
                 compat.VLLM_VERSION)
-            policy = ChecksumPolicy.OBSERVE
         with self.kvscope_recorder.guard(ErrorSite.WORKER):
             cw.worker = WorkerProxy(
                 cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
@@ -244,6 +243,13 @@ class ObservedOffloadingConnector(OffloadingConnector):
             if self.kvscope_exporter is not None:
                 self.kvscope_exporter.close()
                 self.kvscope_exporter = None
+
+
+def effective_policy(policy: str, kv_cache_config: Any) -> str:
+    """The checksum policy that can be honoured (what kvscope_info reports too)."""
+    if policy == ChecksumPolicy.REFUSE and not compat.load_errors_recoverable(kv_cache_config):
+        return ChecksumPolicy.OBSERVE
+    return policy
 
 
 def _metadata(m: signals.Metric):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -19,7 +19,7 @@ from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy, digest_slots
 from kvscope.exporters import signals
-from kvscope.exporters.otel import request_id_hash
+from kvscope.exporters.otel import request_id_hash, tracing_enabled
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import (
     Direction,
@@ -33,21 +33,48 @@ from kvscope.exporters.signals import (
 )
 
 _RESULTS = tuple(LookupResult)
+_VERDICT_LABELS = {v: (v.value,) for v in Verdict}
+_ROW_LABELS = {s: (s.value,) for s in RowState}
+_KIND_LABELS = {k: (k.value,) for k in PendingKind}
+_STATE_LABELS = {s: (s.value,) for s in RequestState}
+# Freshness gauges move at most this often: alerts compare them with minutes,
+# and an unchanged gauge costs nothing on vLLM's per-step stats path.
+TIMESTAMP_RESOLUTION_S = 1.0
+GAUGE_REFRESH_S = 0.05
 
 
-@dataclass
 class Round:
-    """One get_num_new_matched_tokens call: per-group lookup results."""
+    """One get_num_new_matched_tokens call: lookup results per KV group.
 
-    started_ns: int
-    per_group: dict[int, list[int]] = field(default_factory=dict)  # group -> counts by _RESULTS
-    no_row: int = 0  # promotions refused during this round: the primary tier was full
+    The hot path only counts raw (group suffix, vLLM result) pairs; decoding into
+    label values happens once per round / per step.
+    """
 
-    def add(self, group: int, result: LookupResult) -> None:
-        counts = self.per_group.get(group)
-        if counts is None:
-            counts = self.per_group[group] = [0] * len(_RESULTS)
-        counts[_RESULTS.index(result)] += 1
+    __slots__ = ("started_ns", "raw", "no_row", "_per_group")
+
+    def __init__(self, started_ns: int) -> None:
+        self.started_ns = started_ns
+        self.raw: dict[tuple[bytes, Any], int] = {}
+        self.no_row = 0  # promotions refused during this round: the primary tier was full
+        self._per_group: dict[int, list[int]] | None = None
+
+    @property
+    def per_group(self) -> dict[int, list[int]]:
+        """group -> counts ordered as ``_RESULTS``."""
+        if self._per_group is None:
+            out: dict[int, list[int]] = {}
+            for (suffix, result), n in self.raw.items():
+                counts = out.setdefault(int.from_bytes(suffix, "big"), [0] * len(_RESULTS))
+                counts[_RESULTS.index(compat.LOOKUP_RESULT[result])] += n
+            self._per_group = out
+        return self._per_group
+
+    def totals(self) -> dict[Any, int]:
+        """vLLM LookupResult -> keys, over all groups."""
+        out: dict[Any, int] = {}
+        for (_, result), n in self.raw.items():
+            out[result] = out.get(result, 0) + n
+        return out
 
     def total(self, result: LookupResult) -> int:
         i = _RESULTS.index(result)
@@ -55,14 +82,16 @@ class Round:
 
     @property
     def pending_keys(self) -> int:
-        return self.total(LookupResult.RETRY) + self.total(LookupResult.HIT_PENDING)
+        t = self.totals()
+        return t.get(compat.RETRY, 0) + t.get(compat.HIT_PENDING, 0)
 
     def verdict(self, num_tokens: int | None) -> Verdict:
         if num_tokens is None:
             return Verdict.DEFERRED
         if num_tokens > 0:
             return Verdict.HIT
-        found = self.total(LookupResult.HIT) + self.pending_keys
+        t = self.totals()
+        found = t.get(compat.HIT, 0) + t.get(compat.RETRY, 0) + t.get(compat.HIT_PENDING, 0)
         return Verdict.VETOED if found else Verdict.MISS
 
 
@@ -72,6 +101,40 @@ class _TierJob:
     rows: list[int]
     keys: list[bytes]
     tier: str
+
+
+class _RequestStates:
+    """Request states with counts kept incrementally (no per-step scan of all requests)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, RequestState] = {}
+        self.counts: dict[RequestState, int] = {s: 0 for s in RequestState}
+        self.deferred: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.state
+
+    def set(self, rid: str, new: RequestState, *, known_only: bool = False) -> None:
+        old = self.state.get(rid)
+        if old is new or (known_only and old is None):
+            return
+        if old is not None:
+            self.counts[old] -= 1
+        self.state[rid] = new
+        self.counts[new] += 1
+        if new is RequestState.DEFERRED:
+            self.deferred.add(rid)
+        else:
+            self.deferred.discard(rid)
+
+    def drop(self, rid: str) -> None:
+        old = self.state.pop(rid, None)
+        if old is not None:
+            self.counts[old] -= 1
+            self.deferred.discard(rid)
 
 
 class ManagerProxy:
@@ -136,7 +199,8 @@ class SchedulerObserver:
         self._view = compat.scheduler_view(inner) if self.tiers else None
 
         self._round: Round | None = None
-        self._requests: dict[str, RequestState] = {}
+        self._lookup_counts: dict[tuple[bytes, Any], int] = {}
+        self._requests = _RequestStates()
         self._looked_up: set[str] = set()  # requests with a lookup round this step
         self._promotions: dict[int, _TierJob] = {}
         self._cascades: dict[int, _TierJob] = {}
@@ -151,6 +215,9 @@ class SchedulerObserver:
         self._load_keys: dict[int, list[bytes]] = {}  # id(load spec) -> keys, until meta
         self._load_jobs: dict[int, tuple[set[int], list[bytes]]] = {}  # job -> (GPU blocks, keys)
         self._static_done = False
+        self._stamped = 0.0
+        self._gauges_at = 0.0
+        self._tracing = tracing_enabled(tracer)
 
         with self.rec.guard(ErrorSite.TIER):
             for tier in self.tiers:
@@ -242,11 +309,12 @@ class SchedulerObserver:
             direction = Direction.DISK_TO_CPU
             if success:
                 self._digest_promoted(job)
-            with self.tracer.start_as_current_span(signals.SPAN_PROMOTION) as span:
-                span.set_attribute(signals.A_TIER, job.tier)
-                span.set_attribute(signals.A_ROW_COUNT, len(job.rows))
-                span.set_attribute(signals.A_SUCCESS, success)
-                span.set_attribute(signals.A_DURATION_S, now - job.started)
+            if self._tracing:
+                with self.tracer.start_as_current_span(signals.SPAN_PROMOTION) as span:
+                    span.set_attribute(signals.A_TIER, job.tier)
+                    span.set_attribute(signals.A_ROW_COUNT, len(job.rows))
+                    span.set_attribute(signals.A_SUCCESS, success)
+                    span.set_attribute(signals.A_DURATION_S, now - job.started)
         else:
             job = self._cascades.pop(job_id, None)
             if job is None:
@@ -305,12 +373,22 @@ class SchedulerObserver:
 
     # ---- lookup rounds --------------------------------------------------------
     def on_lookup(self, key: bytes, result: Any) -> None:
-        with self.rec.guard(ErrorSite.LOOKUP):
-            group = compat.group_of_key(key)
-            res = compat.LOOKUP_RESULT[result]
-            self.rec.inc(signals.LOOKUPS, (str(group), res.value))
-            if self._round is not None:
-                self._round.add(group, res)
+        # Hot path (once per key looked up): count raw pairs, label them per step.
+        try:
+            pair = (key[-compat.GROUP_SUFFIX_BYTES:], result)
+            counts = self._lookup_counts
+            counts[pair] = counts.get(pair, 0) + 1
+            rnd = self._round
+            if rnd is not None:
+                rnd.raw[pair] = rnd.raw.get(pair, 0) + 1
+        except Exception as exc:
+            self.rec.error(ErrorSite.LOOKUP, exc)
+
+    def _flush_lookups(self) -> None:
+        counts, self._lookup_counts = self._lookup_counts, {}
+        for (suffix, result), n in counts.items():
+            self.rec.inc(signals.LOOKUPS, (str(int.from_bytes(suffix, "big")),
+                                           compat.LOOKUP_RESULT[result].value), n)
 
     def begin_round(self) -> None:
         self._round = Round(time.time_ns())
@@ -321,29 +399,36 @@ class SchedulerObserver:
             return
         with self.rec.guard(ErrorSite.ROUND):
             verdict = rnd.verdict(num_tokens)
-            self.rec.inc(signals.LOOKUP_ROUNDS, (verdict.value,))
-            pending = rnd.pending_keys
-            rows_total = compat.row_states(self.primary)[0]
+            labels = _VERDICT_LABELS[verdict]
+            self.rec.inc(signals.LOOKUP_ROUNDS, labels)
             at_ceiling = False
-            if verdict in (Verdict.VETOED, Verdict.DEFERRED):
+            pending = 0
+            rows_total = 0
+            if verdict is Verdict.VETOED or verdict is Verdict.DEFERRED:
+                pending = rnd.pending_keys
+                rows_total = compat.row_states(self.primary)[0]
                 self.rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
-                self.rec.set(signals.LAST_ROUND_PENDING_KEYS, (verdict.value,), pending)
-                self.rec.set(signals.LAST_ROUND_REQUEST_KEYS, (verdict.value,),
+                self.rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
+                self.rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
                              self._request_keys(request))
                 # Async-lookup RETRYs can also reach the row count (a working set
                 # exactly the tier's size); the ceiling is when rows ran out.
                 at_ceiling = rows_total > 0 and pending >= rows_total and rnd.no_row > 0
                 if at_ceiling:
-                    self.rec.inc(signals.ROUNDS_AT_ROW_CEILING, (verdict.value,))
+                    self.rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
             if verdict is Verdict.HIT:
                 self.rec.inc(signals.HIT_TOKENS, (), num_tokens or 0)
             req_id = getattr(request, "request_id", "")
             self._looked_up.add(req_id)
-            if req_id in self._requests:
-                self._requests[req_id] = (RequestState.DEFERRED if verdict is Verdict.DEFERRED
-                                          else RequestState.QUEUED)
+            self._requests.set(req_id, RequestState.DEFERRED if verdict is Verdict.DEFERRED
+                               else RequestState.QUEUED, known_only=True)
+            if not self._tracing:
+                return
             span = self.tracer.start_span(signals.SPAN_LOOKUP_ROUND, start_time=rnd.started_ns)
             if span.is_recording():
+                if not rows_total:
+                    rows_total = compat.row_states(self.primary)[0]
+                    pending = rnd.pending_keys
                 groups = range(max(rnd.per_group, default=-1) + 1)
                 for i, res in enumerate(_RESULTS):
                     span.set_attribute(signals.A_GROUP_RESULT_PREFIX + res.value,
@@ -366,17 +451,16 @@ class SchedulerObserver:
     # ---- request lifecycle ------------------------------------------------------
     def on_new_request(self, request: Any) -> None:
         with self.rec.guard(ErrorSite.STEP):
-            self._requests[request.request_id] = RequestState.QUEUED
+            self._requests.set(request.request_id, RequestState.QUEUED)
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         with self.rec.guard(ErrorSite.STEP):
-            if request.request_id in self._requests:
-                self._requests[request.request_id] = (
-                    RequestState.LOADING if num_external_tokens else RequestState.RUNNING)
+            self._requests.set(request.request_id, RequestState.LOADING if num_external_tokens
+                               else RequestState.RUNNING, known_only=True)
 
     def on_finished(self, request: Any) -> None:
         with self.rec.guard(ErrorSite.STEP):
-            self._requests.pop(request.request_id, None)
+            self._requests.drop(request.request_id)
 
     def close(self) -> None:
         """Drop buffer exports so vLLM can close the primary tier's mmap."""
@@ -416,34 +500,43 @@ class SchedulerObserver:
 
     # ---- once per step ------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
+        with self.rec.guard(ErrorSite.LOOKUP):
+            self._flush_lookups()
         with self.rec.guard(ErrorSite.STEP):
             self._update_requests(scheduler_output)
-            self._update_gauges()
+            mono = time.monotonic()
+            # Gauges are snapshots for scrapes (seconds apart): refresh them at most
+            # GAUGE_REFRESH_S apart while busy, and on every step of an idle engine
+            # (cheap there, and the state an operator inspects afterwards).
+            if mono - self._gauges_at >= GAUGE_REFRESH_S or not self._requests:
+                self._gauges_at = mono
+                self._update_gauges()
             self.rec.inc(signals.SCHEDULER_STEPS)
-            self.rec.set(signals.LAST_STEP_TIMESTAMP, (), time.time())
+            now = time.time()
+            if now - self._stamped >= TIMESTAMP_RESOLUTION_S:  # seconds suffice for staleness
+                self._stamped = now
+                self.rec.set(signals.LAST_STEP_TIMESTAMP, (), now)
+                self._tracing = tracing_enabled(self.tracer)  # a provider may appear later
         with self.rec.guard(ErrorSite.STATS):
             self.rec.flush()
 
     def _update_requests(self, so: Any) -> None:
         # A deferred request is asked again every step it can be admitted; one
         # not asked this step sits behind capacity (queued), not behind us.
-        for rid, state in self._requests.items():
-            if state is RequestState.DEFERRED and rid not in self._looked_up:
-                self._requests[rid] = RequestState.QUEUED
+        for rid in [r for r in self._requests.deferred if r not in self._looked_up]:
+            self._requests.set(rid, RequestState.QUEUED)
         self._looked_up.clear()
         for rid in getattr(so, "num_scheduled_tokens", {}) or {}:
-            if rid in self._requests:
-                self._requests[rid] = RequestState.RUNNING
+            self._requests.set(rid, RequestState.RUNNING, known_only=True)
         for rid in getattr(so, "preempted_req_ids", None) or ():
-            if rid in self._requests:
-                self._requests[rid] = RequestState.QUEUED
+            self._requests.set(rid, RequestState.QUEUED, known_only=True)
 
     def _update_gauges(self) -> None:
         now = time.monotonic()
         total, occupied, in_flight = compat.row_states(self.primary)
-        self.rec.set(signals.PRIMARY_ROWS, (RowState.TOTAL.value,), total)
-        self.rec.set(signals.PRIMARY_ROWS, (RowState.OCCUPIED.value,), occupied)
-        self.rec.set(signals.PRIMARY_ROWS, (RowState.IN_FLIGHT.value,), in_flight)
+        self.rec.set(signals.PRIMARY_ROWS, _ROW_LABELS[RowState.TOTAL], total)
+        self.rec.set(signals.PRIMARY_ROWS, _ROW_LABELS[RowState.OCCUPIED], occupied)
+        self.rec.set(signals.PRIMARY_ROWS, _ROW_LABELS[RowState.IN_FLIGHT], in_flight)
 
         started: dict[PendingKind, list[float]] = {k: [] for k in PendingKind}
         live = set()
@@ -456,15 +549,12 @@ class SchedulerObserver:
         started[PendingKind.PROMOTION] = [j.started for j in self._promotions.values()]
         started[PendingKind.CASCADE] = [j.started for j in self._cascades.values()]
         for kind, times in started.items():
-            self.rec.set(signals.PENDING_TRANSFERS, (kind.value,), len(times))
-            self.rec.set(signals.OLDEST_PENDING_TRANSFER, (kind.value,),
+            self.rec.set(signals.PENDING_TRANSFERS, _KIND_LABELS[kind], len(times))
+            self.rec.set(signals.OLDEST_PENDING_TRANSFER, _KIND_LABELS[kind],
                          now - min(times) if times else 0.0)
 
-        counts = {s: 0 for s in RequestState}
-        for state in self._requests.values():
-            counts[state] += 1
-        for state, n in counts.items():
-            self.rec.set(signals.REQUESTS, (state.value,), n)
+        for state, n in self._requests.counts.items():
+            self.rec.set(signals.REQUESTS, _STATE_LABELS[state], n)
         self.rec.set(signals.REQUESTS_IN_FLIGHT, (), len(self._requests))
         self.rec.set(signals.QUARANTINED_KEYS, (), len(self.quarantine))
         self._update_info(total)
@@ -501,8 +591,7 @@ def bracket(observer: SchedulerObserver | None, fn: Callable[[], tuple[int | Non
     """Run one get_num_new_matched_tokens call inside a lookup round."""
     if observer is None:
         return fn()
-    with observer.rec.guard(ErrorSite.ROUND):
-        observer.begin_round()
+    observer.begin_round()
     result = fn()
     observer.end_round(request, result[0])
     return result

@@ -27,7 +27,9 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.scheduler_side import TIMESTAMP_RESOLUTION_S
 from kvscope.exporters import signals
+from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ChecksumOutcome, Direction, ErrorSite, RefusalReason
 
@@ -56,8 +58,11 @@ class WorkerProxy:
         self._jobs: dict[int, _Job] = {}
         self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
         self._load_errors: set[int] = set()
+        self._stamped = 0.0
+        self._tracing = tracing_enabled(tracer)
         setattr(self, compat.WRAPPED_MARK, True)
         r = self._rank_label
+        self._flight_labels = {d: (r, d.value) for d in (Direction.GPU_TO_CPU, Direction.CPU_TO_GPU)}
         recorder.declare(signals.TRANSFER_BYTES, (r, Direction.GPU_TO_CPU.value),
                          (r, Direction.CPU_TO_GPU.value))
         recorder.declare(signals.ROW_CHECKSUMS, *[(r, o.value) for o in ChecksumOutcome])
@@ -94,6 +99,8 @@ class WorkerProxy:
                 seconds = res.transfer_time if res.transfer_time is not None else now - job.started
                 self._rec.inc(signals.TRANSFER_BYTES, labels, size or 0)
                 self._rec.observe(signals.TRANSFER_SECONDS, labels, seconds)
+                if not self._tracing:
+                    continue
                 with self._tracer.start_as_current_span(signals.SPAN_TRANSFER) as span:
                     span.set_attribute(signals.A_RANK, self.rank)
                     span.set_attribute(signals.A_DIRECTION, job.direction.value)
@@ -123,18 +130,22 @@ class WorkerProxy:
     def step(self) -> None:
         """Per-step gauges and flush (called from the connector's get_finished)."""
         with self._rec.guard(ErrorSite.WORKER):
-            in_flight = {d: 0 for d in (Direction.GPU_TO_CPU, Direction.CPU_TO_GPU)}
+            in_flight = {d: 0 for d in self._flight_labels}
             for job in self._jobs.values():
                 in_flight[job.direction] += 1
             for direction, n in in_flight.items():
-                self._rec.set(signals.TRANSFERS_IN_FLIGHT, (self._rank_label, direction.value), n)
-            self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), time.time())
+                self._rec.set(signals.TRANSFERS_IN_FLIGHT, self._flight_labels[direction], n)
+            now = time.time()
+            if now - self._stamped >= TIMESTAMP_RESOLUTION_S:
+                self._stamped = now
+                self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), now)
+                self._tracing = tracing_enabled(self._tracer)
         with self._rec.guard(ErrorSite.STATS):
             self._rec.flush()
 
     def _track(self, job_id: int, direction: Direction, gpu_spec: Any) -> None:
         with self._rec.guard(ErrorSite.WORKER):
-            self._jobs[job_id] = _Job(direction, time.monotonic(), len(compat.spec_rows(gpu_spec)))
+            self._jobs[job_id] = _Job(direction, time.monotonic(), len(gpu_spec.block_ids))
 
     def _verify(self, src_spec: Any) -> bool:
         """Compare this rank's slot of promoted rows with the scheduler's digests.

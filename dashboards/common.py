@@ -1,7 +1,7 @@
 """Defaults shared by the kvscope dashboards: data source, template variables, panel factories.
 
-Every panel of every dashboard comes out of ``timeseries()`` or ``stat()`` here, so the look
-(units, legends, minimums, data source) is decided once.
+Every panel of every dashboard comes out of ``timeseries()``, ``stat()`` or ``table()`` here, so
+the look (units, legends, minimums, data source) is decided once.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as pb
 from grafana_foundation_sdk.builders import stat as statb
+from grafana_foundation_sdk.builders import table as tableb
 from grafana_foundation_sdk.builders import timeseries as tsb
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
 from kvscope.exporters import signals as s
 
 from .config import Config
@@ -174,6 +176,43 @@ def stat(title: str, description: str, queries: list[tuple[str, str]], *, unit: 
         steps.append(dm.Threshold(value=red_at, color="red"))
     panel = panel.thresholds(db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
     return _with_queries(panel, queries)
+
+
+def table(title: str, description: str, expr: str, *, columns: list[str], width: int = 24,
+          height: int = 5) -> tableb.Panel:
+    """A table of the label sets of an instant query (one row per series, one column per label).
+
+    ``columns`` are the labels shown, in order; every other field (time, value, other labels)
+    is hidden. Meant for ``*_info`` series, whose value is always 1.
+    """
+    target = (
+        pb.Dataquery()
+        .expr(expr)
+        .ref_id("A")
+        .datasource(DATASOURCE)
+        .instant()
+        .format(pm.PromQueryFormat.TABLE)
+        .legend_format("__auto")
+    )
+    organize = dm.DataTransformerConfig(
+        id_val="organize",
+        options={
+            # only these fields (Grafana >= 10.4): time, value and other labels are hidden
+            "includeByName": {c: True for c in columns},
+            "indexByName": {c: i for i, c in enumerate(columns)},
+            "renameByName": {},
+        },
+    )
+    return (
+        tableb.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(width)
+        .height(height)
+        .with_target(target)
+        .with_transformation(organize)
+    )
 
 
 def dashboard(cfg: Config, uid: str, title: str, description: str) -> db.Dashboard:

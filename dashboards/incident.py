@@ -13,20 +13,25 @@ RANGE = "$__range"
 TITLE = "KV offload / Incident"
 
 
-def pending_keys_vs_rows(cfg: Config):
+def rows_needed_vs_rows(cfg: Config):
+    total_rows = c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))
     return c.timeseries(
-        "Pending keys vs primary-tier rows",
-        "Pending-key sum (retry plus hit_pending over all KV groups) of the latest vetoed or "
-        "deferred lookup round, against the primary tier's row count. While the pending line "
-        "stays below the rows line, promotions can land and deferred requests proceed. At or "
-        "above it, a request needs more rows than exist: it is deferred or vetoed forever "
-        "(KVOffloadCapacityCeiling). Fix by more primary rows or shorter prompts per request.",
+        "Rows needed vs primary-tier rows",
+        "For the latest vetoed and deferred lookup round: the rows a full restore of its request "
+        "needs at once (its chunk keys over all KV groups) and the keys it still waited for "
+        "(retry plus hit_pending), against the primary tier's row count. A request needing more "
+        "rows than exist can never be restored whole: its promotions evict each other and it is "
+        "deferred or vetoed forever (KVOffloadCapacityCeiling). Pending keys at the rows line "
+        "mean the same from the other side. Fix by more primary rows or shorter prompts per "
+        "request.",
         [
+            (f"max by (instance, {s.L_VERDICT}) "
+             f"({s.LAST_ROUND_REQUEST_KEYS.name}{c.dsel(cfg)})",
+             f"rows needed ({{{{{s.L_VERDICT}}}}}) {{{{instance}}}}"),
             (f"max by (instance, {s.L_VERDICT}) "
              f"({s.LAST_ROUND_PENDING_KEYS.name}{c.dsel(cfg)})",
              f"pending keys ({{{{{s.L_VERDICT}}}}}) {{{{instance}}}}"),
-            (f"max by (instance) "
-             f"({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))})",
+            (f"max by (instance) ({s.PRIMARY_ROWS.name}{total_rows})",
              "primary rows {{instance}}"),
             (f"histogram_quantile(0.99, sum by (instance, le) "
              f"(rate({s.ROUND_PENDING_KEYS.name}_bucket{c.dsel(cfg)}[{R}])))",
@@ -66,17 +71,20 @@ def vetoed_deferred(cfg: Config):
     )
 
 
-def ceiling_ratio(cfg: Config):
+def rows_short(cfg: Config):
     by = cfg.by_engine
     return c.stat(
-        "Worst pending keys / rows",
-        "Largest ratio of the latest pending-key sum to the primary tier's rows over the "
-        "selected engines. Red at 1: the capacity ceiling.",
-        [(f"max(max by ({by}) ({s.LAST_ROUND_PENDING_KEYS.name}{c.dsel(cfg)}) / on ({by}) "
+        "Rows short of a full restore",
+        "Largest number of rows the request of the latest vetoed or deferred round needs beyond "
+        "the primary tier's row count, over the selected engines (0: it fits). Red from 1: "
+        "that request can never be restored from the offload tiers, however long it waits. The "
+        "gauge keeps the latest such round, so check \"Rounds at the row ceiling\" for whether "
+        "it still happens.",
+        [(f"max(clamp_min(max by ({by}) ({s.LAST_ROUND_REQUEST_KEYS.name}{c.dsel(cfg)}) - on ({by}) "
           f"max by ({by}) "
-          f"({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))}))",
-          "ratio")],
-        unit="percentunit", width=6, height=8, red_at=1,
+          f"({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))}), 0))",
+          "rows short")],
+        width=6, height=8, red_at=1,
     )
 
 
@@ -89,7 +97,19 @@ def checksum_mismatches(cfg: Config):
         [(f"sum(increase({s.ROW_CHECKSUMS.name}"
           f"{c.dsel(cfg, c.eq(s.L_OUTCOME, s.ChecksumOutcome.MISMATCH.value), rank=True)}"
           f"[{RANGE}])) or vector(0)", "mismatches")],
-        width=6, height=8, red_at=1,
+        width=4, height=8, red_at=1,
+    )
+
+
+def quarantined_keys(cfg: Config):
+    return c.stat(
+        "Quarantined keys",
+        "Keys kvscope answers MISS for because a rank refused to load their rows (checksum "
+        "mismatch): the requests recompute instead of asking for the same bad rows again. They "
+        "are released when the row is evicted. Mismatches with 0 here and no refused loads: the "
+        "checksum policy only observes, and the mismatching rows were served.",
+        [(f"sum({s.QUARANTINED_KEYS.name}{c.dsel(cfg)})", "keys")],
+        width=4, height=8, red_at=1,
     )
 
 
@@ -201,6 +221,36 @@ def telemetry_errors(cfg: Config):
     )
 
 
+def offload_config(cfg: Config):
+    labels = [s.L_SPEC, s.L_TIERS, s.L_PRIMARY_ROWS, s.L_CHUNK_TOKENS, s.L_MAX_BATCHED_TOKENS,
+              s.L_CHECKSUM_POLICY, s.L_HASH_SEED, s.L_KVSCOPE_VERSION, s.L_VLLM_VERSION]
+    ident = ["instance", s.VLLM_LABEL_MODEL, s.VLLM_LABEL_ENGINE]
+    return c.table(
+        "Offload configuration",
+        f"{s.INFO.name} of each engine. primary_rows against the longest prompt's chunks (times "
+        "KV groups) decides the capacity ceiling; max_num_batched_tokens / chunk_tokens (times "
+        "KV groups) is the largest store job one step makes, which must fit the primary rows; "
+        "a hash_seed that changed across a restart orphans everything the tiers hold; "
+        "checksum_policy observe serves mismatching rows instead of refusing them.",
+        f"max by ({', '.join(ident + labels)}) ({s.INFO.name}{c.dsel(cfg)})",
+        columns=ident + labels, width=18, height=5,
+    )
+
+
+def primary_tier_bytes(cfg: Config):
+    by = cfg.by_engine
+    return c.stat(
+        "Primary tier size",
+        "Rows times bytes per row (one chunk of one KV group, every rank's slot): the CPU "
+        "memory the primary tier really uses, summed over the selected engines.",
+        [(f"sum(max by ({by}) ({s.PRIMARY_ROW_BYTES.name}{c.dsel(cfg)}) * on ({by}) "
+          f"max by ({by}) "
+          f"({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))}))",
+          "bytes")],
+        unit="bytes", width=6, height=5,
+    )
+
+
 def build(cfg: Config = DEFAULT) -> db.Dashboard:
     return (
         c.dashboard(
@@ -208,15 +258,19 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
             "vLLM KV-cache offloading (kvscope): the evidence behind each KVOffload* alert.",
         )
         .link(c.link_to("Overview", cfg.overview_uid))
+        .with_row(db.Row("Configuration"))
+        .with_panel(offload_config(cfg))
+        .with_panel(primary_tier_bytes(cfg))
         .with_row(db.Row("Capacity ceiling"))
-        .with_panel(ceiling_ratio(cfg))
-        .with_panel(pending_keys_vs_rows(cfg).span(18))
+        .with_panel(rows_short(cfg))
+        .with_panel(rows_needed_vs_rows(cfg).span(18))
         .with_panel(rounds_at_ceiling(cfg))
         .with_panel(vetoed_deferred(cfg))
         .with_row(db.Row("Row integrity"))
         .with_panel(checksum_mismatches(cfg))
-        .with_panel(checksums_by_rank(cfg).span(9))
-        .with_panel(loads_refused(cfg).span(9))
+        .with_panel(quarantined_keys(cfg))
+        .with_panel(checksums_by_rank(cfg).span(8))
+        .with_panel(loads_refused(cfg).span(8))
         .with_row(db.Row("Stuck transfers"))
         .with_panel(pending_vs_requests(cfg))
         .with_panel(oldest_pending(cfg))

@@ -7,6 +7,7 @@ level is ``Config.engine_labels`` joined by ``_`` (plus any extra ``by`` label).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvscope.exporters import signals as s
@@ -124,6 +125,17 @@ def recording_rules(cfg: Config = DEFAULT) -> list[dict]:
     ]
 
 
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
+                 "y": 31536000}
+
+
+def duration_seconds(duration: str) -> int | float:
+    """Seconds of a Prometheus duration (``5m`` -> 300, ``1h30m`` -> 5400)."""
+    total = sum(int(n) * _UNIT_SECONDS[unit]
+                for n, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration))
+    return int(total) if total == int(total) else total
+
+
 def eq(label: str, value: str) -> str:
     """``label="value"`` matcher."""
     return f'{label}="{value}"'
@@ -165,8 +177,16 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         f"  + sum by ({by}) ({s.VLLM_REQUESTS_WAITING}{vsel()})\n"
         f") > 0"
     )
+    ceiling = f"{s.ROUNDS_AT_ROW_CEILING.name}{sel()}"
     capacity_ceiling = (
-        f"{r.ceiling_rate} > 0\n"
+        f"(\n"
+        f"  {r.ceiling_rate} > 0\n"
+        # a ceiling counter first scraped above 0 within the rate window (the rounds happened
+        # before Prometheus' first scrape of this engine, e.g. right after a restart), counted
+        # as if it had risen from 0 over the window: rate() needs two samples and misses it
+        f"  or sum by ({by}) ({ceiling} > 0 unless {ceiling} offset {cfg.rate_window})\n"
+        f"  / {duration_seconds(cfg.rate_window)}\n"
+        f")\n"
         # the disk tier holds data: something was ever cascaded to it
         f"and on ({by}) sum by ({by}) ({s.CASCADES.name}{sel(eq(s.L_RESULT, completed))}) > 0"
     )
@@ -184,7 +204,9 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         f"(increase({s.LOOKUP_ROUNDS.name}{sel(eq(s.L_VERDICT, verdict_hit))}[{sw}])) > 0"
     )
     stats_stale = (
-        f"{r.last_step_age} > {cfg.stale_stats_seconds}\n"
+        # the age itself, not the recorded last_step_age: that one is as old as the
+        # recording group's last evaluation, which need not precede this group's
+        f"time() - max by ({by}) ({s.LAST_STEP_TIMESTAMP.name}{sel()}) > {cfg.stale_stats_seconds}\n"
         # only while there is work: an idle engine does not step at all
         f"and on ({by}) sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel()}) > 0\n"
         # and only while Prometheus still scrapes the target (else TargetDown is the alert)
@@ -213,8 +235,8 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             cfg.severity_critical,
             "A promoted KV row failed its checksum.",
             f"Rank {{{{ $labels.{s.L_RANK} }}}} of {_WHO} saw {{{{ printf \"%.0f\" $value }}}} row "
-            f"checksum mismatch(es) in the last {cw}; the loads were refused and recomputed, "
-            f"but an offload tier holds wrong data.",
+            f"checksum mismatch(es) in the last {cw}: an offload tier holds wrong data. Loads "
+            f"refused (checksum_policy refuse) were recomputed; any not refused were served.",
         ),
         _alert(
             cfg, ALERT_STORES_WITHOUT_RESTORES, stores_without_restores,

@@ -65,3 +65,17 @@ def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:
         _maybe_install_otlp()
         tracer_provider = trace.get_tracer_provider()
     return tracer_provider.get_tracer(signals.TRACER_NAME, __version__)
+
+
+def tracing_enabled(tracer: Tracer) -> bool:
+    """False while spans would be dropped anyway (no provider passed in or installed).
+
+    Lets hot paths skip building span attributes; re-checked periodically since
+    an application may install a provider after kvscope started.
+    """
+    if isinstance(tracer, trace.NoOpTracer):
+        return False
+    if isinstance(tracer, trace.ProxyTracer):
+        return not isinstance(trace.get_tracer_provider(),
+                              (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return True

@@ -14,11 +14,9 @@ per site; :meth:`guard` wraps a block so that it cannot raise.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvscope.exporters import signals
@@ -89,6 +87,7 @@ class Recorder:
         self._delta_obs: dict[Key, list[float]] = defaultdict(list)
         self._delta_gauges: dict[Key, float] = {}
         self._errors_logged: set[str] = set()
+        self._guards: dict[signals.ErrorSite, _Guard] = {}
 
     # ---- hot path -------------------------------------------------------
     def inc(self, metric: Metric, labels: Labels = (), value: float = 1.0) -> None:
@@ -104,8 +103,9 @@ class Recorder:
 
     def set(self, metric: Metric, labels: Labels, value: float) -> None:
         key = (metric, labels)
-        self._gauges[key] = value
-        self._dirty_gauges.add(key)
+        if self._gauges.get(key) != value or key not in self._gauges:
+            self._gauges[key] = value
+            self._dirty_gauges.add(key)  # only changes travel through vLLM's stats path
 
     def replace_gauge(self, metric: Metric, values: dict[Labels, float]) -> None:
         """Set every series of ``metric`` at once; series not named are dropped."""
@@ -128,12 +128,12 @@ class Recorder:
         except Exception:  # pragma: no cover - last line of defence
             pass
 
-    @contextlib.contextmanager
-    def guard(self, where: signals.ErrorSite) -> Iterator[None]:
-        try:
-            yield
-        except Exception as exc:  # telemetry must never raise into vLLM
-            self.error(where, exc)
+    def guard(self, where: signals.ErrorSite) -> _Guard:
+        """``with rec.guard(site):`` - an exception inside is counted, not raised."""
+        g = self._guards.get(where)
+        if g is None:
+            g = self._guards[where] = _Guard(self, where)
+        return g
 
     # ---- once per step --------------------------------------------------
     def flush(self) -> None:
@@ -186,3 +186,22 @@ class Recorder:
                 return self._gauges.get((metric, labels), 0.0)
             state = self._histograms.get((metric, labels))
             return float(state.count) if state else 0.0
+
+
+class _Guard:
+    """A reusable, allocation-free context manager (hot paths enter it per event)."""
+
+    __slots__ = ("_rec", "_where")
+
+    def __init__(self, rec: Recorder, where: signals.ErrorSite) -> None:
+        self._rec = rec
+        self._where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, Exception):
+            self._rec.error(self._where, exc)  # telemetry must never raise into vLLM
+            return True
+        return False

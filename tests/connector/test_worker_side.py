@@ -109,3 +109,14 @@ def test_settings_are_validated():
         Settings.from_extra_config({"kvscope": {"exporter_prot": 1}})
     with pytest.raises(ValueError, match="checksum_policy"):
         Settings.from_extra_config({"kvscope": {"checksum_policy": "maybe"}})
+
+
+def test_group_suffix_matches_vllm_key_encoding():
+    from vllm.v1.kv_offload.base import get_offload_group_idx, make_offload_key
+
+    from kvscope.connector import compat
+
+    for group in (0, 1, 7, 300):
+        key = make_offload_key(b"\x01" * 32, group)
+        suffix = key[-compat.GROUP_SUFFIX_BYTES:]
+        assert int.from_bytes(suffix, "big") == get_offload_group_idx(key) == group

@@ -51,3 +51,18 @@ def test_dashboard_sources_do_not_respell_metric_names():
     for path in DASHBOARDS_SRC.glob("*.py"):
         hits = pattern.findall(path.read_text())
         assert not hits, f"{path.name} spells metric names literally: {hits}"
+
+
+def test_scope_narrows_series_selectors_only():
+    within = 'instance="h:1"'
+    expr = ('max by (instance, kvscope_version) (kvscope_info{model_name=~".*"})'
+            ' * on (job) group_left sum(vllm:num_requests_running)'
+            ' and job_instance:kvscope_lookups:rate5m > 0 and on (job) up == 1'
+            ' unless kvscope_hit_tokens_total offset 5m')
+    assert qc.scope(expr, within) == (
+        'max by (instance, kvscope_version) (kvscope_info{instance="h:1",model_name=~".*"})'
+        ' * on (job) group_left sum(vllm:num_requests_running{instance="h:1"})'
+        ' and job_instance:kvscope_lookups:rate5m{instance="h:1"} > 0'
+        ' and on (job) up{instance="h:1"} == 1'
+        ' unless kvscope_hit_tokens_total{instance="h:1"} offset 5m')
+    assert qc.substitute('x{model_name=~"$model"}', model="/m/a.b") == r'x{model_name=~"/m/a\\.b"}'

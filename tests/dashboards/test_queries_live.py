@@ -14,19 +14,22 @@ from kvscope.dashboards.rules import ALERT_NAMES
 from tests.dashboards import live
 from tests.support import querycheck as qc
 from tests.support.fake_exporter import fake_exporter
-from tests.support.prometheus import require_binaries, running_prometheus
 
 pytestmark = pytest.mark.prometheus
 
 
 @pytest.fixture(scope="module")
-def prom(tmp_path_factory):
-    require_binaries("prometheus")
-    tmp = tmp_path_factory.mktemp("live")
-    rules = live.write_fast_rules(tmp / "rules")
-    with fake_exporter() as url, running_prometheus([url], [rules], workdir=tmp / "prom") as p:
-        live.wait_for_data(p)
-        yield p
+def fake(live_pool):
+    """(prom, matchers selecting the stand-in exporter) in the shared Prometheus."""
+    target = live_pool.claim("fake-exporter")
+    with fake_exporter(port=target.port):
+        live.wait_for_data(live_pool.prom, [target])
+        yield live_pool.prom, target.within
+
+
+@pytest.fixture
+def prom(fake):
+    return fake[0]
 
 
 def test_rules_load_and_evaluate(prom):
@@ -38,24 +41,37 @@ def test_rules_load_and_evaluate(prom):
             assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
 
 
-def test_stand_in_exports_only_contract_names(prom):
-    assert live.exported_unknown_names(prom) == set()
+def test_stand_in_exports_only_contract_names(fake):
+    prom, within = fake
+    assert live.exported_unknown_names(prom, within) == set()
 
 
-def test_every_query_parses_and_returns_data(prom):
+def test_every_query_parses_and_returns_data(fake):
+    prom, within = fake
     queries = live.committed_queries()
     assert len([q for q in queries if q.kind == "panel"]) >= 30
-    problems = qc.check_live(prom, queries)
+    problems = qc.check_live(prom, queries, within=within)
     assert not problems, "\n".join(problems)
 
 
-def test_every_recorded_series_exists(prom):
+def test_every_recorded_series_exists(fake):
+    prom, within = fake
     for q in live.committed_queries():
         if q.kind == "record":
-            assert prom.query(q.name), q.name
+            assert prom.query(qc.scope(q.name, within)), q.name
 
 
-def test_machinery_catches_bad_queries(prom):
+def test_scope_narrows_every_selector(prom):
+    other = 'instance="127.0.0.1:1"'  # no target there
+    for q in live.committed_queries():
+        if q.kind in ("panel", "record", "alert"):
+            result = prom.query(qc.scope(qc.substitute(q.expr), other))
+            # only constants survive ("or vector(0)")
+            assert all(not r["metric"] for r in result), (q.name, result)
+
+
+def test_machinery_catches_bad_queries(fake):
+    prom, _within = fake
     bad = [
         g.Query("t", "syntax", "sum(rate(kvscope_hit_tokens_total[5m])", "panel"),
         g.Query("t", "unknown", "rate(kvscope_made_up_total[5m])", "panel"),

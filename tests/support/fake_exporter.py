@@ -34,12 +34,17 @@ _OPEN_LABEL_VALUES: dict[str, tuple[str, ...]] = {
     s.L_TIERS: ("cpu,fs",),
     s.L_PRIMARY_ROWS: ("64",),
     s.L_HASH_SEED: ("0",),
+    s.L_CHECKSUM_POLICY: ("refuse",),
+    s.L_CHUNK_TOKENS: ("16",),
+    s.L_MAX_BATCHED_TOKENS: ("2048",),
 }
 
 # Gauge values that make the dashboards look like a busy, healthy engine.
 _GAUGES: dict[str, float] = {
     s.PRIMARY_ROWS.name: 64.0,
     s.LAST_ROUND_PENDING_KEYS.name: 12.0,
+    s.LAST_ROUND_REQUEST_KEYS.name: 24.0,
+    s.PRIMARY_ROW_BYTES.name: 16384.0,
     s.PENDING_TRANSFERS.name: 1.0,
     s.OLDEST_PENDING_TRANSFER.name: 0.02,
     s.REQUESTS.name: 2.0,

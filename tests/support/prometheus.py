@@ -37,8 +37,8 @@ from pathlib import Path
 import yaml
 
 __all__ = [
-    "Prometheus", "PromQLError", "PrometheusStartError", "free_port", "require_binaries",
-    "running_prometheus",
+    "RESTORE_VLLM_COLONS", "Prometheus", "PromQLError", "PrometheusStartError", "free_port",
+    "require_binaries", "running_prometheus",
 ]
 
 HOST = "127.0.0.1"
@@ -162,7 +162,21 @@ class Prometheus:
         return ""
 
 
-def _scrape_configs(targets: Sequence[str], job: str, interval: str) -> list[dict]:
+# prometheus_client 0.26 answers Prometheus 2.x's OpenMetrics Accept header (no escaping=
+# parameter, so "underscores") with sample names whose colons became underscores, while HELP/TYPE
+# keep them: vLLM's "vllm:num_requests_running" is stored as "vllm_num_requests_running"
+# (prometheus/client_python#1177). Prometheus 3 (escaping=allow-utf-8) and the text format are
+# unaffected. Pass this as ``metric_relabel_configs`` to store vLLM's names as vLLM spells them.
+RESTORE_VLLM_COLONS: list[dict] = [{
+    "source_labels": ["__name__"],
+    "regex": "vllm_(.+)",
+    "target_label": "__name__",
+    "replacement": "vllm:$1",
+}]
+
+
+def _scrape_configs(targets: Sequence[str], job: str, interval: str,
+                    metric_relabel_configs: Sequence[dict] = ()) -> list[dict]:
     by_path: dict[tuple[str, str], list[str]] = {}
     for target in targets:
         parsed = urllib.parse.urlsplit(target if "://" in target else f"http://{target}")
@@ -178,6 +192,8 @@ def _scrape_configs(targets: Sequence[str], job: str, interval: str) -> list[dic
             "scrape_interval": interval,
             "static_configs": [{"targets": netlocs}],
         })
+        if metric_relabel_configs:
+            configs[-1]["metric_relabel_configs"] = list(metric_relabel_configs)
     return configs
 
 
@@ -192,6 +208,7 @@ def running_prometheus(
     workdir: str | Path | None = None,
     timeout: float = 30.0,
     wait_targets: bool = True,
+    metric_relabel_configs: Sequence[dict] = (),
 ) -> Iterator[Prometheus]:
     """Start ``prometheus`` on 127.0.0.1:<free port>, yield a client, stop it on exit.
 
@@ -200,7 +217,8 @@ def running_prometheus(
     ``interval:`` overrides ``evaluation_interval``). The TSDB and the log live in ``workdir``
     (a fresh temporary directory by default, removed afterwards). With ``wait_targets=False``
     it returns as soon as Prometheus is ready (for targets that come up later: call
-    ``prom.wait_targets_up(n)`` then).
+    ``prom.wait_targets_up(n)`` then). ``metric_relabel_configs`` apply to every target (see
+    ``RESTORE_VLLM_COLONS``).
     """
     binary = shutil.which("prometheus")
     if binary is None:
@@ -211,7 +229,8 @@ def running_prometheus(
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "rule_files": [str(Path(p).resolve()) for p in rule_files],
-        "scrape_configs": _scrape_configs(list(targets), job, scrape_interval),
+        "scrape_configs": _scrape_configs(list(targets), job, scrape_interval,
+                                          metric_relabel_configs),
     }
     (root / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     log_path = root / "prometheus.log"
