@@ -101,9 +101,12 @@ def run_case(name: str) -> dict:
     from kvscope.connector import ObservedOffloadingConnector
 
     spans = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    ObservedOffloadingConnector.tracer_provider = provider
+    if not case.get("workload"):
+        # functional cases record spans; overhead cases run as in production without
+        # a tracer provider (spans are then no-ops)
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        ObservedOffloadingConnector.tracer_provider = provider
 
     d = tempfile.mkdtemp(prefix="kvscope-gpu-model-")
     make_model(d)
@@ -162,9 +165,11 @@ def run_case(name: str) -> dict:
         result["transfer_jobs_rank0"] = sum(
             v for k, v in rank0.items() if k.startswith("kvscope_transfer_seconds_count"))
         # vLLM's own in-process metrics (export path 1) carry the same kvscope series
-        try:
-            result["vllm_path_kvscope_series"] = sorted({m.name for m in llm.get_metrics()
-                                                         if m.name.startswith("kvscope_")})
+        try:  # what vLLM's own in-process metrics (llm.get_metrics) show, for the record
+            names = {m.name for m in llm.get_metrics()}
+            result["vllm_path_kvscope_series"] = sorted(n for n in names
+                                                        if n.startswith("kvscope_"))
+            result["vllm_path_offload_series"] = sorted(n for n in names if "offload" in n)
         except Exception as exc:  # record, do not lose the run
             result["vllm_path_kvscope_series"] = repr(exc)
     return result

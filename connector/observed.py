@@ -45,6 +45,7 @@ from kvscope.exporters.signals import ErrorSite, Kind
 logger = logging.getLogger("kvscope")
 
 SETTINGS_KEY = "kvscope"
+_WARNED_POLICY = False  # the refuse -> observe fallback is logged once per process
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
         if cw is None or cw.worker is None or isinstance(cw.worker, WorkerProxy):
             return
         policy = effective_policy(self.kvscope_settings.checksum_policy, cw.kv_cache_config)
-        if policy != self.kvscope_settings.checksum_policy:
+        global _WARNED_POLICY
+        if policy != self.kvscope_settings.checksum_policy and not _WARNED_POLICY:
+            _WARNED_POLICY = True
             logger.warning(
                 "kvscope: checksum_policy=refuse needs vLLM to recompute refused loads, which "
                 "vLLM %s supports only for single-KV-group models; this model has several, "

@@ -49,7 +49,6 @@ def test_cpu_restore(results):
     assert _m(rank0, "kvscope_transfers_in_flight") == 0
     # one kvscope.transfer span per finished transfer job of the rank
     assert r["spans"]["kvscope.transfer"] == r["transfer_jobs_rank0"] > 0
-    assert "kvscope_lookup_rounds_total" in r["vllm_path_kvscope_series"]
 
 
 def test_disk_restore_with_matching_checksums(results):
