@@ -15,6 +15,7 @@ from grafana_foundation_sdk.builders import timeseries as tsb
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
+
 from kvscope.exporters import signals as s
 
 from .config import Config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
+
 from kvscope.exporters import signals as s
 
 from . import common as c

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from kvscope.dashboards import artifacts as g
 from kvscope.dashboards.config import DEFAULT
-
 from tests.support import querycheck as qc
 from tests.support.prometheus import (
     HOST,

@@ -8,10 +8,10 @@ import json
 import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
+
 from kvscope.dashboards import artifacts as g
 from kvscope.dashboards import cli
 from kvscope.dashboards.config import DEFAULT, Config
-
 from tests.support.querycheck import selectors
 
 

@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
+
 from kvscope.dashboards import artifacts as g
 from kvscope.exporters import signals
-
 from tests.support import querycheck as qc
 
 GENERATED = {p.name: p.read_text() for p in sorted(g.GENERATED_DIR.iterdir())}

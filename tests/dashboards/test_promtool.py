@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kvscope.dashboards import artifacts as g
 from kvscope.dashboards.rules import ALERT_NAMES
 

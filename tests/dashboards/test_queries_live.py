@@ -8,9 +8,9 @@ test_queries_reality.py.
 from __future__ import annotations
 
 import pytest
+
 from kvscope.dashboards import artifacts as g
 from kvscope.dashboards.rules import ALERT_NAMES
-
 from tests.dashboards import live
 from tests.support import querycheck as qc
 from tests.support.fake_exporter import fake_exporter

@@ -19,9 +19,9 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from kvscope.dashboards import rules as r
 from kvscope.exporters import signals as s
-
 from tests.dashboards import live
 from tests.support import querycheck as qc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+
 from kvscope.dashboards import artifacts as g
 from kvscope.dashboards.config import DEFAULT
 from kvscope.dashboards.rules import ALERT_NAMES

@@ -17,8 +17,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kvscope.exporters import signals as s
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from kvscope.exporters import signals as s
 
 from .prometheus import HOST, free_port
 
