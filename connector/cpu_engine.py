@@ -187,7 +187,10 @@ class EngineConfig:
     model_dir: str | None = None  # share it (and fs_root) to model a restarted engine
     # Wall time one step takes (a GPU forward would); the fs tier's I/O threads
     # run meanwhile, as they do beside a real engine.
-    step_time_s: float = 0.002
+    step_time_s: float = 0.0
+    # Finish each step's tier I/O before the next step (repeatable scenarios);
+    # off, the fs tier's threads race the steps as beside a real engine.
+    settle_tiers: bool = True
     # Feed scheduler stats to vLLM's own PrometheusStatLogger (the global
     # prometheus-client registry), as `vllm serve` does for its /metrics.
     vllm_metrics: bool = False
@@ -344,6 +347,7 @@ class CPUEngine:
             self.step()
             if on_step is not None:
                 on_step(self)
+        self.refresh()
         return self.steps - start
 
     def generate(self, prompt: list[int], max_tokens: int = 4, max_steps: int = 500) -> Finished:
@@ -359,7 +363,15 @@ class CPUEngine:
             n += 1
             if not self.scheduler.has_requests():
                 break
+        self.refresh()
         return n
+
+    def refresh(self) -> None:
+        """Bring kvscope's gauges up to date now (they refresh at most every 50 ms
+        while busy); a no-op with the stock connector."""
+        observer = getattr(self.connector, "_kvscope_observer", None)
+        if observer is not None:
+            observer.refresh()
 
     # ---- one engine step -----------------------------------------------------------------
     def step(self) -> None:
@@ -375,6 +387,8 @@ class CPUEngine:
                 c.start_load_kv(None)
             self._forward(rank, so)
         sampled = self._sample_all(so)  # after every rank's forward, as one TP step
+        if self.cfg.settle_tiers:
+            self._settle_tiers()
         outputs = []
         for rank in self.ranks:
             c = rank.connector
@@ -431,6 +445,31 @@ class CPUEngine:
             h = hashlib.blake2b(h + int(tokens[p]).to_bytes(4, "little"), digest_size=16).digest()
         self._prefix_digest[rid] = (pos + 1, h)
         return h
+
+    def _settle_tiers(self) -> None:
+        """Let the secondary tiers' I/O of this step finish before the next step.
+
+        Models disk I/O faster than one forward and makes scenarios repeatable:
+        the fs tier's jobs (promotions, cascades) and its async existence checks,
+        both started by this step's ``on_schedule_end``, are done when the next
+        step looks up. Completions are left where vLLM collects them.
+        """
+        manager = getattr(self.connector.connector_scheduler, "manager", None)
+        for tier in getattr(manager, "secondary_tiers", ()) or ():
+            pool = getattr(tier, "_pool", None)
+            if pool is not None:
+                pool.wait_idle()
+            lookups = getattr(tier, "_lookup_manager", None)
+            if lookups is None:
+                continue
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                lookups.drain_results()  # what vLLM's own next lookup() does first
+                unflushed = {key for key, _ in lookups._lookup_batch}
+                if all(st.result is not None or key in unflushed
+                       for key, st in list(lookups._lookup_state.items())):
+                    break
+                time.sleep(0.0002)
 
     def _sample_all(self, so) -> list[list[int]]:
         sampled = []

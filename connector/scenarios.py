@@ -94,8 +94,10 @@ def healthy(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def capacity_ceiling(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """Primary tier (4 rows) smaller than the prompt's 6 chunks x 2 groups: vetoed."""
-    e = CPUEngine(replace(cfg, rows=4))
+    """Primary tier (6 rows) smaller than the prompt's 6 chunks x 2 groups: vetoed."""
+    # 6 rows: enough for one step's store job while the previous one cascades to
+    # disk (so the whole prompt reaches disk), too few for its 12 keys at once.
+    e = CPUEngine(replace(cfg, rows=6))
     run.engines.append(e)
     _ask_flood_ask(e, run)
 
@@ -113,6 +115,7 @@ def livelock(run: ScenarioRun, cfg: EngineConfig) -> None:
     rid = e.add_request(target, 4)
     for _ in range(40):
         e.step()
+    e.refresh()
     run.facts.update(stuck_request_done=rid in e.finished, steps=40)
     run.background = e.step
 
@@ -140,6 +143,7 @@ def pending_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
     out = e.generate(prompt(1, PROMPT_TOKENS // 2), 2)
     for _ in range(5):
         e.step()
+    e.refresh()
     run.facts.update(request_done=out.request_id in e.finished,
                      has_pending_work=e.scheduler.has_requests())
     run.background = e.step
@@ -153,6 +157,7 @@ def queue_wait(run: ScenarioRun, cfg: EngineConfig) -> None:
     queued = [e.add_request(prompt(seed, PROMPT_TOKENS), 4) for seed in range(2, 5)]
     for _ in range(30):
         e.step()
+    e.refresh()
     run.facts.update(long_running=long not in e.finished,
                      queued_done=sum(r in e.finished for r in queued))
     run.background = e.step

@@ -520,6 +520,14 @@ class SchedulerObserver:
         with self.rec.guard(ErrorSite.STATS):
             self.rec.flush()
 
+    def refresh(self) -> None:
+        """Recompute the gauges and flush now (an idle engine, a harness, a test)."""
+        with self.rec.guard(ErrorSite.STEP):
+            self._gauges_at = time.monotonic()
+            self._update_gauges()
+        with self.rec.guard(ErrorSite.STATS):
+            self.rec.flush()
+
     def _update_requests(self, so: Any) -> None:
         # A deferred request is asked again every step it can be admitted; one
         # not asked this step sits behind capacity (queued), not behind us.

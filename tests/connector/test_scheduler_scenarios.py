@@ -94,7 +94,7 @@ def test_capacity_ceiling_veto_form(spans):
         ex = Exposition.scrape(sc.metrics_url)
         facts = sc.facts
     rows = ex.value(S.PRIMARY_ROWS.name, state="total")
-    assert rows == 4
+    assert rows == 6
     # the whole prompt sits on disk, yet nothing is restored: the AND vetoed it
     assert ex.value(S.CASCADES.name, result="completed") >= 12
     assert facts["restored_tokens"] == 0 and facts["same_output"]
@@ -108,8 +108,8 @@ def test_capacity_ceiling_veto_form(spans):
     vetoed = [s for s in spans.get_finished_spans()
               if s.name == S.SPAN_LOOKUP_ROUND and s.attributes[S.A_VERDICT] == "vetoed"]
     assert vetoed and all(s.attributes[S.A_AT_ROW_CEILING] for s in vetoed)
-    assert vetoed[-1].attributes[S.A_PENDING_KEYS] == 4
-    assert vetoed[-1].attributes[S.A_PRIMARY_ROWS] == 4
+    assert vetoed[-1].attributes[S.A_PENDING_KEYS] == 6
+    assert vetoed[-1].attributes[S.A_PRIMARY_ROWS] == 6
 
 
 def test_capacity_ceiling_livelock_form():
@@ -151,6 +151,7 @@ def test_queue_wait_is_not_a_restore_failure():
         with sc.facts["step_lock"]:
             for _ in range(10):
                 sc.engine.step()
+            sc.engine.refresh()
             ex2 = Exposition.scrape(sc.metrics_url)
     assert ex2.value(S.REQUESTS.name, state="queued") == 3
     assert ex2.value(S.REQUESTS.name, state="running") == 1
@@ -185,4 +186,4 @@ def test_vllm_metrics_path_carries_kvscope_series():
     # per-rank labels survive vLLM's aggregation of worker stats
     ranks = {lab["rank"] for lab, _ in theirs.series(S.TRANSFER_BYTES.name)}
     assert {"0", "1", S.RANK_MANAGER} <= ranks
-    assert theirs.value(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed") == 4
+    assert theirs.value(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed") == 6
