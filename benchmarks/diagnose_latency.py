@@ -25,7 +25,6 @@ from kvscope.diagnostics.bundle import write_bundle  # noqa: E402
 from kvscope.diagnostics.cli import diagnose_bundle, diagnose_prometheus  # noqa: E402
 from kvscope.diagnostics.prometheus import prometheus_window  # noqa: E402
 from kvscope.exporters import signals as S  # noqa: E402
-
 from tests.support.prometheus import running_prometheus  # noqa: E402
 
 RANKS, GROUPS, ROWS = 64, 4, 4096

@@ -3,6 +3,7 @@
     kv-diagnose --scrape http://127.0.0.1:8000/metrics [URL ...] [--interval 1s]
     kv-diagnose --prometheus http://prom:9090 --since 30m [--selector '{model_name="x"}']
     kv-diagnose --bundle incident.kvb [--json] [--plot incident.png]
+    kv-diagnose ... [--stuck-after 30] [--stale-after 60s] [--row-bytes N]
     kv-diagnose record --prometheus http://prom:9090 --since 1h -o incident.kvb
 
 Exit codes: 0 healthy, 1 incident found, 2 could not diagnose.
@@ -87,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--row-bytes", type=int, metavar="N",
                    help="bytes of one primary-tier row, to turn row counts into cpu_bytes_to_use")
     p.add_argument("--stale-after", default=None, metavar="DUR", help="step timestamp age that is stale (60s)")
-    p.add_argument("--pending-after", default=None, metavar="DUR", help="pending transfer age that is stuck (30s)")
+    p.add_argument("--stuck-after", "--pending-after", dest="stuck_after", default=None,
+                   metavar="SECONDS",
+                   help="age at which a pending transfer counts as stuck: seconds or a duration "
+                        "(default 30s, the top transfer-time bucket)")
     return p
 
 
@@ -136,8 +140,10 @@ def _thresholds(args) -> Thresholds:
         kw["row_bytes"] = args.row_bytes
     if args.stale_after:
         kw["stale_after_s"] = parse_duration(args.stale_after)
-    if args.pending_after:
-        kw["pending_after_s"] = parse_duration(args.pending_after)
+    if args.stuck_after:
+        kw["pending_after_s"] = parse_duration(args.stuck_after)
+        if kw["pending_after_s"] <= 0:
+            raise DiagnoseError("--stuck-after must be > 0")
     return Thresholds(**kw)
 
 

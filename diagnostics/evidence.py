@@ -73,6 +73,19 @@ class TargetInfo:
     tiers: str
     primary_rows: str
     hash_seeds: tuple[str, ...]  # distinct values, in order of first appearance
+    checksum_policy: str = ""  # policy in effect (kvscope_info), "" when not exported
+    chunk_tokens: str = ""  # tokens per offloaded chunk (one row per KV group)
+    max_num_batched_tokens: str = ""
+    # True when the seeds were first seen at different times (a restart seen
+    # happening); False when all were already there at the first sample.
+    seeds_ordered: bool = False
+
+    def int_label(self, name: str) -> int | None:
+        v = getattr(self, name)
+        try:
+            return int(float(v)) if v != "" else None
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -85,11 +98,14 @@ class GroupLookups:
 
     @property
     def found(self) -> float:
-        """Keys this group found anywhere (hit, hit_pending, retry) over the window."""
-        return sum(
-            self.get(r).increase
-            for r in (S.LookupResult.HIT, S.LookupResult.HIT_PENDING, S.LookupResult.RETRY)
-        )
+        """Keys this group found in the primary tier (hit, hit_pending) over the window.
+
+        ``retry`` is not "found": the tiering manager answers it both when a
+        promotion started (found on disk) and while a secondary tier's
+        asynchronous lookup is still running (not known yet). Keys found on
+        disk show up as promotions (:attr:`Evidence.found_anywhere`).
+        """
+        return self.get(S.LookupResult.HIT).increase + self.get(S.LookupResult.HIT_PENDING).increase
 
     @property
     def total(self) -> float:
@@ -102,6 +118,9 @@ class Rounds:
     at_ceiling: dict[str, Quantity]  # vetoed|deferred -> rounds at the row ceiling
     last_pending_keys: dict[str, Quantity]  # vetoed|deferred -> latest pending-key sum
     hit_tokens: Quantity
+    # vetoed|deferred -> chunk keys (all groups) the latest such round's request
+    # covers: the rows a full restore of it needs resident at once.
+    last_request_keys: dict[str, Quantity] = field(default_factory=dict)
 
     def get(self, verdict: S.Verdict) -> Quantity:
         return _q(self.verdicts, verdict.value)
@@ -111,6 +130,9 @@ class Rounds:
 
     def pending_keys(self, verdict: S.Verdict) -> Quantity:
         return _q(self.last_pending_keys, verdict.value)
+
+    def request_keys(self, verdict: S.Verdict) -> Quantity:
+        return _q(self.last_request_keys, verdict.value)
 
     @property
     def total(self) -> float:
@@ -123,6 +145,8 @@ class Tiers:
     promotions: dict[str, Quantity]  # PromotionResult value
     cascades: dict[str, Quantity]  # CascadeResult value
     store_jobs: dict[str, Quantity]  # StoreJobResult value
+    row_bytes: Quantity = ABSENT  # kvscope_primary_row_bytes (max over targets)
+    quarantined_keys: Quantity = ABSENT  # kvscope_quarantined_keys
 
     def row(self, state: S.RowState) -> Quantity:
         return _q(self.rows, state.value)
@@ -234,6 +258,33 @@ class Evidence:
         return self.tiers.row(S.RowState.TOTAL).last
 
     @property
+    def worker_ranks(self) -> dict[str, RankTransfers]:
+        """Per-rank series of worker processes (without the manager's disk transfers)."""
+        return {k: v for k, v in self.ranks.items() if k != S.RANK_MANAGER}
+
+    @property
+    def found_anywhere(self) -> float:
+        """Keys found in any tier over the window: primary-tier hits plus promotions
+        started or refused for want of a row (both only for a key a secondary
+        tier holds)."""
+        return sum(g.found for g in self.lookups.values()) + sum(
+            self.tiers.promotion(r).increase
+            for r in (S.PromotionResult.STARTED, S.PromotionResult.NO_ROW))
+
+    @property
+    def kv_group_count(self) -> int:
+        return max(len(self.kv_groups), len(self.lookups), 1)
+
+    def info_int(self, name: str) -> int | None:
+        """One numeric kvscope_info label, when every target agrees on it."""
+        vals = {t.int_label(name) for t in self.targets} - {None}
+        return vals.pop() if len(vals) == 1 else None
+
+    @property
+    def checksum_policies(self) -> tuple[str, ...]:
+        return tuple(sorted({t.checksum_policy for t in self.targets if t.checksum_policy}))
+
+    @property
     def hash_seeds(self) -> tuple[str, ...]:
         seen: list[str] = []
         for t in self.targets:
@@ -280,8 +331,21 @@ def _counter_growth(samples, counts_from_zero: bool) -> float:
     return growth
 
 
-def _series_quantity(s: Series, src: SourceInfo, counter: bool) -> tuple[float, float, float, float]:
-    """(first, last, increase, recent) of one series."""
+def _series_quantity(
+    s: Series, src: SourceInfo, counter: bool, target_first: float | None = None
+) -> tuple[float, float, float, float]:
+    """(first, last, increase, recent) of one series.
+
+    ``target_first`` is when the series' target was first sampled in the window.
+    A counter that appears later than its target was created while the target
+    was watched: its first value is growth, recent growth if it appeared inside
+    the recent span. A counter present from the target's first sample on has an
+    unknown history before it: that value counts towards ``increase`` (a target
+    first seen inside the window is taken as started inside it; for a scrape,
+    counters are lifetime totals) but never towards ``recent`` - a Prometheus
+    that started scraping an old process must not make its old totals look like
+    "still happening".
+    """
     smp = s.samples
     first, last = smp[0][1], smp[-1][1]
     recent_from = src.end - src.recent_span
@@ -290,12 +354,10 @@ def _series_quantity(s: Series, src: SourceInfo, counter: bool) -> tuple[float, 
     if before:
         recent_smp = [before[-1]] + recent_smp
     if counter:
-        # A series that first shows up after the window start was created (first
-        # touched) inside it: its first value is growth too. A scrape source's
-        # window is the process lifetime, so every counter counts from zero.
         tol = 1e-6
+        born = src.start if target_first is None else max(src.start, target_first)
         increase = _counter_growth(smp, src.lifetime or smp[0][0] > src.start + tol)
-        recent_from_zero = not before and smp[0][0] > max(recent_from, src.start) + tol
+        recent_from_zero = not before and smp[0][0] > max(recent_from, born) + tol
         recent = _counter_growth(recent_smp, recent_from_zero)
     else:
         increase = last - first
@@ -303,13 +365,21 @@ def _series_quantity(s: Series, src: SourceInfo, counter: bool) -> tuple[float, 
     return first, last, increase, recent
 
 
-def aggregate(series: Iterable[Series], src: SourceInfo, how: str = "sum") -> Quantity:
-    """Sum (or max) series into one Quantity; per-series reset handling first."""
+def aggregate(
+    series: Iterable[Series], src: SourceInfo, how: str = "sum",
+    first_seen: dict[str, float] | None = None,
+) -> Quantity:
+    """Sum (or max) series into one Quantity; per-series reset handling first.
+
+    ``first_seen``: target -> its first sample time in the window (see
+    :func:`_series_quantity`); without it, the window start.
+    """
     series = [s for s in series if s.samples]
     if not series:
         return ABSENT
     counter = is_counter(series[0].name)
-    parts = [_series_quantity(s, src, counter) for s in series]
+    fs = first_seen or {}
+    parts = [_series_quantity(s, src, counter, fs.get(s.target)) for s in series]
     times = sorted({t for s in series for t, _ in s.samples})
     combine: Callable[[Iterable[float]], float] = sum if how == "sum" else max
     columns = [_step_values(s.samples, times) for s in series]
@@ -335,12 +405,13 @@ def aggregate(series: Iterable[Series], src: SourceInfo, how: str = "sum") -> Qu
 
 
 def _by_label(
-    series: list[Series], label: str, src: SourceInfo, how: str = "sum"
+    series: list[Series], label: str, src: SourceInfo, how: str = "sum",
+    first_seen: dict[str, float] | None = None,
 ) -> dict[str, Quantity]:
     groups: dict[str, list[Series]] = defaultdict(list)
     for s in series:
         groups[s.label(label)].append(s)
-    return {k: aggregate(v, src, how) for k, v in sorted(groups.items())}
+    return {k: aggregate(v, src, how, first_seen) for k, v in sorted(groups.items())}
 
 
 def build_evidence(raw: RawWindow) -> Evidence:
@@ -363,6 +434,15 @@ def build_evidence(raw: RawWindow) -> Evidence:
             + " in the window: wrong target, empty window, or kvscope not installed"
         )
 
+    # When each target was first sampled: a counter there from that moment on
+    # has history from before the window; one that shows up later was born in it.
+    fs: dict[str, float] = {}
+    for ss in by_name.values():
+        for s in ss:
+            t = s.samples[0][0]
+            if t < fs.get(s.target, math.inf):
+                fs[s.target] = t
+
     def get(metric_or_name) -> list[Series]:
         name = metric_or_name.name if isinstance(metric_or_name, S.Metric) else metric_or_name
         return by_name.get(name, [])
@@ -375,9 +455,12 @@ def build_evidence(raw: RawWindow) -> Evidence:
     for (target, model, engine), ss in sorted(info_by_target.items()):
         ss = sorted(ss, key=lambda s: s.samples[0][0])
         seeds: list[str] = []
+        seed_first: dict[str, float] = {}
         for s in ss:
-            if s.label(S.L_HASH_SEED) not in seeds:
-                seeds.append(s.label(S.L_HASH_SEED))
+            h = s.label(S.L_HASH_SEED)
+            if h not in seeds:
+                seeds.append(h)
+                seed_first[h] = s.samples[0][0]
         last = max(ss, key=lambda s: s.samples[-1][0])
         targets.append(
             TargetInfo(
@@ -390,6 +473,10 @@ def build_evidence(raw: RawWindow) -> Evidence:
                 tiers=last.label(S.L_TIERS),
                 primary_rows=last.label(S.L_PRIMARY_ROWS),
                 hash_seeds=tuple(seeds),
+                checksum_policy=last.label(S.L_CHECKSUM_POLICY),
+                chunk_tokens=last.label(S.L_CHUNK_TOKENS),
+                max_num_batched_tokens=last.label(S.L_MAX_BATCHED_TOKENS),
+                seeds_ordered=len(set(seed_first.values())) == len(seed_first) > 1,
             )
         )
 
@@ -402,32 +489,36 @@ def build_evidence(raw: RawWindow) -> Evidence:
     for s in get(S.LOOKUPS):
         per_group[s.label(S.L_KV_GROUP)].append(s)
     for g in sorted(set(per_group) | set(kv_groups), key=_natural):
-        lookups[g] = GroupLookups(g, _by_label(per_group.get(g, []), S.L_RESULT, src))
+        lookups[g] = GroupLookups(g, _by_label(per_group.get(g, []), S.L_RESULT, src, first_seen=fs))
 
     rounds = Rounds(
-        verdicts=_by_label(get(S.LOOKUP_ROUNDS), S.L_VERDICT, src),
-        at_ceiling=_by_label(get(S.ROUNDS_AT_ROW_CEILING), S.L_VERDICT, src),
-        last_pending_keys=_by_label(get(S.LAST_ROUND_PENDING_KEYS), S.L_VERDICT, src, "max"),
-        hit_tokens=aggregate(get(S.HIT_TOKENS), src),
+        verdicts=_by_label(get(S.LOOKUP_ROUNDS), S.L_VERDICT, src, first_seen=fs),
+        at_ceiling=_by_label(get(S.ROUNDS_AT_ROW_CEILING), S.L_VERDICT, src, first_seen=fs),
+        last_pending_keys=_by_label(get(S.LAST_ROUND_PENDING_KEYS), S.L_VERDICT, src, "max", first_seen=fs),
+        hit_tokens=aggregate(get(S.HIT_TOKENS), src, first_seen=fs),
+        last_request_keys=_by_label(get(S.LAST_ROUND_REQUEST_KEYS), S.L_VERDICT, src, "max",
+                                    first_seen=fs),
     )
     tiers = Tiers(
-        rows=_by_label(get(S.PRIMARY_ROWS), S.L_STATE, src),
-        promotions=_by_label(get(S.PROMOTIONS), S.L_RESULT, src),
-        cascades=_by_label(get(S.CASCADES), S.L_RESULT, src),
-        store_jobs=_by_label(get(S.STORE_JOBS), S.L_RESULT, src),
+        rows=_by_label(get(S.PRIMARY_ROWS), S.L_STATE, src, first_seen=fs),
+        promotions=_by_label(get(S.PROMOTIONS), S.L_RESULT, src, first_seen=fs),
+        cascades=_by_label(get(S.CASCADES), S.L_RESULT, src, first_seen=fs),
+        store_jobs=_by_label(get(S.STORE_JOBS), S.L_RESULT, src, first_seen=fs),
+        row_bytes=aggregate(get(S.PRIMARY_ROW_BYTES), src, "max", first_seen=fs),
+        quarantined_keys=aggregate(get(S.QUARANTINED_KEYS), src, first_seen=fs),
     )
     pending = Pending(
-        transfers=_by_label(get(S.PENDING_TRANSFERS), S.L_KIND, src),
-        oldest_seconds=_by_label(get(S.OLDEST_PENDING_TRANSFER), S.L_KIND, src, "max"),
+        transfers=_by_label(get(S.PENDING_TRANSFERS), S.L_KIND, src, first_seen=fs),
+        oldest_seconds=_by_label(get(S.OLDEST_PENDING_TRANSFER), S.L_KIND, src, "max", first_seen=fs),
     )
     requests = Requests(
-        states=_by_label(get(S.REQUESTS), S.L_STATE, src),
-        in_flight=aggregate(get(S.REQUESTS_IN_FLIGHT), src),
-        vllm_running=aggregate(get(S.VLLM_REQUESTS_RUNNING), src),
-        vllm_waiting=aggregate(get(S.VLLM_REQUESTS_WAITING), src),
-        vllm_waiting_by_reason=_by_label(get(S.VLLM_REQUESTS_WAITING_BY_REASON), S.L_REASON, src),
-        vllm_queue_time_sum=aggregate(get(S.VLLM_REQUEST_QUEUE_TIME + "_sum"), src),
-        vllm_queue_time_count=aggregate(get(S.VLLM_REQUEST_QUEUE_TIME + "_count"), src),
+        states=_by_label(get(S.REQUESTS), S.L_STATE, src, first_seen=fs),
+        in_flight=aggregate(get(S.REQUESTS_IN_FLIGHT), src, first_seen=fs),
+        vllm_running=aggregate(get(S.VLLM_REQUESTS_RUNNING), src, first_seen=fs),
+        vllm_waiting=aggregate(get(S.VLLM_REQUESTS_WAITING), src, first_seen=fs),
+        vllm_waiting_by_reason=_by_label(get(S.VLLM_REQUESTS_WAITING_BY_REASON), S.L_REASON, src, first_seen=fs),
+        vllm_queue_time_sum=aggregate(get(S.VLLM_REQUEST_QUEUE_TIME + "_sum"), src, first_seen=fs),
+        vllm_queue_time_count=aggregate(get(S.VLLM_REQUEST_QUEUE_TIME + "_count"), src, first_seen=fs),
     )
 
     rank_series: dict[str, dict[str, list[Series]]] = defaultdict(lambda: defaultdict(list))
@@ -440,26 +531,26 @@ def build_evidence(raw: RawWindow) -> Evidence:
         rs = rank_series[rank]
         ranks[rank] = RankTransfers(
             rank=rank,
-            bytes=_by_label(rs[S.TRANSFER_BYTES.name], S.L_DIRECTION, src),
-            in_flight=_by_label(rs[S.TRANSFERS_IN_FLIGHT.name], S.L_DIRECTION, src),
-            checksums=_by_label(rs[S.ROW_CHECKSUMS.name], S.L_OUTCOME, src),
-            refused=_by_label(rs[S.LOADS_REFUSED.name], S.L_REASON, src),
-            last_report=aggregate(rs[S.WORKER_LAST_STEP_TIMESTAMP.name], src, "max"),
+            bytes=_by_label(rs[S.TRANSFER_BYTES.name], S.L_DIRECTION, src, first_seen=fs),
+            in_flight=_by_label(rs[S.TRANSFERS_IN_FLIGHT.name], S.L_DIRECTION, src, first_seen=fs),
+            checksums=_by_label(rs[S.ROW_CHECKSUMS.name], S.L_OUTCOME, src, first_seen=fs),
+            refused=_by_label(rs[S.LOADS_REFUSED.name], S.L_REASON, src, first_seen=fs),
+            last_report=aggregate(rs[S.WORKER_LAST_STEP_TIMESTAMP.name], src, "max", first_seen=fs),
         )
 
     last_step: dict[str, list[Series]] = defaultdict(list)
     for s in get(S.LAST_STEP_TIMESTAMP):
         last_step[_target_key(s)].append(s)
     freshness = Freshness(
-        steps=aggregate(get(S.SCHEDULER_STEPS), src),
-        last_step={t: aggregate(ss, src, "max") for t, ss in sorted(last_step.items())},
+        steps=aggregate(get(S.SCHEDULER_STEPS), src, first_seen=fs),
+        last_step={t: aggregate(ss, src, "max", first_seen=fs) for t, ss in sorted(last_step.items())},
         now=src.now,
     )
     vllm = Vllm(
-        external_queries=aggregate(get(S.VLLM_EXTERNAL_PREFIX_QUERIES), src),
-        external_hits=aggregate(get(S.VLLM_EXTERNAL_PREFIX_HITS), src),
-        offload_load_bytes=aggregate(get(S.VLLM_OFFLOAD_LOAD_BYTES), src),
-        offload_store_bytes=aggregate(get(S.VLLM_OFFLOAD_STORE_BYTES), src),
+        external_queries=aggregate(get(S.VLLM_EXTERNAL_PREFIX_QUERIES), src, first_seen=fs),
+        external_hits=aggregate(get(S.VLLM_EXTERNAL_PREFIX_HITS), src, first_seen=fs),
+        offload_load_bytes=aggregate(get(S.VLLM_OFFLOAD_LOAD_BYTES), src, first_seen=fs),
+        offload_store_bytes=aggregate(get(S.VLLM_OFFLOAD_STORE_BYTES), src, first_seen=fs),
     )
     return Evidence(
         source=src,
@@ -473,7 +564,7 @@ def build_evidence(raw: RawWindow) -> Evidence:
         ranks=ranks,
         freshness=freshness,
         vllm=vllm,
-        telemetry_errors=_by_label(get(S.TELEMETRY_ERRORS), S.L_WHERE, src),
+        telemetry_errors=_by_label(get(S.TELEMETRY_ERRORS), S.L_WHERE, src, first_seen=fs),
         present=present,
     )
 

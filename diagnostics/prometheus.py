@@ -40,6 +40,17 @@ def query_for(name: str, selector: str) -> str:
     return "{" + ",".join(matchers) + "}"
 
 
+def escaped_name(name: str) -> str | None:
+    """The name a Prometheus 2.x stores for ``name`` when it contains a colon.
+
+    prometheus-client >= 0.22 answers an OpenMetrics scrape that does not ask
+    for UTF-8 names (Prometheus 2.x) with ``escaping=underscores`` and, in
+    0.26, escapes ':' to '_' in sample lines (client_python issue #1177):
+    vLLM's ``vllm:num_requests_waiting`` lands as ``vllm_num_requests_waiting``.
+    """
+    return name.replace(":", "_") if ":" in name else None
+
+
 def step_for(start: float, end: float) -> float:
     return float(max(1, math.ceil((end - start) / MAX_POINTS)))
 
@@ -95,20 +106,27 @@ def prometheus_window(
     step = step_for(start, end)
     # Probe once: a wrong URL or a dead server fails here with one clear line.
     client.query("vector(1)", at=end)
-    ordered = sorted(names)
+    # (name as queried, name kv-diagnose knows it by)
+    queries = [(n, n) for n in sorted(names)]
+    queries += [(e, n) for n in sorted(names) if (e := escaped_name(n))]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(lambda n: client.query_range(query_for(n, sel), start, end, step), ordered))
+        results = list(pool.map(
+            lambda q: client.query_range(query_for(q[0], sel), start, end, step), queries))
     series: list[Series] = []
-    for name, result in zip(ordered, results, strict=True):
+    seen: set[tuple[str, tuple]] = set()
+    for (queried, name), result in zip(queries, results, strict=True):
         for r in result:
             metric = dict(r.get("metric", {}))
             metric.pop("__name__", None)
             target = metric.get("instance", "") or metric.get("job", "")
             labels = tuple(sorted(metric.items()))
+            if (name, labels) in seen:  # stored under both spellings: the real name wins
+                continue
+            seen.add((name, labels))
             try:
                 samples = tuple((float(t), float(v)) for t, v in r.get("values", []))
             except (TypeError, ValueError):
-                raise DiagnoseError(f"{url}: malformed sample values for {name}") from None
+                raise DiagnoseError(f"{url}: malformed sample values for {queried}") from None
             if samples:
                 series.append(Series(name, labels, target, samples))
     src = SourceInfo(

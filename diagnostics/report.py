@@ -12,11 +12,12 @@ import textwrap
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from kvscope.exporters import signals as S
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from kvscope.exporters import signals as S
 
 from .evidence import Evidence, TargetInfo
 from .model import Finding, SourceInfo
@@ -90,6 +91,10 @@ class Report:
                     "tiers": t.tiers,
                     "primary_rows": t.primary_rows,
                     "hash_seeds": list(t.hash_seeds),
+                    "hash_seeds_ordered": t.seeds_ordered,
+                    "checksum_policy": t.checksum_policy,
+                    "chunk_tokens": t.chunk_tokens,
+                    "max_num_batched_tokens": t.max_num_batched_tokens,
                 }
                 for t in self.targets
             ],
@@ -128,6 +133,9 @@ def _summary(ev: Evidence) -> dict:
             g.group: {k: q.increase for k, q in g.results.items()} for g in ev.lookups.values()
         },
         "primary_rows": {k: q.last for k, q in ev.tiers.rows.items()},
+        "primary_row_bytes": ev.tiers.row_bytes.last if ev.tiers.row_bytes.present else None,
+        "last_round_request_keys": {k: q.max for k, q in ev.rounds.last_request_keys.items()},
+        "quarantined_keys": ev.tiers.quarantined_keys.last if ev.tiers.quarantined_keys.present else None,
         "promotions": {k: q.increase for k, q in ev.tiers.promotions.items()},
         "cascades": {k: q.increase for k, q in ev.tiers.cascades.items()},
         "store_jobs": {k: q.increase for k, q in ev.tiers.store_jobs.items()},
@@ -180,7 +188,7 @@ def render(report: Report, console: Console) -> None:
         for ti in report.targets:
             name = ti.target + "".join(f" {k}={v}" for k, v in (("model", ti.model_name), ("engine", ti.engine)) if v)
             t.add_row(name, ti.kvscope_version, ti.vllm_version, ti.tiers, ti.primary_rows,
-                      " -> ".join(ti.hash_seeds) or "-")
+                      (" -> " if ti.seeds_ordered else ", ").join(ti.hash_seeds) or "-")
         console.print(t)
     else:
         console.print(" (no kvscope_info series)")

@@ -64,7 +64,11 @@ def scrape_window(
     for t, pairs in rounds:
         for url, text in pairs:
             for name, labels, value in parse_exposition(text, url, t):
-                samples.setdefault((name, labels, url), []).append((t, value))
+                smp = samples.setdefault((name, labels, url), [])
+                # The same series twice in one exposition (an exporter bug):
+                # keep the first, as Prometheus does, so both sources agree.
+                if not smp or smp[-1][0] != t:
+                    smp.append((t, value))
     t0, t1 = rounds[0][0], rounds[1][0]
     src = SourceInfo(
         kind="scrape",

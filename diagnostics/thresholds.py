@@ -19,7 +19,8 @@ class Thresholds:
     stale_after_s: float = 60.0
 
     # A transfer older than the top bucket of kvscope_transfer_seconds (a cold
-    # disk read under load) is stuck, not slow.
+    # disk read under load) is stuck, not slow. CLI: --stuck-after SECONDS.
+    # Lower it only where transfers are known to be fast (tests, CPU demos).
     pending_after_s: float = S.TRANSFER_SECONDS_BUCKETS[-1]
 
     # Head-room on top of the rows one request needs resident at once
@@ -35,4 +36,10 @@ class Thresholds:
 
     # Bytes of one primary-tier row (all rank slots), if the operator knows it;
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.
+    # Overrides kvscope_primary_row_bytes (which kvscope exports itself).
     row_bytes: int | None = None
+
+    @property
+    def stuck_after_s(self) -> float:
+        """The --stuck-after threshold (same as ``pending_after_s``)."""
+        return self.pending_after_s

@@ -52,12 +52,16 @@ def persistently_positive(q: Quantity, ev: Evidence) -> bool:
 _ROW_BYTES = re.compile(r"row_bytes[=:](\d+)")
 
 
-def row_bytes(ev: Evidence, th: Thresholds) -> int | None:
+def row_bytes(ev: Evidence, th: Thresholds) -> tuple[int, str] | None:
+    """Bytes of one primary-tier row and where that number came from."""
     if th.row_bytes:
-        return th.row_bytes
+        return th.row_bytes, "--row-bytes"
+    q = ev.tiers.row_bytes
+    if q.present and q.last > 0:
+        return int(q.last), S.PRIMARY_ROW_BYTES.name
     for t in ev.targets:
         if m := _ROW_BYTES.search(t.spec):
-            return int(m.group(1))
+            return int(m.group(1)), "kvscope_info spec"
     # Disk <-> CPU jobs move whole rows (rank="manager"): bytes per key = row bytes.
     mgr = ev.ranks.get(S.RANK_MANAGER)
     if mgr is not None:
@@ -68,37 +72,73 @@ def row_bytes(ev: Evidence, th: Thresholds) -> int | None:
         for d, keys in pairs:
             q = mgr.bytes.get(d.value)
             if q is not None and q.increase > 0 and keys > 0:
-                return int(round(q.increase / keys))
+                return int(round(q.increase / keys)), "disk-tier bytes per key"
     return None
 
 
-def rows_needed(ev: Evidence, th: Thresholds) -> tuple[int, str]:
-    """Rows one request needs resident at once, plus margin, and how it was estimated.
+def bytes_for(rows: int, ev: Evidence, th: Thresholds) -> str:
+    """' - cpu_bytes_to_use >= ...' for ``rows`` rows, or how to get bytes."""
+    rb = row_bytes(ev, th)
+    if rb is None:
+        return (" (row bytes unknown: cpu_bytes_to_use = rows × row bytes; pass --row-bytes "
+                "to get bytes)")
+    b, where = rb
+    return (f" — cpu_bytes_to_use ≥ {rows * b} ({nbytes(rows * b)} = {rows} rows × "
+            f"{nbytes(b)} per row, {where})")
 
-    Lookups per group per round approximate the chunks of a restored prefix
-    (a group that breaks early under-counts, so the busiest group is taken for
-    every group). Never less than the current row count + 1: at the ceiling the
-    pending-key sum is pinned at the row count, so the true need is above it.
+
+def request_keys(ev: Evidence, verdicts: tuple[S.Verdict, ...]) -> tuple[int, S.Verdict] | None:
+    """The most chunk keys a vetoed/deferred round's request covered over the window.
+
+    ``kvscope_last_round_request_keys`` is the latest round's count; its max over
+    the window is the largest request the tier had to restore at once.
+    """
+    best = None
+    for v in verdicts:
+        q = ev.rounds.request_keys(v)
+        if q.present and q.max > 0 and (best is None or q.max > best[0]):
+            best = (int(q.max), v)
+    return best
+
+
+def rows_needed(
+    ev: Evidence, th: Thresholds, verdicts: tuple[S.Verdict, ...] = (S.Verdict.VETOED,)
+) -> tuple[int, str]:
+    """Rows the primary tier needs, with margin, and the next-step sentence.
+
+    A restore pins one row per chunk key of every KV group of the request until
+    it is loaded, so a request restores only if the tier holds all its keys at
+    once: ``kvscope_last_round_request_keys`` is that count, exactly. Without it
+    (older kvscope), lookups per group per round approximate it. Never less than
+    the current row count + 1: at the ceiling the tier was short by definition
+    (a request that alone fits lost rows to concurrent restores or stores).
     """
     rows = ev.primary_rows
-    rounds = ev.rounds.total
-    groups = max(len(ev.lookups), len(ev.kv_groups), 1)
-    per_group = max((g.total / rounds for g in ev.lookups.values()), default=0.0) if rounds else 0.0
-    keys = max(math.ceil(per_group * groups - 1e-9), int(rows) + 1)
-    need = math.ceil(keys * (1 + th.row_margin))
-    how = (
-        f"≈{n(per_group)} keys per group per round × {groups} groups = {keys} keys resident at once"
-        if per_group * groups >= rows + 1
-        else f"more than the {n(rows)} rows the pending-key sum is pinned at"
-    )
-    how += f", + {th.row_margin:.0%} margin"
-    rb = row_bytes(ev, th)
-    tail = (
-        f" — cpu_bytes_to_use ≥ {nbytes(need * rb)} ({need} rows × {nbytes(rb)} per row)"
-        if rb
-        else " (row bytes unknown: cpu_bytes_to_use = rows × row bytes; pass --row-bytes to get bytes)"
-    )
-    return need, f"grow the CPU primary tier to ≥ {need} rows (now {n(rows)}; {how}){tail}"
+    groups = ev.kv_group_count
+    rk = request_keys(ev, verdicts)
+    if rk is not None:
+        keys, v = rk
+        if keys > rows:
+            how = (f"the {v.value} request covers {keys} chunk keys over {groups} KV group"
+                   f"{'s' if groups != 1 else ''}, all resident at once for a restore")
+        else:
+            how = (f"the {v.value} request alone covers {keys} keys ≤ {n(rows)} rows: concurrent "
+                   "restores and stores held the rest")
+        keys = max(keys, int(rows) + 1)
+    else:
+        rounds = ev.rounds.total
+        per_group = (max((g.total / rounds for g in ev.lookups.values()), default=0.0)
+                     if rounds else 0.0)
+        keys = max(math.ceil(per_group * groups - 1e-9), int(rows) + 1)
+        how = (
+            f"≈{n(per_group)} keys per group per round × {groups} groups = {keys} keys resident "
+            "at once" if per_group * groups >= rows + 1
+            else f"more than the {n(rows)} rows the pending-key sum is pinned at"
+        )
+    need = math.ceil(keys * (1 + th.row_margin) - 1e-9)
+    how += f"; + {th.row_margin:.0%} margin"
+    return need, (f"grow the CPU primary tier to ≥ {need} rows (now {n(rows)}; {how})"
+                  + bytes_for(need, ev, th))
 
 
 def group_lines(ev: Evidence) -> list[str]:

@@ -40,7 +40,13 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if window_promos < 2 * rows:
         return None  # the tier did not even turn over twice: not a churn
     per_step = window_promos / window_steps if window_steps > 0 else None
-    if per_step is not None and per_step < th.livelock_churn_fraction * rows:
+    # The churn rate is a proxy for "the deferred request needs more rows than
+    # the tier has". kvscope_last_round_request_keys says so exactly; with it
+    # (and rounds that hit the row ceiling), the rate is not needed: idle steps
+    # of a window that also covers calm periods would only dilute it.
+    rk = r.request_keys(S.Verdict.DEFERRED)
+    exact = rk.present and rk.max > rows and r.ceiling(S.Verdict.DEFERRED).increase > 0
+    if not exact and per_step is not None and per_step < th.livelock_churn_fraction * rows:
         return None
     w = window_word(ev)
     conf = 0.6
@@ -77,7 +83,14 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if waiting.present and waiting.last > 0:
         conf += 0.05
         lines.append(f"{n(waiting.last)} requests deferred now")
-    _, step = rows_needed(ev, th)
+    if rk.present and rk.max > 0:
+        lines.append(
+            f"the deferred request covers {n(rk.max)} chunk keys over {ev.kv_group_count} KV "
+            f"group{'s' if ev.kv_group_count != 1 else ''}: more than the {n(rows)} rows, so its "
+            "promotions evict each other" if rk.max > rows else
+            f"the deferred request covers {n(rk.max)} chunk keys ({n(rows)} rows)"
+        )
+    _, step = rows_needed(ev, th, (S.Verdict.DEFERRED,))
     marks = []
     if started.samples:
         marks.append(Mark("promotions", started.samples[-1][0], "churn, no restore"))
@@ -86,8 +99,12 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         title=TITLE,
         confidence=min(conf, 0.95),
         evidence=lines,
-        next_step=step[0].upper() + step[1:]
-        + ". Until then these requests wait forever: they are not queued, they are livelocked.",
+        next_step=step[0].upper() + step[1:] + (
+            ". Until then these requests wait forever: they are not queued, they are livelocked."
+            if waiting.present and waiting.last > 0 else
+            ". No request is deferred now: those caught in it left only when a group missed "
+            "first and vetoed the restore (recomputed from scratch)."
+        ),
         severity=SEVERITY,
         marks=marks,
     )

@@ -28,7 +28,14 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     rows = ev.primary_rows
     pk = r.pending_keys(S.Verdict.VETOED)
     pinned = pk.present and rows > 0 and pk.max >= rows
-    if vetoed.increase <= 0 or not (at_ceiling.increase > 0 or pinned):
+    # A vetoed request covering more chunk keys than the tier has rows can never
+    # be restored whole; with promotions that found no free row, the tier ran
+    # out while restoring: the capacity ceiling, even if no round was counted at
+    # the ceiling (the pending-key sum of the vetoing round can be below it).
+    rk = r.request_keys(S.Verdict.VETOED)
+    no_row = ev.tiers.promotion(S.PromotionResult.NO_ROW).increase
+    too_big = rk.present and rows > 0 and rk.max > rows and no_row > 0
+    if vetoed.increase <= 0 or not (at_ceiling.increase > 0 or pinned or too_big):
         return None
     hits = r.get(S.Verdict.HIT).increase
     disk = ev.tiers.cascade(S.CascadeResult.COMPLETED)
@@ -50,6 +57,15 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
             f"pending-key sum of the latest vetoed round: {n(pk.last)} (max {n(pk.max)}) vs "
             f"{n(rows)} primary rows"
         )
+    if rk.present and rk.max > 0:
+        per = f" ({n(rk.max / ev.kv_group_count)} per KV group × {ev.kv_group_count})" \
+            if ev.kv_group_count > 1 else ""
+        lines.append(
+            f"the vetoed request covers {n(rk.max)} chunk keys{per}: a full restore needs "
+            f"{n(rk.max)} rows at once, the tier has {n(rows)}"
+        )
+        if rk.max > rows:
+            conf += 0.05
     if hits == 0:
         conf += 0.15
         lines.append(f"0 hit rounds {w}: {n(r.hit_tokens.increase)} tokens offered to load")
@@ -58,9 +74,8 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if disk.last > 0:
         conf += 0.1
         lines.append(f"the disk tier has data: {n(disk.last)} keys cascaded to it")
-    promo = ev.tiers.promotion(S.PromotionResult.NO_ROW).increase
-    if promo > 0:
-        lines.append(f"{n(promo)} promotions found no free row (primary tier full)")
+    if no_row > 0:
+        lines.append(f"{n(no_row)} promotions found no free row (primary tier full)")
     lines += group_lines(ev)
     q = ev.vllm.external_queries
     if q.present and q.increase > 0:

@@ -27,9 +27,10 @@ def finding(ev: Evidence, checks: list[str]) -> Finding:
         f"primary tier {n(ev.primary_rows)} rows ({n(ev.tiers.row(S.RowState.OCCUPIED).last)} occupied); "
         f"{n(promos)} promotions, {n(casc)} cascades {w}"
     )
-    compared = sum(q.increase for rt in ev.ranks.values() for q in rt.checksums.values())
-    if ev.ranks:
-        lines.append(f"{len(ev.ranks)} rank{'s' if len(ev.ranks) != 1 else ''} reporting; {n(compared)} row checksums compared, 0 mismatched")
+    workers = ev.worker_ranks
+    compared = sum(q.increase for rt in workers.values() for q in rt.checksums.values())
+    if workers:
+        lines.append(f"{len(workers)} rank{'s' if len(workers) != 1 else ''} reporting; {n(compared)} row checksums compared, 0 mismatched")
     age = ev.freshness.newest_age
     if age is not None:
         lines.append(f"last scheduler step {secs(age)} ago" + (" (engine idle)" if ev.idle else ""))

@@ -42,7 +42,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     r = ev.requests
     lines = [
         f"{n(q.last)} {k} transfer{'s' if q.last != 1 else ''} pending, oldest {secs(age.last)} "
-        f"(threshold {secs(th.pending_after_s)})"
+        f"(threshold {secs(th.pending_after_s)}, --stuck-after)"
         for k, (q, age) in stuck.items()
     ]
     idle = "nothing runs or waits: kvscope in-flight requests 0"

@@ -19,34 +19,56 @@ TITLE = "Queue wait (scheduler admission, not an offload failure)"
 SEVERITY = 40
 CHECK = "requests waiting for scheduler admission while the restore path is idle or healthy"
 
-# vLLM's waiting_by_reason value for connector deferrals (async loads,
-# promotions): those are the offload path's waits, judged by other classifiers.
+# vLLM's waiting_by_reason values. "deferred" is vLLM's skipped-waiting queue:
+# every request the connector answered None for (an async lookup, a promotion)
+# goes there and stays there until the scheduler reaches it again, which it
+# does not while running requests fill max_num_seqs or the token budget. So
+# "deferred" alone does not say the connector holds a request; kvscope's
+# per-request state does (a deferred request not asked again this step is
+# queued behind capacity).
 _CONNECTOR_REASON = "deferred"
+_CAPACITY_REASON = "capacity"
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     req = ev.requests
     queued = req.get(S.RequestState.QUEUED)
+    # Requests the connector holds now: deferred (lookup answered None) or
+    # loading (async load in flight; vLLM also counts those as waiting).
+    connector_holds = any(
+        req.get(st).present and req.get(st).last > 0
+        for st in (S.RequestState.DEFERRED, S.RequestState.LOADING)
+    )
     lines: list[str] = []
     span = ev.source.recent_span
     waiting = False
     if persistently_positive(queued, ev):
         waiting = True
         lines.append(f"{n(queued.last)} requests queued (not admitted) throughout the last {secs(span)}")
-    reasons = {
-        k: q for k, q in req.vllm_waiting_by_reason.items()
-        if k != _CONNECTOR_REASON and persistently_positive(q, ev)
-    }
     vllm_confirms = False
-    if reasons:
+    by_reason = req.vllm_waiting_by_reason
+    capacity = by_reason.get(_CAPACITY_REASON)
+    if capacity is not None and persistently_positive(capacity, ev):
         waiting = vllm_confirms = True
-        lines.append(
-            "vLLM waiting by reason: "
-            + ", ".join(f"{k}={n(q.last)}" for k, q in sorted(reasons.items()))
-        )
-    elif persistently_positive(req.vllm_waiting, ev) and not req.vllm_waiting_by_reason:
+    elif persistently_positive(req.vllm_waiting, ev) and not connector_holds:
+        # vLLM has requests waiting and the connector holds none of them: they
+        # wait for admission whatever vLLM's reason label says.
         waiting = vllm_confirms = True
-        lines.append(f"vLLM: {n(req.vllm_waiting.last)} requests waiting")
+    if req.vllm_waiting.present or by_reason:
+        parts = [f"{n(req.vllm_waiting.last)} waiting"] if req.vllm_waiting.present else []
+        if by_reason:
+            parts.append("by reason " + ", ".join(
+                f"{k}={n(q.last)}" for k, q in sorted(by_reason.items())))
+        if req.vllm_running.present:
+            parts.append(f"{n(req.vllm_running.last)} running")
+        lines.append("vLLM (" + S.VLLM_REQUESTS_WAITING + "): " + "; ".join(parts))
+        deferred_label = by_reason.get(_CONNECTOR_REASON)
+        if deferred_label is not None and deferred_label.last > 0 and not connector_holds:
+            lines.append(
+                f"vLLM's reason=deferred ({n(deferred_label.last)}) is its skipped-waiting queue "
+                "(an earlier connector deferral put them there); kvscope: 0 requests deferred or "
+                "loading now, so they wait for a running slot / token budget, not for the connector"
+            )
     if not waiting:
         return None
 

@@ -50,7 +50,10 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if stored <= 0:
         return None
     w = window_word(ev)
-    found = sum(g.found for g in ev.lookups.values())
+    found = ev.found_anywhere
+    # Keys the tiers hold: what reached the disk tier, else the primary tier's rows.
+    held = max(ev.tiers.cascade(S.CascadeResult.COMPLETED).increase,
+               ev.tiers.row(S.RowState.OCCUPIED).last)
     missed = ev.lookups_total(S.LookupResult.MISS)
     restored = ev.rounds.get(S.Verdict.HIT).increase
     seeds = ev.hash_seeds
@@ -59,19 +62,30 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         conf = 0.9 if restored == 0 else 0.6
         sub = "hash seed differs"
         per_target = [
-            f"{t.target}: {' -> '.join(t.hash_seeds)}" for t in ev.targets if t.hash_seeds
+            f"{t.target}: {(' -> ' if t.seeds_ordered else ', ').join(t.hash_seeds)}"
+            + ("" if t.seeds_ordered or len(t.hash_seeds) < 2 else " (served side by side)")
+            for t in ev.targets if t.hash_seeds
         ]
         lines.insert(0, "hash_seed fingerprint differs: " + "; ".join(per_target))
+        looked = sum(g.total for g in ev.lookups.values())
+        if found == 0 and looked > 0:
+            lines.insert(1, f"{n(looked)} key lookups {w}, none found in any tier (no hit, no "
+                            "promotion), although the tiers hold stored keys")
         step = (
             "Keys are hashed differently across processes/restarts: set the same PYTHONHASHSEED "
             "and prefix-caching hash algorithm on every process and keep it across restarts. "
             "Keys stored under the old seed never match: clear the fs tier's directory."
         )
     else:
+        # A group that never hits while another does vetoes every round. Retries
+        # are not finds (an async secondary-tier lookup answers retry, then miss).
         silent = [g for g in ev.lookups.values() if g.total > 0 and g.found == 0]
         finders = [g for g in ev.lookups.values() if g.found > 0]
         vetoed = ev.rounds.get(S.Verdict.VETOED).increase
         at_ceiling = ev.rounds.ceiling(S.Verdict.VETOED).increase > 0
+        # A round at the row ceiling had a promotion find no row: its key was
+        # found on disk, so "nothing found" cannot hold either.
+        ceiling_any = at_ceiling or ev.rounds.ceiling(S.Verdict.DEFERRED).increase > 0
         # At the row ceiling a group misses because promotions took every row:
         # the capacity-ceiling verdict explains those vetoes, not a key mismatch.
         if silent and finders and vetoed > 0 and not at_ceiling:
@@ -89,10 +103,16 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
                 "stored at all (sliding-window/other attention kinds, per-group block size) and "
                 "that its keys are computed like the stored ones."
             )
-        elif found == 0 and missed > 0:
+        elif found == 0 and missed >= max(held, 1) and not ceiling_any:
+            # Without a seed change this is only a hint: a workload that never
+            # repeats a prefix looks the same. So it needs volume: at least as
+            # many lookups resolved as MISS as the tiers hold keys (a cold
+            # cache's first misses, before anything was stored, do not count
+            # for much); retries are unresolved lookups, not misses.
             conf = 0.4
             sub = "nothing found"
-            lines.insert(0, f"0 of {n(missed)} lookups found anything {w}")
+            lines.insert(0, f"0 of {n(missed)} resolved lookups found anything {w} (no hit, no "
+                            f"promotion) while the tiers hold {n(held)} keys")
             step = (
                 "If this workload repeats prefixes, keys stored are not the keys looked up: compare "
                 "hash_seed and the model/config between the processes that store and that look up."

@@ -8,11 +8,12 @@ import http.server
 import threading
 from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
 from kvscope.diagnostics.evidence import build_evidence
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import generate_latest
 
 T0 = 1_700_000_000.0  # fixed clock: 2023-11-14 22:13:20 UTC
 TARGET = "http://127.0.0.1:9400/metrics"
@@ -68,6 +69,15 @@ def base(rows: int = 8, steps=(100, 110), last_step=None, seed="a1b2c3") -> dict
         d[L(S.PENDING_TRANSFERS.name, kind=k.value)] = [0, 0]
         d[L(S.OLDEST_PENDING_TRANSFER.name, kind=k.value)] = [0, 0]
     return d
+
+
+def info_values(**over: str) -> list[str]:
+    """kvscope_info label values in the contract's order (positional .labels())."""
+    d = dict(kvscope_version="0.1.0", vllm_version="0.26.0", spec="TieringOffloadingSpec",
+             tiers="cpu+fs", primary_rows="8", hash_seed="s", checksum_policy="refuse",
+             chunk_tokens="16", max_num_batched_tokens="256")
+    d.update(over)
+    return [d[name] for name in S.INFO.labels]
 
 
 # ---- a registry built from the contract (parser/source tests) --------------

@@ -6,6 +6,7 @@ import gzip
 import json
 
 import pytest
+
 from kvscope.diagnostics.bundle import FORMAT, VERSION, read_bundle, to_dict, write_bundle
 from kvscope.diagnostics.engine import diagnose_raw
 from kvscope.diagnostics.model import DiagnoseError, Series

@@ -21,6 +21,12 @@ from .support import T0, L, base, evidence, info
 TH = Thresholds()
 
 
+def with_info(d, **labels):
+    """d with its kvscope_info series replaced by one carrying ``labels``."""
+    d = {k: v for k, v in d.items() if not (isinstance(k, tuple) and k[0] == S.INFO.name)}
+    return d | {info(**labels): [1, 1]}
+
+
 def rounds(**v):
     return {L(S.LOOKUP_ROUNDS.name, verdict=k): vals for k, vals in v.items()}
 
@@ -55,7 +61,31 @@ def test_veto_fires_with_rows_needed():
 
 def test_veto_gives_bytes_when_row_bytes_known():
     f = capacity_ceiling_veto.classify(evidence(veto_case()), Thresholds(row_bytes=1 << 20))
-    assert "cpu_bytes_to_use ≥ 15.0 MiB (15 rows × 1.0 MiB per row)" in f.next_step
+    assert "cpu_bytes_to_use ≥ 15728640 (15.0 MiB = 15 rows × 1.0 MiB per row, --row-bytes)" \
+        in f.next_step
+
+
+def test_veto_rows_from_request_keys_and_bytes_from_row_bytes_gauge():
+    d = veto_case()
+    # the vetoed request covers 10 keys (5 chunks x 2 groups); one row is 16 KiB
+    d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")] = [10, 10]
+    d[S.PRIMARY_ROW_BYTES.name] = [16384, 16384]
+    f = capacity_ceiling_veto.classify(evidence(d), TH)
+    assert any("the vetoed request covers 10 chunk keys (5 per KV group × 2)" in e
+               for e in f.evidence)
+    # 10 keys + 25% = 12.5 -> 13 rows; 13 x 16 KiB = 212992 bytes
+    assert "≥ 13 rows (now 4; the vetoed request covers 10 chunk keys over 2 KV groups" \
+        in f.next_step
+    assert "cpu_bytes_to_use ≥ 212992 (208.0 KiB = 13 rows × 16.0 KiB per row, " \
+        "kvscope_primary_row_bytes)" in f.next_step
+
+
+def test_veto_request_that_alone_fits_still_needs_more_than_the_tier():
+    d = veto_case()
+    d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")] = [3, 3]  # fits 4 rows alone
+    f = capacity_ceiling_veto.classify(evidence(d), TH)
+    assert "alone covers 3 keys ≤ 4 rows" in f.next_step
+    assert "≥ 7 rows" in f.next_step  # rows + 1 = 5, + 25% -> 7
 
 
 def test_veto_row_bytes_derived_from_manager_disk_bytes():
@@ -70,6 +100,20 @@ def test_veto_needs_the_ceiling():
     d[L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed")] = [0, 0]
     d[L(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed")] = [2, 2]
     assert capacity_ceiling_veto.classify(evidence(d), TH) is None
+
+
+def test_veto_of_a_request_larger_than_the_tier_needs_no_ceiling_count():
+    # a livelock that ended in a veto: the vetoing round's pending-key sum was
+    # below the row count, but the request covers 12 keys and the tier has 8 rows
+    d = veto_case(rows=8)
+    d[L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed")] = [0, 0]
+    d[L(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed")] = [3, 3]
+    d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")] = [12, 12]
+    assert capacity_ceiling_veto.classify(evidence(d), TH) is None  # no promotion ran out of rows
+    d[L(S.PROMOTIONS.name, result="no_row")] = [20, 29]
+    f = capacity_ceiling_veto.classify(evidence(d), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert "≥ 15 rows (now 8; the vetoed request covers 12 chunk keys" in f.next_step
 
 
 def test_veto_silent_on_quiet_engine():
@@ -108,6 +152,18 @@ def test_livelock_needs_churn():
     d = livelock_case()
     d[L(S.PROMOTIONS.name, result="started")] = [0, 8]  # the tier did not turn over
     assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_exact_keys_do_not_need_the_churn_rate():
+    # the window also covers idle steps: 135 promotions over 600 steps is a low rate
+    d = livelock_case()
+    d[S.SCHEDULER_STEPS.name] = [0, 600]
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+    d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="deferred")] = [12, 12]
+    f = capacity_ceiling_livelock.classify(evidence(d), TH)
+    assert f is not None
+    assert any("the deferred request covers 12 chunk keys over 1 KV group: more than the 8 rows"
+               in e for e in f.evidence)
 
 
 def test_livelock_still_happening_between_scrapes():
@@ -162,6 +218,33 @@ def test_queue_wait_ignores_connector_deferrals():
     assert queue_wait.classify(evidence(d), TH) is None
 
 
+def test_queue_wait_reads_vllms_deferred_reason_as_its_skipped_queue():
+    # vLLM keeps requests the connector once deferred in its skipped-waiting queue
+    # (reason="deferred") until it reaches them again; kvscope knows they are queued.
+    d = base()
+    d |= rounds(deferred=[4, 4], miss=[1, 1])
+    d[L(S.REQUESTS.name, state="queued")] = [3, 3]
+    d[L(S.REQUESTS.name, state="running")] = [1, 1]
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="capacity")] = [0, 0]
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="deferred")] = [3, 3]
+    d[S.VLLM_REQUESTS_WAITING] = [3, 3]
+    d[S.VLLM_REQUESTS_RUNNING] = [1, 1]
+    f = queue_wait.classify(evidence(d), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert ("vLLM (vllm:num_requests_waiting): 3 waiting; by reason capacity=0, deferred=3; "
+            "1 running") in f.evidence
+    assert any(e.startswith("vLLM's reason=deferred (3) is its skipped-waiting queue")
+               for e in f.evidence)
+
+
+def test_queue_wait_not_while_the_connector_holds_them():
+    d = base()
+    d[L(S.REQUESTS.name, state="deferred")] = [3, 3]
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="deferred")] = [3, 3]
+    d[S.VLLM_REQUESTS_WAITING] = [3, 3]
+    assert queue_wait.classify(evidence(d), TH) is None
+
+
 # ---- stale rows ----------------------------------------------------------------
 def stale_case(refused=True):
     d = base()
@@ -177,14 +260,39 @@ def test_stale_rows_names_the_rank():
     f = stale_rows.classify(evidence(stale_case()), TH)
     assert f is not None and f.confidence > 0.9
     assert f.evidence[0].startswith("rank 1: 12 of 16 promoted-row checksums mismatched")
-    assert "ranks with matching checksums only: 0" in f.evidence
-    assert any("every mismatching load was refused" in e for e in f.evidence)
+    assert f.evidence[0].endswith("12 load jobs refused (vLLM recomputed those tokens)")
+    assert "matching checksums only: rank 0 (16 rows)" in f.evidence
+    assert f.next_step.startswith("Every mismatching load was refused and recomputed")
 
 
 def test_stale_rows_observe_policy_served():
-    f = stale_rows.classify(evidence(stale_case(refused=False)), TH)
-    assert any("SERVED" in e for e in f.evidence)
-    assert f.next_step.startswith("Mismatching rows were served")
+    d = with_info(stale_case(refused=False), checksum_policy="observe")
+    d[L(S.TRANSFER_BYTES.name, rank="1", direction="cpu_to_gpu")] = [0, 4096]
+    f = stale_rows.classify(evidence(d), TH)
+    assert "0 loads refused: the mismatching rows were SERVED (4.0 KiB loaded CPU -> GPU" \
+        in f.evidence[0]
+    assert "checksum_policy=observe (kvscope_info): mismatching loads are counted and served" \
+        in f.evidence
+    assert f.next_step.startswith("Mismatching rows were SERVED")
+
+
+def test_stale_rows_refuse_configured_but_nothing_refused_is_served():
+    # one refusal is one load job over many rows: rows vs jobs must not be mixed
+    d = with_info(stale_case(refused=False), checksum_policy="refuse")
+    f = stale_rows.classify(evidence(d), TH)
+    assert any("yet rank 1 refused none: observe was in effect" in e for e in f.evidence)
+    assert f.next_step.startswith("Mismatching rows were SERVED")
+
+
+def test_stale_rows_one_refused_job_covers_many_rows():
+    d = with_info(stale_case(), checksum_policy="refuse")
+    d[L(S.LOADS_REFUSED.name, rank="1", reason="checksum_mismatch")] = [1, 1]  # 12 rows, 1 job
+    d[S.QUARANTINED_KEYS.name] = [12, 12]
+    f = stale_rows.classify(evidence(d), TH)
+    assert not any("SERVED" in e for e in f.evidence)
+    assert any(e.startswith("12 keys quarantined now") for e in f.evidence)
+    assert "refuse (kvscope_info): mismatching loads are refused and recomputed" in \
+        " ".join(f.evidence)
 
 
 def test_stale_rows_silent_when_all_match():
@@ -208,7 +316,7 @@ def pending_case(age=(95, 96)):
 def test_pending_at_idle_names_rank_and_direction():
     f = pending_at_idle.classify(evidence(pending_case()), TH)
     assert f is not None
-    assert f.evidence[0] == "1 store transfer pending, oldest 96 s (threshold 30 s)"
+    assert f.evidence[0] == "1 store transfer pending, oldest 96 s (threshold 30 s, --stuck-after)"
     assert "in flight: rank 1 gpu_to_cpu (1)" in f.evidence
     assert "rank 1 (gpu_to_cpu)" in f.next_step
 
@@ -262,6 +370,17 @@ def test_stores_without_restores_generic_is_low_confidence():
     assert f.confidence_label == "low"
 
 
+def test_stores_without_restores_needs_more_than_a_cold_caches_first_misses():
+    # distinct prompts: each first lookup misses (retries are unresolved async
+    # lookups), while the tiers hold many more keys than were ever missed
+    d = base()
+    d[L(S.STORE_JOBS.name, result="prepared")] = [1, 1]
+    d[L(S.CASCADES.name, result="completed")] = [4, 4]
+    d |= rounds(deferred=[4, 4], miss=[1, 1]) | lookups("0", miss=[1, 1], retry=[20, 20])
+    d |= lookups("1", retry=[20, 20])
+    assert stores_without_restores.classify(evidence(d), TH) is None
+
+
 def test_no_stores_no_verdict():
     d = base() | rounds(miss=[40, 50]) | lookups("0", miss=[40, 50])
     assert stores_without_restores.classify(evidence(d), TH) is None
@@ -276,6 +395,20 @@ def test_store_never_fits():
     f = store_never_fits.classify(evidence(d), TH)
     assert f is not None and f.confidence_label == "high"
     assert "max_num_batched_tokens" in f.next_step and "cpu_bytes_to_use" in f.next_step
+
+
+def test_store_never_fits_sizes_the_fix_from_kvscope_info():
+    d = with_info(base(rows=4), rows=4, chunk_tokens="16", max_num_batched_tokens="256")
+    d |= {L(S.KV_GROUP_INFO.name, kv_group=g, kind="full_attention", tokens_per_block="16"): [1, 1]
+          for g in ("0", "1")}
+    d[L(S.STORE_JOBS.name, result="no_space")] = [10, 12]
+    d[S.PRIMARY_ROW_BYTES.name] = [16384, 16384]
+    f = store_never_fits.classify(evidence(d), TH)
+    # 256 tokens / 16 per chunk = 16 chunks x 2 groups = 32 rows per store job
+    assert any("= 16 chunks of 16 tokens × 2 KV groups = 32 rows per store job; primary tier: 4 "
+               "rows" in e for e in f.evidence)
+    assert "Grow the tier to ≥ 40 rows (32 + 25% margin) — cpu_bytes_to_use ≥ 655360" in f.next_step
+    assert "lower max_num_batched_tokens to ≤ 32 (= 2 chunks × 16 tokens per group" in f.next_step
 
 
 def test_store_fits_sometimes_when_disk_has_data():

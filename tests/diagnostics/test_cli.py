@@ -9,10 +9,11 @@ import socket
 import threading
 
 import pytest
+
 from kvscope.diagnostics import cli
 from kvscope.exporters import signals as S
 
-from .support import contract_registry, serve, serve_registry
+from .support import contract_registry, info_values, serve, serve_registry
 
 
 def run(capsys, *argv):
@@ -38,7 +39,7 @@ def _engine(mismatch=False, vllm_only=False):
         reg = CollectorRegistry()
         Gauge(S.VLLM_REQUESTS_RUNNING, "running", registry=reg).set(1)
         return reg
-    m[S.INFO.name].labels("0.1.0", "0.26.0", "TieringOffloadingSpec", "cpu+fs", "8", "s").set(1)
+    m[S.INFO.name].labels(*info_values()).set(1)
     m[S.PRIMARY_ROWS.name].labels("total").set(8)
     m[S.LOOKUP_ROUNDS.name].labels("hit").inc(4)
     m[S.HIT_TOKENS.name].inc(64)
@@ -83,6 +84,39 @@ def test_record_then_diagnose_bundle_and_plot(capsys, tmp_path):
     assert code == 1, err
     assert f"bundle {out_path}, recorded from scrape of" in " ".join(out.split())
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _pending_engine(age_s: float):
+    reg, m = contract_registry()
+    m[S.INFO.name].labels(*info_values()).set(1)
+    m[S.PRIMARY_ROWS.name].labels("total").set(8)
+    m[S.SCHEDULER_STEPS.name].inc(10)
+    import time
+
+    m[S.LAST_STEP_TIMESTAMP.name].set(time.time())
+    m[S.REQUESTS_IN_FLIGHT.name].set(0)
+    m[S.PENDING_TRANSFERS.name].labels("store").set(1)
+    m[S.OLDEST_PENDING_TRANSFER.name].labels("store").set(age_s)
+    return reg
+
+
+@pytest.mark.parametrize("argv,code,verdict", [
+    ((), 0, "healthy"),  # 5 s is a slow transfer, not a stuck one, by default (30 s)
+    (("--stuck-after", "2"), 1, "pending_at_idle"),
+    (("--stuck-after", "2s"), 1, "pending_at_idle"),
+    (("--pending-after", "2"), 1, "pending_at_idle"),  # the older spelling still works
+    (("--stuck-after", "10"), 0, "healthy"),
+])
+def test_stuck_after(capsys, argv, code, verdict):
+    with serve_registry(_pending_engine(5.0)) as url:
+        got, out, err = run(capsys, "--scrape", url, "--interval", "0.05s", "--json", *argv)
+    assert got == code, err
+    assert json.loads(out)["verdicts"][0]["id"] == verdict
+
+
+def test_stuck_after_must_be_positive(capsys):
+    code, _, err = run(capsys, "--bundle", "x.kvb", "--stuck-after", "0")
+    assert_one_line_error(code, err, "--stuck-after must be > 0")
 
 
 def _closed_port() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvscope.diagnostics.evidence import aggregate, build_evidence
 from kvscope.diagnostics.model import DiagnoseError, RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
@@ -44,6 +45,50 @@ def test_series_only_in_second_scrape_is_recent():
     assert (q.increase, q.recent) == (3, 3)
 
 
+def test_history_before_a_targets_first_sample_is_not_recent():
+    # Prometheus started scraping an old process 20 s before the window end: the
+    # totals it found count for the window, but none of it is "still happening".
+    src = _src(False, recent=120)
+    old = _series(S.LOOKUP_ROUNDS.name, [(T0 + 580, 5), (T0 + 590, 5), (T0 + 600, 5)])
+    q = aggregate([old], src, first_seen={"t": T0 + 580})
+    assert (q.increase, q.recent) == (5, 0)
+    # a series that appears after its target was first scraped was born then
+    born = _series(S.LOOKUP_ROUNDS.name, [(T0 + 590, 2), (T0 + 600, 3)])
+    q = aggregate([born], src, first_seen={"t": T0 + 580})
+    assert (q.increase, q.recent) == (3, 3)
+
+
+def test_retry_is_not_found_promotions_are():
+    d = base() | {L(S.LOOKUPS.name, kv_group="0", result="retry"): [10, 12],
+                  L(S.LOOKUPS.name, kv_group="0", result="miss"): [2, 2]}
+    ev = evidence(d)
+    assert ev.lookups["0"].found == 0 and ev.found_anywhere == 0
+    ev = evidence(d | {L(S.PROMOTIONS.name, result="started"): [6, 6]})
+    assert ev.found_anywhere == 6
+
+
+def test_new_info_labels_and_signals():
+    d = base()
+    d = {k: v for k, v in d.items() if not (isinstance(k, tuple) and k[0] == S.INFO.name)}
+    d[L(S.INFO.name, hash_seed="a", primary_rows="4", checksum_policy="observe",
+        chunk_tokens="16", max_num_batched_tokens="256")] = [1, 1]
+    d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")] = [12, 6]
+    d[S.PRIMARY_ROW_BYTES.name] = [8192, 8192]
+    d[S.QUARANTINED_KEYS.name] = [0, 6]
+    ev = evidence(d)
+    t = ev.targets[0]
+    assert (t.checksum_policy, t.chunk_tokens, t.max_num_batched_tokens) == ("observe", "16", "256")
+    assert ev.info_int("chunk_tokens") == 16 and ev.info_int("max_num_batched_tokens") == 256
+    assert ev.rounds.request_keys(S.Verdict.VETOED).max == 12
+    assert ev.tiers.row_bytes.last == 8192 and ev.tiers.quarantined_keys.last == 6
+
+
+def test_seeds_served_side_by_side_are_not_ordered():
+    d = base(seed="a") | {L(S.INFO.name, hash_seed="b", primary_rows="8"): [1, 1]}
+    ev = evidence(d)
+    assert set(ev.hash_seeds) == {"a", "b"} and not ev.targets[0].seeds_ordered
+
+
 def test_gauges_sum_over_targets_and_oldest_age_is_a_max():
     d = base()
     d[L(S.PENDING_TRANSFERS.name, kind="load", __target__="a")] = [1, 2]
@@ -74,7 +119,7 @@ def test_hash_seeds_in_order_of_appearance():
         for s in raw.series
     )
     ev = build_evidence(RawWindow(raw.source, series))
-    assert ev.hash_seeds == ("old", "new")
+    assert ev.hash_seeds == ("old", "new") and ev.targets[0].seeds_ordered
 
 
 def test_no_kvscope_metrics_is_a_clear_error():

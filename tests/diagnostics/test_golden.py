@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.report import format_text
 

@@ -6,11 +6,12 @@ import json
 import time
 
 import pytest
+
 from kvscope.diagnostics import cli
-from kvscope.diagnostics.prometheus import normalize_selector, query_for, step_for
+from kvscope.diagnostics.prometheus import escaped_name, normalize_selector, query_for, step_for
 from kvscope.exporters import signals as S
 
-from .support import contract_registry, serve
+from .support import contract_registry, info_values, serve
 
 pytestmark = pytest.mark.prometheus
 
@@ -22,13 +23,16 @@ def test_query_building():
         '{__name__="vllm:num_requests_waiting",model_name="x"}'
     )
     assert step_for(0, 86400) == 360.0 and step_for(0, 60) == 1.0
+    # prometheus-client 0.26 escapes ':' in OpenMetrics sample names for Prometheus 2.x
+    assert escaped_name(S.VLLM_REQUESTS_WAITING) == "vllm_num_requests_waiting"
+    assert escaped_name(S.REQUESTS.name) is None
 
 
 def _stale_rows_engine():
     from prometheus_client.exposition import generate_latest
 
     reg, m = contract_registry()
-    m[S.INFO.name].labels("0.1.0", "0.26.0", "TieringOffloadingSpec", "cpu+fs", "8", "s").set(1)
+    m[S.INFO.name].labels(*info_values()).set(1)
     m[S.PRIMARY_ROWS.name].labels("total").set(8)
 
     def body():

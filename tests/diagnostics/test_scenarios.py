@@ -2,19 +2,32 @@
 real Prometheus, and the bundles recorded from them (fixtures, no vLLM needed).
 
 Record fresh fixtures from real runs:
-    KVSCOPE_RECORD_FIXTURES=1 pytest tests/diagnostics/test_scenarios.py -m vllm
+    KVSCOPE_RECORD_FIXTURES=1 pytest tests/diagnostics/test_scenarios.py -m "vllm and not prometheus"
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import re
 import time
+import traceback
+import urllib.request
 from pathlib import Path
 
 import pytest
-from kvscope.diagnostics import diagnose_bundle, diagnose_prometheus, diagnose_scrape, format_text
+
+from kvscope.diagnostics import (
+    Thresholds,
+    diagnose_bundle,
+    diagnose_prometheus,
+    diagnose_scrape,
+    format_text,
+)
 from kvscope.diagnostics.bundle import write_bundle
-from kvscope.diagnostics.scrape import scrape_window
+from kvscope.diagnostics.scrape import parse_exposition, scrape_window
+from kvscope.exporters import signals as S
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -24,64 +37,248 @@ EXPECTED = {
     "capacity-ceiling": "capacity_ceiling_veto",
     "livelock": "capacity_ceiling_livelock",
     "stale-rows": "stale_row_corruption",
+    "stale-rows-observe": "stale_row_corruption",
     "pending-at-idle": "pending_at_idle",
     "queue-wait": "queue_wait",
     "store-never-fits": "store_never_fits",
     "stores-without-restores": "stores_without_restores",
 }
+RESTORE_FAILURES = {"capacity_ceiling_veto", "capacity_ceiling_livelock", "stale_row_corruption"}
+
+# CPU copies finish in milliseconds: a transfer pending for 2 s is stuck. The
+# operator default (30 s, the top transfer-time bucket) would make the test wait.
+STUCK_AFTER_S = 2.0
+TH = Thresholds(pending_after_s=STUCK_AFTER_S)
+
+CHUNK_TOKENS = 16  # the scenarios' block size (one chunk = one block)
 
 
 def _runner():
     pytest.importorskip("vllm")
     mod = pytest.importorskip("kvscope.connector.scenarios")
-    return mod.run_scenario
+    return mod
 
 
-def _free_port() -> int:
-    from tests.support.prometheus import free_port
+# What each scenario claims to produce, from its own facts. The scenarios run
+# on real threads (the fs tier's I/O pool) and a few are timing-dependent: on a
+# loaded 2-core machine capacity-ceiling sometimes restores a 2-chunk prefix
+# instead of being vetoed, and livelock sometimes ends in a veto. A run that
+# did not reproduce its incident is run again (the test is about kv-diagnose,
+# not about the harness); what a run really did decides what is expected.
+PREMISES = {
+    "healthy": lambda f: f["same_output"] and f["restored_tokens"] > 0,
+    "capacity-ceiling": lambda f: f["restored_tokens"] == 0,
+    "livelock": lambda f: not f["stuck_request_done"],
+    "stale-rows": lambda f: f["same_output"] and f["restored_tokens"] == 0,
+    "stale-rows-observe": lambda f: f["restored_tokens"] > 0,
+    "pending-at-idle": lambda f: f["request_done"] and f["has_pending_work"],
+    "queue-wait": lambda f: f["long_running"] and f["queued_done"] == 0,
+    "store-never-fits": lambda f: f["restored_tokens"] == 0,
+    "stores-without-restores": lambda f: f["restored_tokens"] == 0,
+}
+ATTEMPTS = 3
 
-    return free_port()
+
+def _vllm_store_after_finish(exc: BaseException) -> bool:
+    """vLLM 0.26's TieringOffloadingManager drops a request's state when it finishes
+    with no GPU->CPU store pending, yet the offloading scheduler still prepares a
+    final store for it next step: ``prepare_store`` then raises KeyError(req_id).
+    Reached when an earlier store of that request was refused (no_space) and the
+    final one fits: capacity-ceiling on a loaded machine. Not kv-diagnose's bug."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return (isinstance(exc, KeyError) and bool(frames)
+            and frames[-1].filename.endswith("kv_offload/tiering/manager.py")
+            and frames[-1].name == "prepare_store")
 
 
-def _assert_top(report, expected):
-    assert report.top.id == expected, format_text(report)
-    assert report.exit_code == (0 if expected == "healthy" else 1)
-    if expected == "queue_wait":  # never reported as a restore failure
-        assert not {v.id for v in report.verdicts} & {
-            "capacity_ceiling_veto", "capacity_ceiling_livelock", "stale_row_corruption",
-        }, format_text(report)
+@contextlib.contextmanager
+def _scenario(sc_mod, name: str, **kw):
+    """run_scenario, again (up to ATTEMPTS) while the run did not reproduce its incident."""
+    for attempt in range(1, ATTEMPTS + 1):
+        with contextlib.ExitStack() as stack:
+            try:
+                sc = stack.enter_context(sc_mod.run_scenario(name, **kw))
+            except KeyError as exc:
+                if attempt < ATTEMPTS and _vllm_store_after_finish(exc):
+                    continue
+                raise
+            if PREMISES[name](sc.facts) or attempt == ATTEMPTS:
+                yield sc
+                return
+
+
+def _gauge(url: str, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    want = set(labels.items())
+    return max((v for n, lbl, v in parse_exposition(text, url, 0.0)
+                if n == name and want <= set(lbl)), default=0.0)
+
+
+def _settle(name: str, url: str, wait_until) -> None:
+    """Wait (polling the endpoint) until the incident is visible in one scrape."""
+    if name == "pending-at-idle":  # the background loop keeps stepping: the age grows
+        ok = wait_until(lambda: _gauge(url, S.OLDEST_PENDING_TRANSFER.name,
+                                       kind=S.PendingKind.STORE.value) > STUCK_AFTER_S + 0.2,
+                        timeout=30, interval=0.1)
+        assert ok, "the stuck store never aged past --stuck-after"
+
+
+CAPACITY_FORMS = {"capacity_ceiling_veto", "capacity_ceiling_livelock"}
+
+
+def _livelocked(sc) -> bool:
+    """Whether the livelock scenario's request is still unfinished (ground truth)."""
+    with sc.facts["step_lock"]:
+        return sc.engine.scheduler.get_num_unfinished_requests() > 0
+
+
+def _expected(name: str, sc=None) -> set[str]:
+    """The verdicts that may rank first, from what the engine really did.
+
+    The livelock scenario is timing-dependent: on a loaded machine (2 busy
+    cores) the request escapes about half the time, vetoed and recomputed, so
+    the incident really was the veto form after a spell of livelock.
+    """
+    if name == "livelock" and sc is not None and not _livelocked(sc):
+        return CAPACITY_FORMS
+    return {EXPECTED[name]}
+
+
+def _check(name: str, report, expected: set[str] | None = None) -> None:
+    """The top verdict, and the evidence that makes it exact for this scenario."""
+    text = format_text(report)
+    expected = expected or {EXPECTED[name]}
+    assert report.top.id in expected, text
+    assert report.exit_code == (0 if EXPECTED[name] == "healthy" else 1), text
+    top = report.top
+    ev_text = " | ".join(top.evidence)
+    ev = report.evidence
+    if name == "queue-wait":  # never reported as a restore failure
+        assert not {v.id for v in report.verdicts} & RESTORE_FAILURES, text
+    elif name in ("capacity-ceiling", "livelock"):
+        verdict = (S.Verdict.DEFERRED if top.id == "capacity_ceiling_livelock"
+                   else S.Verdict.VETOED)
+        keys = ev.rounds.request_keys(verdict).max
+        assert keys == 96 // CHUNK_TOKENS * 2, text  # 6 chunks x 2 KV groups
+        need = math.ceil(keys * (1 + TH.row_margin))
+        row_bytes = int(ev.tiers.row_bytes.last)
+        assert f"≥ {need} rows (now {int(ev.primary_rows)}; the {verdict.value} request covers " \
+               f"{int(keys)} chunk keys" in top.next_step, text
+        assert f"cpu_bytes_to_use ≥ {need * row_bytes} " in top.next_step, text
+        assert "kvscope_primary_row_bytes" in top.next_step, text
+    elif name == "stale-rows":
+        assert "SERVED" not in ev_text, text
+        assert re.search(r"\d+ load jobs? refused \(vLLM recomputed those tokens\)", ev_text), text
+        assert "checksum_policy=refuse (kvscope_info): mismatching loads are refused" in ev_text, text
+        assert top.next_step.startswith("Every mismatching load was refused"), text
+    elif name == "stale-rows-observe":
+        assert "0 loads refused: the mismatching rows were SERVED" in ev_text, text
+        assert "checksum_policy=observe (kvscope_info): mismatching loads are counted and served" \
+            in ev_text, text
+        assert top.next_step.startswith("Mismatching rows were SERVED"), text
+    elif name == "pending-at-idle":
+        assert "in flight: rank 1 gpu_to_cpu" in ev_text, text
+        assert "rank 1 (gpu_to_cpu)" in top.next_step, text
+    elif name == "store-never-fits":
+        assert "max_num_batched_tokens=256 tokens = 16 chunks of 16 tokens × 2 KV groups = 32 rows" \
+            in ev_text, text
+        assert "lower max_num_batched_tokens to ≤ 32 " in top.next_step, text
+    elif name == "stores-without-restores":
+        assert top.title.endswith("(hash seed differs)"), text
+        assert len(ev.hash_seeds) == 2, text
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_scraped_live(name):
-    run_scenario = _runner()
-    with run_scenario(name, exporter_port=_free_port()) as sc:
+    sc_mod = _runner()
+    with _scenario(sc_mod, name, exporter_port=0) as sc:
+        _settle(name, sc.metrics_url, sc_mod.wait_until)
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
             FIXTURES.mkdir(exist_ok=True)
             write_bundle(scrape_window([sc.metrics_url], 1.0), str(FIXTURES / f"{name}.kvb"))
-        report = diagnose_scrape([sc.metrics_url], interval=1.0)
-    _assert_top(report, EXPECTED[name])
+            assert name != "livelock" or _livelocked(sc), "escaped while recording: record again"
+        report = diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH)
+        expected = _expected(name, sc)
+    _check(name, report, expected)
 
 
 @pytest.mark.vllm
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_through_prometheus(name, prometheus):
-    run_scenario = _runner()
-    with run_scenario(name, exporter_port=_free_port()) as sc:
+    sc_mod = _runner()
+    with _scenario(sc_mod, name, exporter_port=0) as sc:
         prom = prometheus([sc.metrics_url])
         prom.wait_for("kvscope_scheduler_steps_total")
-        # two scrapes at least, so rates and "recent" exist
+        # three scrapes at least, so rates and "recent" exist
+        prom.wait_for("count_over_time(kvscope_scheduler_steps_total[1m]) >= 3", timeout=30)
+        if name == "pending-at-idle":
+            prom.wait_for(f'max({S.OLDEST_PENDING_TRANSFER.name}{{kind="store"}}) > '
+                          f'{STUCK_AFTER_S + 0.2}', timeout=30)
+        end = time.time()
+        report = diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}',
+                                     thresholds=TH)
+        expected = _expected(name, sc)
+    _check(name, report, expected)
+
+
+# ---- vLLM's own /metrics: kvscope series with model_name/engine, vLLM's queue gauges ----
+VLLM_FIXTURE = "queue-wait-vllm-metrics.kvb"
+
+
+def _check_vllm_queue_wait(report) -> None:
+    _check("queue-wait", report)
+    text = format_text(report)
+    assert report.targets[0].model_name and report.targets[0].engine == "0", text
+    ev_text = " | ".join(report.top.evidence)
+    # vLLM's own gauges are the evidence: 3 waiting behind 1 running (max_num_seqs=1).
+    m = re.search(r"vLLM \(vllm:num_requests_waiting\): 3 waiting; by reason "
+                  r"capacity=(\d+), deferred=(\d+); 1 running", ev_text)
+    assert m, text
+    if int(m.group(2)):  # vLLM 0.26 keeps the connector's early deferrals in its skipped queue
+        assert f"vLLM's reason=deferred ({m.group(2)}) is its skipped-waiting queue" in ev_text, text
+    assert report.evidence.requests.get(S.RequestState.QUEUED).last == 3, text
+    assert report.top.confidence_label == "high", text
+
+
+@pytest.mark.vllm
+def test_queue_wait_from_vllm_metrics_endpoint():
+    sc_mod = _runner()
+    with _scenario(sc_mod, "queue-wait", exporter_port=None, vllm_metrics_port=0) as sc:
+        if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
+            FIXTURES.mkdir(exist_ok=True)
+            write_bundle(scrape_window([sc.vllm_metrics_url], 1.0), str(FIXTURES / VLLM_FIXTURE))
+        report = diagnose_scrape([sc.vllm_metrics_url], interval=1.0, thresholds=TH)
+    _check_vllm_queue_wait(report)
+
+
+@pytest.mark.vllm
+@pytest.mark.prometheus
+def test_queue_wait_from_vllm_metrics_through_prometheus(prometheus):
+    sc_mod = _runner()
+    with _scenario(sc_mod, "queue-wait", exporter_port=None, vllm_metrics_port=0) as sc:
+        prom = prometheus([sc.vllm_metrics_url])
         prom.wait_for("count_over_time(kvscope_scheduler_steps_total[1m]) >= 3", timeout=30)
         end = time.time()
-        report = diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}')
-    _assert_top(report, EXPECTED[name])
+        report = diagnose_prometheus(prom.url, end - 120, end,
+                                     selector='{job="kvscope",engine="0"}', thresholds=TH)
+    _check_vllm_queue_wait(report)
+
+
+# ---- recorded bundles (no vLLM needed) -------------------------------------------------
+def _fixture(name: str) -> Path:
+    path = FIXTURES / name
+    if not path.exists():
+        pytest.skip(f"{path.name} not recorded yet (KVSCOPE_RECORD_FIXTURES=1 with vLLM)")
+    assert path.stat().st_size < 8 * 1024, f"{path.name} is {path.stat().st_size} bytes"
+    return path
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_recorded_bundle(name):
-    path = FIXTURES / f"{name}.kvb"
-    if not path.exists():
-        pytest.skip(f"{path.name} not recorded yet (KVSCOPE_RECORD_FIXTURES=1 with vLLM)")
-    _assert_top(diagnose_bundle(str(path)), EXPECTED[name])
+    _check(name, diagnose_bundle(str(_fixture(f"{name}.kvb")), thresholds=TH))
+
+
+def test_recorded_bundle_from_vllm_metrics():
+    _check_vllm_queue_wait(diagnose_bundle(str(_fixture(VLLM_FIXTURE)), thresholds=TH))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+
 from kvscope.diagnostics.model import DiagnoseError
 from kvscope.diagnostics.scrape import parse_exposition, scrape_window
 from kvscope.exporters import signals as S
 
-from .support import contract_registry, serve, serve_registry
+from .support import contract_registry, info_values, serve, serve_registry
 
 GOOD = """\
 # HELP kvscope_lookup_rounds_total Lookup rounds.
@@ -54,7 +55,7 @@ def test_scrape_twice_from_a_contract_registry(extra):
     reg, m = contract_registry(extra)
     lbl = list(extra.values())
     m[S.LOOKUP_ROUNDS.name].labels(*lbl, "hit").inc(5)
-    m[S.INFO.name].labels(*lbl, "0.1.0", "0.26.0", "spec", "cpu+fs", "8", "s1").set(1)
+    m[S.INFO.name].labels(*lbl, *info_values(spec="spec", hash_seed="s1")).set(1)
     ticks = iter([100.0, 101.0])
 
     def bump(_):  # between the scrapes, instead of sleeping
@@ -76,6 +77,18 @@ def test_one_url_per_rank():
         raw = scrape_window([u0, u1], interval=0.01)
     targets = {s.target for s in raw.series if s.name == S.ROW_CHECKSUMS.name}
     assert targets == {u0, u1}
+
+
+def test_a_series_twice_in_one_exposition_keeps_the_first():
+    # e.g. one endpoint serving two engines' histograms under the same labels;
+    # Prometheus keeps the first sample too, so both sources see the same thing.
+    body = (b"# TYPE kvscope_round_pending_keys histogram\n"
+            b'kvscope_round_pending_keys_count 4\nkvscope_round_pending_keys_sum 40\n'
+            b'kvscope_round_pending_keys_count 1\nkvscope_round_pending_keys_sum 12\n')
+    with serve(lambda: body) as url:
+        raw = scrape_window([url], interval=0.01)
+    counts = [s for s in raw.series if s.name == "kvscope_round_pending_keys_count"]
+    assert len(counts) == 1 and [v for _, v in counts[0].samples] == [4.0, 4.0]
 
 
 def test_malformed_endpoint():
