@@ -32,8 +32,9 @@ def group_outcomes(cfg: Config):
         "Lookup results per KV group",
         "Keys looked up per second, per KV-cache group and result. On hybrid models (full plus "
         "sliding-window attention) every group must hit for a round to hit: one group stuck on "
-        "retry or hit_pending while the others hit explains vetoed rounds. retry means the key "
-        "is on the disk tier and must be promoted first.",
+        "retry or hit_pending while the others hit explains vetoed rounds. retry means the disk "
+        "tier is still checking whether it holds the key (an async lookup) or holds it and a "
+        "promotion into the CPU tier has started; hit_pending means that promotion is in flight.",
         [(f"sum by ({s.L_KV_GROUP}, {s.L_RESULT}) "
           f"(rate({s.LOOKUPS.name}{c.dsel(cfg)}[{R}]))",
           f"group {{{{{s.L_KV_GROUP}}}}} {{{{{s.L_RESULT}}}}}")],

@@ -68,15 +68,23 @@ class RecorderCollector:
                         fam.add_metric(list(labels), value)
             else:
                 fam = HistogramMetricFamily(m.name, m.help, labels=m.labels)
+                merged: dict = {}  # one series per label set, summed over recorders
                 for s in snaps:
-                    for (metric, labels), h in sorted(s.histograms.items(), key=_sort_key):
+                    for (metric, labels), h in s.histograms.items():
                         if metric is not m:
                             continue
-                        cumulative, running = [], 0
-                        for upper, c in zip((*h.buckets, float("inf")), h.counts):
-                            running += c
-                            cumulative.append((_le(upper), running))
-                        fam.add_metric(list(labels), cumulative, h.total)
+                        acc = merged.get(labels)
+                        if acc is None:
+                            merged[labels] = [list(h.counts), h.total, h.buckets]
+                        else:
+                            acc[0] = [a + b for a, b in zip(acc[0], h.counts)]
+                            acc[1] += h.total
+                for labels, (counts, total, buckets) in sorted(merged.items()):
+                    cumulative, running = [], 0
+                    for upper, c in zip((*buckets, float("inf")), counts):
+                        running += c
+                        cumulative.append((_le(upper), running))
+                    fam.add_metric(list(labels), cumulative, total)
             if fam.samples:
                 yield fam
 

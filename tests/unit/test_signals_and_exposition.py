@@ -137,3 +137,20 @@ def test_standalone_exporter_binds_loopback_and_serves():
         assert S.LOOKUP_ROUNDS.name in body
     finally:
         exp.close()
+
+
+def test_several_recorders_merge_into_one_series_each():
+    a, b = Recorder(), Recorder()
+    for rec in (a, b):
+        rec.inc(S.SCHEDULER_STEPS)
+        rec.observe(S.ROUND_PENDING_KEYS, (), 4)
+        rec.flush()
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(RecorderCollector([a, b]))
+    text = generate_latest(reg).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    counts = [s for s in fams[S.ROUND_PENDING_KEYS.name].samples
+              if s.name == S.ROUND_PENDING_KEYS.name + "_count"]
+    assert [s.value for s in counts] == [2]
+    steps = [s for s in fams[S.SCHEDULER_STEPS.base].samples if s.name == S.SCHEDULER_STEPS.name]
+    assert [s.value for s in steps] == [2]
