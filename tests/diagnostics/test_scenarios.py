@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kvscope.cli import EXPECTED_VERDICT
 from kvscope.diagnostics import (
     Thresholds,
     diagnose_bundle,
@@ -31,18 +32,8 @@ from kvscope.exporters import signals as S
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# scenario -> the verdict that must rank first
-EXPECTED = {
-    "healthy": "healthy",
-    "capacity-ceiling": "capacity_ceiling_veto",
-    "livelock": "capacity_ceiling_livelock",
-    "stale-rows": "stale_row_corruption",
-    "stale-rows-observe": "stale_row_corruption",
-    "pending-at-idle": "pending_at_idle",
-    "queue-wait": "queue_wait",
-    "store-never-fits": "store_never_fits",
-    "stores-without-restores": "stores_without_restores",
-}
+# scenario -> the verdict that must rank first (the demo checks the same map)
+EXPECTED = EXPECTED_VERDICT
 RESTORE_FAILURES = {"capacity_ceiling_veto", "capacity_ceiling_livelock", "stale_row_corruption"}
 
 # CPU copies finish in milliseconds: a transfer pending for 2 s is stuck. The
