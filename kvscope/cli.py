@@ -62,7 +62,7 @@ def _signals_table(url: str) -> list[str]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from kvscope.connector.scenarios import SCENARIOS, run_scenario, wait_until
     from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
 
