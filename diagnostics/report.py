@@ -191,7 +191,7 @@ def render(report: Report, console: Console) -> None:
                       (" -> " if ti.seeds_ordered else ", ").join(ti.hash_seeds) or "-")
         console.print(t)
     else:
-        console.print(" (no kvscope_info series)")
+        console.print(f" (no {S.INFO.name} series)")
     console.print()
     if report.healthy:
         console.print(Text("Verdict: HEALTHY (exit 0)", style="bold green"))

@@ -31,15 +31,16 @@ EXPECTED_VERDICT = {
     "stores-without-restores": "stores_without_restores",
 }
 
-# The series the demo prints (full exposition stays on the endpoint).
-_SHOWN_PREFIXES = (
-    "kvscope_lookup_rounds_total", "kvscope_lookups_total", "kvscope_rounds_at_row_ceiling_total",
-    "kvscope_last_round_pending_keys", "kvscope_last_round_request_keys", "kvscope_primary_rows",
-    "kvscope_promotions_total", "kvscope_store_jobs_total", "kvscope_pending_transfers",
-    "kvscope_oldest_pending_transfer_seconds", "kvscope_requests", "kvscope_hit_tokens_total",
-    "kvscope_transfer_bytes_total", "kvscope_transfers_in_flight", "kvscope_row_checksums_total",
-    "kvscope_loads_refused_total", "kvscope_quarantined_keys", "kvscope_info",
-)
+def _shown() -> tuple[str, ...]:
+    """Names of the series the demo prints (the full exposition stays on the endpoint)."""
+    from kvscope.exporters import signals as S
+
+    return tuple(m.name for m in (
+        S.LOOKUP_ROUNDS, S.LOOKUPS, S.ROUNDS_AT_ROW_CEILING, S.LAST_ROUND_PENDING_KEYS,
+        S.LAST_ROUND_REQUEST_KEYS, S.PRIMARY_ROWS, S.PROMOTIONS, S.STORE_JOBS,
+        S.PENDING_TRANSFERS, S.OLDEST_PENDING_TRANSFER, S.REQUESTS, S.HIT_TOKENS,
+        S.TRANSFER_BYTES, S.TRANSFERS_IN_FLIGHT, S.ROW_CHECKSUMS, S.LOADS_REFUSED,
+        S.QUARANTINED_KEYS, S.INFO))
 
 
 def _signals_table(url: str) -> list[str]:
@@ -50,9 +51,10 @@ def _signals_table(url: str) -> list[str]:
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
     rows = []
+    shown = _shown()
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if not s.name.startswith(_SHOWN_PREFIXES) or s.name.endswith("_created"):
+            if s.name not in shown:
                 continue
             if s.value == 0 and s.name != signals.INFO.name:
                 continue

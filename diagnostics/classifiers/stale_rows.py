@@ -67,7 +67,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
                         for r in clean)
         )
     if policies:
-        pol = f"checksum_policy={'/'.join(policies)} (kvscope_info)"
+        pol = f"{S.L_CHECKSUM_POLICY}={'/'.join(policies)} ({S.INFO.name})"
         if served_ranks and policy == "refuse":
             lines.append(
                 f"{pol}, yet rank {', '.join(served_ranks)} refused none: observe was in effect "

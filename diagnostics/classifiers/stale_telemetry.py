@@ -7,6 +7,8 @@ path) stopped, and every gauge is its last value, not the present.
 
 from __future__ import annotations
 
+from kvscope.exporters import signals as S
+
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
@@ -15,7 +17,7 @@ from ._common import n, secs
 ID = "stale_telemetry"
 TITLE = "Stale telemetry"
 SEVERITY = 90
-CHECK = "freshness of kvscope_last_step_timestamp_seconds against the source's now"
+CHECK = f"freshness of {S.LAST_STEP_TIMESTAMP.name} against the source's now"
 
 
 def unfinished(ev: Evidence) -> float:
