@@ -120,3 +120,24 @@ def test_group_suffix_matches_vllm_key_encoding():
         key = make_offload_key(b"\x01" * 32, group)
         suffix = key[-compat.GROUP_SUFFIX_BYTES:]
         assert int.from_bytes(suffix, "big") == get_offload_group_idx(key) == group
+
+
+def test_wrapping_is_idempotent():
+    """A second observer on the same connector neither re-wraps the manager nor re-taps tiers."""
+    from kvscope.connector.scheduler_side import ManagerProxy, SchedulerObserver
+
+    with CPUEngine(EngineConfig(rows=16)) as e:
+        cs = e.connector.connector_scheduler
+        proxy = cs.manager
+        tier = proxy.secondary_tiers[0]
+        taps = (tier.submit_load, tier.submit_store, tier.get_finished_jobs)
+        first = e.connector._kvscope_observer
+        SchedulerObserver(recorder=Recorder(), tracer=first.tracer, connector_scheduler=cs,
+                          spec=first.spec, vllm_config=first.vllm_config,
+                          kv_cache_config=first.kv_cache_config)
+        assert cs.manager is proxy and isinstance(proxy, ManagerProxy)
+        assert (tier.submit_load, tier.submit_store, tier.get_finished_jobs) == taps
+        # the proxy forwards what it does not define, reads and writes alike
+        assert proxy.primary_tier is proxy._inner.primary_tier
+        out = e.generate(prompt(1, 64), 2)
+        assert out.output and first.rec.value(S.LOOKUP_ROUNDS, ("miss",)) >= 1
