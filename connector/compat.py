@@ -82,10 +82,6 @@ def job_keys(job: Any) -> list[bytes]:
     return list(getattr(job, "keys", ()) or ())
 
 
-def job_is_promotion(job: Any) -> bool:
-    return bool(getattr(job, "is_promotion", False))
-
-
 def spec_rows(spec: Any) -> list[int]:
     """Row (CPU block) ids of a CPU load/store spec, or GPU block ids of a GPU spec."""
     return job_rows(spec)

@@ -76,10 +76,6 @@ class Round:
             out[result] = out.get(result, 0) + n
         return out
 
-    def total(self, result: LookupResult) -> int:
-        i = _RESULTS.index(result)
-        return sum(c[i] for c in self.per_group.values())
-
     @property
     def pending_keys(self) -> int:
         t = self.totals()
