@@ -94,8 +94,6 @@ class ObservedOffloadingConnector(OffloadingConnector):
         self.kvscope_exporter: Exporter | None = None
         self._kvscope_tracer = get_tracer(type(self).tracer_provider)
         self._kvscope_observer: SchedulerObserver | None = None
-        self._kvscope_spec = None
-        self._kvscope_role = role
         rec = self.kvscope_recorder
         with rec.guard(ErrorSite.MANAGER):
             if role == KVConnectorRole.SCHEDULER and self.connector_scheduler is not None:

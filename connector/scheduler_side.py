@@ -110,9 +110,6 @@ class _RequestStates:
     def __len__(self) -> int:
         return len(self.state)
 
-    def __contains__(self, rid: str) -> bool:
-        return rid in self.state
-
     def set(self, rid: str, new: RequestState, *, known_only: bool = False) -> None:
         old = self.state.get(rid)
         if old is new or (known_only and old is None):
@@ -188,7 +185,6 @@ class SchedulerObserver:
         inner = connector_scheduler.manager
         if not getattr(inner, compat.WRAPPED_MARK, False):
             connector_scheduler.manager = ManagerProxy(inner, self)
-        self.manager = connector_scheduler.manager
         self.primary = compat.primary_tier(inner)
         self.tiers = compat.secondary_tiers(inner)
         self.geometry = compat.region_geometry(spec)
@@ -207,7 +203,7 @@ class SchedulerObserver:
         # Refused loads: a rank's copy of these keys' rows differs from the
         # scheduler host's. Without this, vLLM's recompute would look the same
         # keys up, load and be refused again, forever.
-        self.quarantine: dict[bytes, float] = {}
+        self.quarantine: dict[bytes, None] = {}  # insertion-ordered set (oldest trimmed)
         self._load_keys: dict[int, list[bytes]] = {}  # id(load spec) -> keys, until meta
         self._load_jobs: dict[int, tuple[set[int], list[bytes]]] = {}  # job -> (GPU blocks, keys)
         self._static_done = False
@@ -348,15 +344,15 @@ class SchedulerObserver:
         if not self._expected:
             return
         with self.rec.guard(ErrorSite.CHECKSUM):
-            self._load_keys[id(spec)] = list(keys)
             rows = compat.spec_rows(spec)
             expected = {}
             for key, row in zip(keys, rows):
                 hit = self._expected.get(key)
                 if hit is not None and hit[0] == row:
                     expected[row] = hit[1]
-            if expected:
+            if expected:  # only checked loads can be refused: remember their keys
                 setattr(spec, compat.EXPECTED_DIGESTS_ATTR, expected)
+                self._load_keys[id(spec)] = list(keys)
 
     def on_prepare_store(self, out) -> None:
         with self.rec.guard(ErrorSite.MANAGER):
@@ -481,11 +477,9 @@ class SchedulerObserver:
         with self.rec.guard(ErrorSite.CHECKSUM):
             invalid = set(getattr(output, "invalid_block_ids", None) or ())
             if invalid:
-                now = time.monotonic()
                 for job_id, (blocks, keys) in list(self._load_jobs.items()):
                     if blocks & invalid:
-                        for key in keys:
-                            self.quarantine[key] = now
+                        self.quarantine.update(dict.fromkeys(keys))
                         del self._load_jobs[job_id]
             live = {jid for jid, _ in compat.connector_jobs(self.cs)}
             for job_id in [j for j in self._load_jobs if j not in live]:
@@ -500,12 +494,10 @@ class SchedulerObserver:
             self._flush_lookups()
         with self.rec.guard(ErrorSite.STEP):
             self._update_requests(scheduler_output)
-            mono = time.monotonic()
             # Gauges are snapshots for scrapes (seconds apart): refresh them at most
             # GAUGE_REFRESH_S apart while busy, and on every step of an idle engine
             # (cheap there, and the state an operator inspects afterwards).
-            if mono - self._gauges_at >= GAUGE_REFRESH_S or not self._requests:
-                self._gauges_at = mono
+            if time.monotonic() - self._gauges_at >= GAUGE_REFRESH_S or not self._requests:
                 self._update_gauges()
             self.rec.inc(signals.SCHEDULER_STEPS)
             now = time.time()
@@ -519,7 +511,6 @@ class SchedulerObserver:
     def refresh(self) -> None:
         """Recompute the gauges and flush now (an idle engine, a harness, a test)."""
         with self.rec.guard(ErrorSite.STEP):
-            self._gauges_at = time.monotonic()
             self._update_gauges()
         with self.rec.guard(ErrorSite.STATS):
             self.rec.flush()
@@ -536,7 +527,7 @@ class SchedulerObserver:
             self._requests.set(rid, RequestState.QUEUED, known_only=True)
 
     def _update_gauges(self) -> None:
-        now = time.monotonic()
+        now = self._gauges_at = time.monotonic()
         total, occupied, in_flight = compat.row_states(self.primary)
         self.rec.set(signals.PRIMARY_ROWS, _ROW_LABELS[RowState.TOTAL], total)
         self.rec.set(signals.PRIMARY_ROWS, _ROW_LABELS[RowState.OCCUPIED], occupied)
@@ -583,7 +574,6 @@ class SchedulerObserver:
             self.rec.set(signals.PRIMARY_ROW_BYTES, (), self.geometry.row_stride)
         if not self._static_done:
             kinds = compat.kv_group_kinds(self.kv_cache_config)
-            tpb = compat.group_tokens_per_block(self.spec)
             self.rec.replace_gauge(signals.KV_GROUP_INFO, {
                 (str(g), kind, str(tpb[g] if g < len(tpb) else 0)): 1.0
                 for g, kind in enumerate(kinds)})
