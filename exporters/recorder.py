@@ -25,6 +25,8 @@ from kvscope.exporters.signals import Kind, Metric
 logger = logging.getLogger("kvscope")
 
 Labels = tuple[str, ...]
+# Histogram observations kept per series for vLLM's stats path between two takes.
+MAX_DELTA_OBSERVATIONS = 10_000
 Key = tuple[Metric, Labels]
 
 
@@ -152,7 +154,10 @@ class Recorder:
                 for v in values:
                     state.observe(v)
                 if self._keep_delta:
-                    self._delta_obs[key].extend(values)
+                    pending = self._delta_obs[key]
+                    # Bounded: nobody may take the delta (vLLM stats off); the
+                    # cumulative histogram above stays exact regardless.
+                    pending.extend(values[: max(MAX_DELTA_OBSERVATIONS - len(pending), 0)])
             if self._keep_delta:
                 for key in dirty:
                     if key in self._gauges:

@@ -154,3 +154,16 @@ def test_several_recorders_merge_into_one_series_each():
     assert [s.value for s in counts] == [2]
     steps = [s for s in fams[S.SCHEDULER_STEPS.base].samples if s.name == S.SCHEDULER_STEPS.name]
     assert [s.value for s in steps] == [2]
+
+
+def test_untaken_delta_stays_bounded_while_the_histogram_stays_exact():
+    from kvscope.exporters.recorder import MAX_DELTA_OBSERVATIONS
+
+    rec = Recorder()
+    for _ in range(3):
+        for _ in range(MAX_DELTA_OBSERVATIONS):
+            rec.observe(S.ROUND_PENDING_KEYS, (), 1)
+        rec.flush()
+    assert len(rec.take_delta().observations[(S.ROUND_PENDING_KEYS, ())]) == \
+        MAX_DELTA_OBSERVATIONS
+    assert rec.value(S.ROUND_PENDING_KEYS) == 3 * MAX_DELTA_OBSERVATIONS
