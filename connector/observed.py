@@ -32,7 +32,7 @@ from vllm.v1.kv_offload.base import (
     OffloadingHistogramMetadata,
 )
 
-from kvscope.connector import compat
+from kvscope.connector import compat, faults
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
 from kvscope.connector.scheduler_side import SchedulerObserver, bracket
 from kvscope.connector.worker_side import WorkerProxy
@@ -97,6 +97,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
         rec = self.kvscope_recorder
         with rec.guard(ErrorSite.MANAGER):
             if role == KVConnectorRole.SCHEDULER and self.connector_scheduler is not None:
+                faults.install_tier_stalls(self.connector_scheduler.manager)  # test-only, off
                 self._kvscope_observer = SchedulerObserver(
                     recorder=rec, tracer=self._kvscope_tracer,
                     connector_scheduler=self.connector_scheduler,
@@ -106,6 +107,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     kv_cache_config=kv_cache_config,
                     checksum_policy=effective_policy(self.kvscope_settings.checksum_policy,
                                                      kv_cache_config))
+                faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
 
@@ -144,6 +146,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                 cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
                 spec=cw.spec, checksum_policy=policy,
                 algorithm=self.kvscope_settings.checksum_algorithm)
+            faults.install_worker(cw.worker)  # test-only, off unless KVSCOPE_FAULT_FILE
             self._maybe_start_exporter(1 + cw.worker.rank)
 
     # ---- worker role ----------------------------------------------------------------------

@@ -1,0 +1,400 @@
+"""Fault campaign on two GPUs through `vllm serve`, seen the way an operator sees it.
+
+Runs on the lent 2-GPU machine (``benchmarks/README.md`` has the commands). Each
+server is ``vllm serve`` (engine core in its own process, TP=2) with
+``ObservedOffloadingConnector``, tiering + fs tier, ``kv_load_failure_policy=recompute``.
+An OpenAI-compatible client (urllib on loopback) drives it; vLLM's ``/metrics`` and
+both ranks' kvscope endpoints are recorded every second as timestamped OpenMetrics.
+
+* ``faults``: one server, ``checksum_policy=refuse``; a clean control phase, then one
+  fault per phase, switched at run time through ``KVSCOPE_FAULT_FILE``
+  (``connector/faults.py``; the fs-tier faults are done to the directory itself).
+* ``stale-rows --policy observe|refuse``: rank 1 maps its own offload region
+  (``OwnRegionTieringSpec``), as a second node's ``/dev/shm`` would be.
+
+Engine truth, per phase: each target prompt is asked fresh (reference tokens), the GPU
+and CPU tiers are flooded, and it is asked again; ``wrong_tokens`` compares the two
+texts (greedy, word-level tokenizer: one word per token); ``cached_tokens`` is vLLM's
+own ``usage.prompt_tokens_details.cached_tokens`` of the re-ask. kv-diagnose runs live
+against the endpoints at the end of each phase.
+
+    python3 benchmarks/gpu_campaign.py faults --out DIR
+    python3 benchmarks/gpu_campaign.py stale-rows --policy observe --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_e2e import make_model, text  # noqa: E402
+from openmetrics_recording import Recorder, Target  # noqa: E402
+
+from kvscope.connector import faults  # noqa: E402
+
+BLOCK = 16
+ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together
+PROMPT_WORDS = 1500
+FLOODS = 4
+
+
+class Server:
+    def __init__(self, out: str, name: str, port: int, extra: dict, env: dict) -> None:
+        self.out, self.name, self.port = out, name, port
+        self.model = tempfile.mkdtemp(prefix="kvscope-model-")
+        make_model(self.model)
+        self.kv_port = port + 100
+        extra = {**extra, "kvscope": {**extra.get("kvscope", {}), "exporter_port": self.kv_port}}
+        ktc = {"kv_connector": "ObservedOffloadingConnector",
+               "kv_connector_module_path": "kvscope.connector", "kv_role": "kv_both",
+               "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
+               "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "tiny",
+               "--tensor-parallel-size", "2", "--dtype", "bfloat16", "--enforce-eager",
+               "--block-size", str(BLOCK), "--num-gpu-blocks-override", "200",
+               "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
+               "--max-num-seqs", "8", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+               "--kv-transfer-config", json.dumps(ktc)]
+        self.log = open(os.path.join(out, f"{name}-server.log"), "w")
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONHASHSEED": "0",
+               "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", **env}
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=False)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def targets(self) -> list[Target]:
+        inst = lambda p: f"gpu:{p}"  # noqa: E731
+        return [Target(f"{self.base}/metrics", "vllm", inst(self.port)),
+                Target(f"http://127.0.0.1:{self.kv_port + 1}/metrics", "kvscope-rank",
+                       inst(self.kv_port + 1)),
+                Target(f"http://127.0.0.1:{self.kv_port + 2}/metrics", "kvscope-rank",
+                       inst(self.kv_port + 2))]
+
+    def scrape_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.kv_port + k}/metrics" for k in range(3)]
+
+    def wait_ready(self, timeout: float = 400) -> float:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: server exited {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return round(time.time() - self.t0, 1)
+            except Exception:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{self.name}: not ready after {timeout}s")
+
+    def complete(self, prompt: str, max_tokens: int = 16, timeout: float = 120) -> dict:
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0.0, "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"{self.base}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t = time.time()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                out = json.loads(r.read())
+        except (TimeoutError, urllib.error.URLError) as exc:
+            return {"error": repr(exc), "seconds": round(time.time() - t, 2)}
+        usage = out.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return {"text": out["choices"][0]["text"], "seconds": round(time.time() - t, 2),
+                "cached_tokens": details.get("cached_tokens")}
+
+    def kvscope(self) -> dict[str, float]:
+        """Scheduler-side kvscope gauges now (standalone endpoint)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.kv_port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(body):
+            for s in fam.samples:
+                key = s.name + "".join(f",{k}={v}" for k, v in sorted(s.labels.items()))
+                out[key] = s.value
+        return out
+
+    def pending(self) -> float:
+        return sum(v for k, v in self.kvscope().items() if k.startswith("kvscope_pending_transfers,"))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.model, ignore_errors=True)
+
+
+def diagnose(urls: list[str], *extra: str) -> dict:
+    cmd = [sys.executable, "-m", "kvscope.diagnostics.cli", "--scrape", *urls, "--json",
+           "--interval", "2s", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        return {"exit": p.returncode, "error": (p.stdout + p.stderr)[-1500:]}
+    return {"exit": p.returncode, "status": report.get("status"),
+            "verdicts": [v.get("id") for v in report.get("verdicts", [])], "report": report}
+
+
+class Campaign:
+    def __init__(self, server: Server, out: str, seed0: int) -> None:
+        self.s, self.out, self.seed = server, out, seed0
+        self.phases: list[dict] = []
+
+    def new_prompt(self) -> str:
+        self.seed += 1
+        return text(self.seed, PROMPT_WORDS)
+
+    def ask_flood(self, target: str) -> dict:
+        first = self.s.complete(target)
+        for _ in range(FLOODS):
+            self.s.complete(self.new_prompt(), max_tokens=2)
+        self.settle()
+        return first
+
+    def settle(self, timeout: float = 30) -> bool:
+        """Nudge the engine (a tiny request steps it) until nothing is pending."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.s.pending() == 0:
+                return True
+            self.s.complete("w1 w2 w3", max_tokens=1, timeout=30)
+            time.sleep(0.5)
+        return False
+
+    def verdict(self, phase: dict, first: dict, again: dict) -> None:
+        phase["first"] = first
+        phase["again"] = again
+        ok = "text" in first and "text" in again
+        phase["wrong_tokens"] = (sum(a != b for a, b in zip(first["text"].split(),
+                                                             again["text"].split()))
+                                 if ok else None)
+        phase["cached_tokens"] = again.get("cached_tokens")
+
+    def run(self, name: str, body, idle_after: float) -> None:
+        phase = {"name": name, "start": time.time()}
+        print(f"== phase {name}", flush=True)
+        try:
+            body(phase)
+        except Exception as exc:  # record and go on with the next phase
+            phase["error"] = repr(exc)
+        faults_off(self.out)
+        phase["settled"] = self.settle(60)
+        phase["pending_after"] = self.s.pending()
+        time.sleep(idle_after)
+        phase["end"] = time.time()
+        self.phases.append(phase)
+        print(json.dumps({k: v for k, v in phase.items() if k != "diagnose"}, default=str)[:900],
+              flush=True)
+
+
+def fault_file(out: str) -> str:
+    return os.path.join(out, "fault.json")
+
+
+def faults_on(out: str, fault: str, rank: int = 1) -> None:
+    faults.write_fault(fault_file(out), fault, rank)
+
+
+def faults_off(out: str) -> None:
+    faults.write_fault(fault_file(out), None)
+
+
+def mount_small_tmpfs(path: str, size: str) -> bool:
+    os.makedirs(path, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                          capture_output=True).returncode == 0
+
+
+def fill(path: str) -> int:
+    """Write a ballast file until the filesystem is full; returns bytes written."""
+    n, chunk = 0, b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                n += f.write(chunk)
+        except OSError:
+            pass
+    return n
+
+
+def run_faults(args) -> dict:
+    out = args.out
+    faults_off(out)
+    mnt = os.path.join(tempfile.gettempdir(), "kvscope-fs")
+    tmpfs = mount_small_tmpfs(mnt, args.tmpfs_size)
+    root = os.path.join(mnt, "kv")
+    extra = {"cpu_bytes_to_use": args.rows * ROW_BYTES, "block_size": BLOCK,
+             "spec_name": "TieringOffloadingSpec",
+             "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
+                                  "n_write_threads": 4}],
+             "kvscope": {"checksum_policy": "refuse"}}
+    s = Server(out, "faults", args.port, extra, {faults.ENV: fault_file(out)})
+    result: dict = {"tmpfs": tmpfs, "rows": args.rows}
+    hold, idle = args.hold, args.idle
+    try:
+        result["engine_up_s"] = s.wait_ready()
+        c = Campaign(s, out, 1000)
+        with Recorder(s.targets()) as rec:
+            def ask_flood_ask(phase, fault=None):
+                target = c.new_prompt()
+                first = c.ask_flood(target)
+                if fault:
+                    faults_on(out, fault)
+                c.verdict(phase, first, s.complete(target))
+                phase["diagnose"] = diagnose(s.scrape_urls())
+
+            def stall(phase, fault):
+                target = c.new_prompt()
+                first = c.ask_flood(target) if fault == faults.STALL_READS else None
+                faults_on(out, fault)
+                if fault == faults.STALL_READS:  # the re-ask waits for a promotion that stalls
+                    phase["stalled_ask"] = s.complete(target, timeout=args.client_timeout)
+                elif fault == faults.STALL_WRITES:
+                    first = s.complete(target)  # its cascade to disk stalls
+                else:  # withhold_store: rank 1 does not report this request's store
+                    first = s.complete(target)
+                time.sleep(hold)
+                phase["pending_during"] = s.pending()
+                phase["diagnose"] = diagnose(s.scrape_urls(), "--stuck-after", "10s")
+                faults_off(out)
+                phase["settled_after_clear"] = c.settle(60)
+                if fault != faults.STALL_READS:
+                    for _ in range(FLOODS):
+                        s.complete(c.new_prompt(), max_tokens=2)
+                    c.settle()
+                c.verdict(phase, first, s.complete(target))
+
+            def dir_removed(phase):
+                target = c.new_prompt()
+                first = c.ask_flood(target)
+                shutil.rmtree(root, ignore_errors=True)
+                phase["removed"] = not os.path.exists(root)
+                c.verdict(phase, first, s.complete(target))
+                for _ in range(2):  # traffic goes on; what comes back with the tier empty
+                    t2 = c.new_prompt()
+                    c.ask_flood(t2)
+                    s.complete(t2)
+                time.sleep(hold)
+                phase["diagnose"] = diagnose(s.scrape_urls())
+
+            def disk_full(phase):
+                ballast = os.path.join(mnt, "ballast")
+                phase["ballast_bytes"] = fill(ballast)
+                target = c.new_prompt()
+                first = c.ask_flood(target)
+                c.verdict(phase, first, s.complete(target))
+                time.sleep(hold)
+                phase["diagnose"] = diagnose(s.scrape_urls())
+                os.remove(ballast)
+
+            plan = [("control", ask_flood_ask),
+                    (faults.FLIP_PROMOTED, lambda p: ask_flood_ask(p, faults.FLIP_PROMOTED)),
+                    (faults.DROP_PROMOTION, lambda p: ask_flood_ask(p, faults.DROP_PROMOTION)),
+                    (faults.STALL_READS, lambda p: stall(p, faults.STALL_READS)),
+                    (faults.STALL_WRITES, lambda p: stall(p, faults.STALL_WRITES)),
+                    (faults.WITHHOLD_STORE, lambda p: stall(p, faults.WITHHOLD_STORE)),
+                    ("dir_removed", dir_removed)]
+            if tmpfs:
+                plan.append(("disk_full", disk_full))
+            deadline = time.time() + args.budget
+            for name, body in plan:
+                if args.only and name not in args.only:
+                    continue
+                if time.time() > deadline:
+                    c.phases.append({"name": name, "skipped": "time budget"})
+                    continue
+                c.run(name, body, idle)
+                rec.recording.write(os.path.join(out, "faults.om.gz"))
+        rec.recording.write(os.path.join(out, "faults.om.gz"))
+        result.update(phases=c.phases, scrapes=rec.scrapes, scrape_failures=rec.failures)
+    finally:
+        s.stop()
+        if tmpfs:
+            subprocess.run(["umount", mnt], capture_output=True)
+    return result
+
+
+def run_stale_rows(args) -> dict:
+    out = args.out
+    root = os.path.join(out, "..", f"fs-stale-{args.policy}")
+    extra = {"cpu_bytes_to_use": args.rows * ROW_BYTES, "block_size": BLOCK,
+             "spec_name": "OwnRegionTieringSpec",
+             "spec_module_path": "kvscope.connector.faults",
+             faults.OWN_REGION_KEY: [1],
+             "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
+                                  "n_write_threads": 4}],
+             "kvscope": {"checksum_policy": args.policy}}
+    name = f"stale-rows-{args.policy}"
+    s = Server(out, name, args.port, extra, {})
+    result: dict = {"policy": args.policy, "rows": args.rows}
+    try:
+        result["engine_up_s"] = s.wait_ready()
+        c = Campaign(s, out, 5000)
+        with Recorder(s.targets()) as rec:
+            def body(phase):
+                phase["asks"] = []
+                for _ in range(2):
+                    target = c.new_prompt()
+                    first = c.ask_flood(target)
+                    p: dict = {}
+                    c.verdict(p, first, s.complete(target))
+                    phase["asks"].append(p)
+                phase["wrong_tokens"] = sum(p["wrong_tokens"] or 0 for p in phase["asks"])
+                phase["diagnose"] = diagnose(s.scrape_urls())
+            c.run(name, body, args.idle)
+            rec.recording.write(os.path.join(out, f"{name}.om.gz"))
+        result.update(phases=c.phases, scrapes=rec.scrapes, scrape_failures=rec.failures,
+                      kvscope_scheduler_final={k: v for k, v in s.kvscope().items()
+                                               if v and "bucket" not in k})
+    finally:
+        s.stop()
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["faults", "stale-rows"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--policy", default="refuse", choices=["observe", "refuse"])
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--rows", type=int, default=100)
+    p.add_argument("--hold", type=float, default=22.0, help="seconds a fault's state is held")
+    p.add_argument("--idle", type=float, default=15.0, help="idle seconds after each phase")
+    p.add_argument("--client-timeout", type=float, default=8.0)
+    p.add_argument("--tmpfs-size", default="512m")
+    p.add_argument("--budget", type=float, default=380.0, help="no new phase after this (s)")
+    p.add_argument("--only", nargs="*")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t = time.time()
+    fn = run_faults if args.what == "faults" else run_stale_rows
+    result = fn(args)
+    result["wall_s"] = round(time.time() - t, 1)
+    name = "faults" if args.what == "faults" else f"stale-rows-{args.policy}"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(json.dumps({k: v for k, v in result.items() if k != "phases"}, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
