@@ -6,7 +6,8 @@
     kv-diagnose ... [--stuck-after 30] [--stale-after 60s] [--row-bytes N]
     kv-diagnose record --prometheus http://prom:9090 --since 1h -o incident.kvb
 
-Exit codes: 0 healthy, 1 incident found, 2 could not diagnose.
+Exit codes: 0 healthy, 1 incident found, 2 could not diagnose, 3 inconclusive
+(no incident found, but a check could not run: never healthy), 130 interrupted.
 """
 
 from __future__ import annotations

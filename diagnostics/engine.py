@@ -1,38 +1,78 @@
-"""Run every classifier on one Evidence and rank what holds."""
+"""Run every classifier on one Evidence and rank what holds.
+
+Healthy means checked: a classifier whose series are missing or non-finite is
+not run and is reported as "could not check"; one that raises becomes an error
+finding. The verdict is healthy only when every check ran and none holds.
+"""
 
 from __future__ import annotations
 
 import time
 
 from . import classifiers as C
+from .checks import needs_of, unmet
 from .classifiers import healthy, stale_telemetry
 from .evidence import Evidence, build_evidence
-from .model import RawWindow
+from .model import Finding, RawWindow, Unchecked
 from .report import Report
 from .thresholds import Thresholds
+
+CHECK_FAILED = "check_failed"
+
+
+def _error(mod, e: BaseException) -> Finding:
+    msg = str(e).splitlines()[0][:200] if str(e) else ""
+    return Finding(
+        id=f"{CHECK_FAILED}:{mod.ID}",
+        title=f"Check {mod.ID} failed (not a pass)",
+        confidence=1.0,
+        evidence=[f"{type(e).__name__}: {msg}" if msg else type(e).__name__,
+                  f"unchecked: {mod.CHECK}"],
+        next_step=("kv-diagnose could not judge this class on this input: report it with the "
+                   "bundle (kv-diagnose record) attached; judge the class from the dashboards."),
+        severity=5,
+        kind="error",
+    )
+
+
+def _run(mod, ev: Evidence, th: Thresholds, *extra) -> tuple[Finding | None, Unchecked | None]:
+    reasons = unmet(ev, needs_of(mod, ev))
+    if reasons:
+        return None, Unchecked(mod.ID, mod.CHECK, tuple(reasons))
+    try:
+        return mod.classify(ev, th, *extra), None
+    except Exception as e:  # one broken classifier must not hide the others, nor pass
+        return _error(mod, e), None
 
 
 def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:
     th = thresholds or Thresholds()
-    findings, notes = [], []
-    for mod in C.CLASSIFIERS:
-        try:
-            f = mod.classify(ev, th)
-        except Exception as e:  # one broken classifier must not hide the others
-            notes.append(f"classifier {mod.ID} failed: {type(e).__name__}: {e}")
-            continue
-        if f is not None:
-            findings.append(f)
+    findings: list[Finding] = []
+    unchecked: list[Unchecked] = []
+    notes = list(ev.notes)
+    first = [m for m in C.CLASSIFIERS if not getattr(m, "AFTER", False)]
+    after = [m for m in C.CLASSIFIERS if getattr(m, "AFTER", False)]
+    for mod in first:
+        f, u = _run(mod, ev, th)
+        findings += [f] if f is not None else []
+        unchecked += [u] if u is not None else []
     if any(f.id == stale_telemetry.ID for f in findings):
         void = [f for f in findings if f.uses_gauges]
         findings = [f for f in findings if not f.uses_gauges]
         notes += [f"not judged from stale gauges: {f.title}" for f in void]
+    for mod in after:
+        f, u = _run(mod, ev, th, list(findings), C.CLASSIFIERS)
+        findings += [f] if f is not None else []
+        unchecked += [u] if u is not None else []
     findings.sort(key=lambda f: f.id)
     findings.sort(key=lambda f: f.score, reverse=True)
     checks = [mod.CHECK for mod in C.CLASSIFIERS]
-    if not findings:
-        findings = [healthy.finding(ev, checks)]
-    return Report.from_findings(ev, findings, checks, notes)
+    errors = [f for f in findings if f.kind == "error"]
+    if not any(f.kind == "incident" for f in findings):
+        top = (healthy.inconclusive(ev, unchecked, errors) if unchecked or errors
+               else healthy.finding(ev, checks))
+        findings = [top] + errors
+    return Report.from_findings(ev, findings, checks, notes, unchecked, th)
 
 
 def diagnose_raw(raw: RawWindow, thresholds: Thresholds | None = None) -> Report:

@@ -249,6 +249,12 @@ class Evidence:
     vllm: Vllm
     telemetry_errors: dict[str, Quantity]
     present: frozenset[str] = field(default_factory=frozenset)  # series names seen
+    # series name -> label names its series carry (a relabel rule can drop one)
+    label_names: dict[str, frozenset[str]] = field(default_factory=dict)
+    # series names with NaN/±Inf samples (dropped; checks that need them say so)
+    nonfinite: frozenset[str] = field(default_factory=frozenset)
+    failures: tuple[str, ...] = ()  # targets/queries that gave nothing usable
+    notes: tuple[str, ...] = ()  # what the source or the builder dropped
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present
@@ -418,20 +424,28 @@ def build_evidence(raw: RawWindow) -> Evidence:
     """Typed evidence from any source. Raises DiagnoseError when kvscope is absent."""
     src = raw.source
     by_name: dict[str, list[Series]] = defaultdict(list)
+    nonfinite: set[str] = set()
+    label_names: dict[str, set[str]] = defaultdict(set)
     for s in raw.series:
-        if s.name in WANTED_SERIES and s.samples:
+        if s.name not in WANTED_SERIES:
+            continue
+        s = _finite(s, nonfinite)
+        if s.samples:
             by_name[s.name].append(s)
+            label_names[s.name].update(k for k, _ in s.labels)
     present = frozenset(by_name)
     if not any(n.startswith(S.PREFIX) for n in present):
+        also = f" (and {'; '.join(raw.failures)})" if raw.failures else ""
+        bad = f"; non-finite values in {', '.join(sorted(nonfinite))}" if nonfinite else ""
         if present:
             raise DiagnoseError(
                 f"no kvscope metrics at {src.location} (only vLLM's own): is kvscope's "
-                "ObservedOffloadingConnector installed on that engine?"
+                f"ObservedOffloadingConnector installed on that engine?{bad}{also}"
             )
         raise DiagnoseError(
             f"no kvscope or vLLM metrics at {src.location}"
             + (f" for selector {src.selector}" if src.selector else "")
-            + " in the window: wrong target, empty window, or kvscope not installed"
+            + f" in the window: wrong target, empty window, or kvscope not installed{bad}{also}"
         )
 
     # When each target was first sampled: a counter there from that moment on
@@ -566,7 +580,24 @@ def build_evidence(raw: RawWindow) -> Evidence:
         vllm=vllm,
         telemetry_errors=_by_label(get(S.TELEMETRY_ERRORS), S.L_WHERE, src, first_seen=fs),
         present=present,
+        label_names={k: frozenset(v) for k, v in label_names.items()},
+        nonfinite=frozenset(nonfinite),
+        failures=raw.failures,
+        notes=raw.notes,
     )
+
+
+def _finite(s: Series, nonfinite: set[str]) -> Series:
+    """``s`` without NaN/±Inf samples, in time order. A non-finite value is no
+    number to judge by: the series is named in ``nonfinite`` and the checks that
+    need it report it instead of reading it as zero (or as a pass)."""
+    ok = [(t, v) for t, v in s.samples if math.isfinite(t) and math.isfinite(v)]
+    if len(ok) != len(s.samples):
+        nonfinite.add(s.name)
+    elif all(a[0] <= b[0] for a, b in zip(ok, ok[1:], strict=False)):
+        return s
+    ok.sort(key=lambda p: p[0])
+    return Series(s.name, s.labels, s.target, tuple(ok))
 
 
 def _target_key(s: Series) -> str:

@@ -89,6 +89,11 @@ class SourceInfo:
 class RawWindow:
     source: SourceInfo
     series: tuple[Series, ...]
+    # Targets (or queries) that gave nothing usable, one line each
+    # ("rank endpoint X unreachable: ..."): the diagnosis runs on the rest.
+    failures: tuple[str, ...] = ()
+    # What the source dropped or capped, for the report's notes.
+    notes: tuple[str, ...] = ()
 
     def names(self) -> frozenset[str]:
         return frozenset(s.name for s in self.series)
@@ -141,6 +146,10 @@ class Finding:
     severity: int = 50  # 0..100: how bad if true (ranking tie-break)
     marks: list[Mark] = field(default_factory=list)
     uses_gauges: bool = False  # judged from gauges: void if telemetry is stale
+    # "incident": an incident class or anomaly holds; "error": a check itself
+    # failed (a kv-diagnose bug or an input it cannot read): never a pass,
+    # never an incident; "healthy"/"inconclusive": the verdict when none holds.
+    kind: str = "incident"
 
     @property
     def confidence_label(self) -> str:
@@ -151,7 +160,21 @@ class Finding:
         return "low"
 
     @property
-    def score(self) -> tuple[int, int, float]:
-        """Rank: confidence band first, then how bad it is if true, then confidence."""
+    def score(self) -> tuple[int, int, int, float]:
+        """Rank: incidents before errors, then confidence band, how bad it is if
+        true, confidence."""
         band = {"high": 2, "medium": 1, "low": 0}[self.confidence_label]
-        return (band, self.severity, self.confidence)
+        return (int(self.kind == "incident"), band, self.severity, self.confidence)
+
+
+@dataclass(frozen=True)
+class Unchecked:
+    """A check that could not run: its inputs were missing or non-finite."""
+
+    check: str  # the classifier's ID
+    what: str  # the classifier's CHECK sentence
+    reasons: tuple[str, ...]  # "series X missing", "series X non-finite", ...
+
+    @property
+    def line(self) -> str:
+        return f"could not check {self.check} ({self.what}): " + "; ".join(self.reasons)

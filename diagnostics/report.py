@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import textwrap
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,10 +21,24 @@ from rich.text import Text
 from kvscope.exporters import signals as S
 
 from .evidence import Evidence, TargetInfo
-from .model import Finding, SourceInfo
+from .model import Finding, SourceInfo, Unchecked
+from .thresholds import Thresholds
 
 SCHEMA_VERSION = 1
-EXIT_HEALTHY, EXIT_INCIDENT, EXIT_CANNOT = 0, 1, 2
+EXIT_HEALTHY, EXIT_INCIDENT, EXIT_CANNOT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {"healthy": EXIT_HEALTHY, "incident": EXIT_INCIDENT, "inconclusive": EXIT_INCONCLUSIVE}
+
+# C0/C1 controls, DEL and the bidi/zero-width format characters: a label value
+# carrying them must not move the cursor, recolour the terminal or reorder text.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: str) -> str:
+    """``text`` with control and format characters escaped (\\x1b, \\u202e): shown, never obeyed."""
+    return _UNSAFE.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+        str(text))
 
 
 def _kvscope_version() -> str:
@@ -45,9 +60,13 @@ class Report:
     summary: dict
     evidence: Evidence | None = field(default=None, repr=False)
     elapsed_s: float = 0.0
+    unchecked: list[Unchecked] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    thresholds: Thresholds | None = field(default=None, repr=False)
 
     @classmethod
-    def from_findings(cls, ev: Evidence, findings, checks, notes) -> Report:
+    def from_findings(cls, ev: Evidence, findings, checks, notes, unchecked=(),
+                      thresholds: Thresholds | None = None) -> Report:
         return cls(
             source=ev.source,
             targets=ev.targets,
@@ -56,15 +75,32 @@ class Report:
             notes=list(notes),
             summary=_summary(ev),
             evidence=ev,
+            unchecked=list(unchecked),
+            failures=list(ev.failures),
+            thresholds=thresholds,
         )
 
     @property
+    def status(self) -> str:
+        """healthy (every check ran, none holds) | incident | inconclusive (none holds,
+        but a check could not run or failed: never healthy)."""
+        if any(f.kind == "incident" for f in self.verdicts):
+            return "incident"
+        if self.unchecked or any(f.kind != "healthy" for f in self.verdicts):
+            return "inconclusive"
+        return "healthy"
+
+    @property
     def healthy(self) -> bool:
-        return len(self.verdicts) == 1 and self.verdicts[0].id == "healthy"
+        return self.status == "healthy"
+
+    @property
+    def incidents(self) -> list[Finding]:
+        return [f for f in self.verdicts if f.kind == "incident"]
 
     @property
     def exit_code(self) -> int:
-        return EXIT_HEALTHY if self.healthy else EXIT_INCIDENT
+        return EXIT_CODES[self.status]
 
     @property
     def top(self) -> Finding:
@@ -77,7 +113,7 @@ class Report:
             "kvscope_version": _kvscope_version(),
             "generated_at": self.source.now,
             "generated_at_iso": _iso(self.source.now),
-            "status": "healthy" if self.healthy else "incident",
+            "status": self.status,
             "exit_code": self.exit_code,
             "source": self.source.to_dict(),
             "targets": [
@@ -102,6 +138,7 @@ class Report:
                 {
                     "rank": i,
                     "id": f.id,
+                    "kind": f.kind,
                     "title": f.title,
                     "confidence": round(f.confidence, 3),
                     "confidence_label": f.confidence_label,
@@ -113,6 +150,10 @@ class Report:
                 for i, f in enumerate(self.verdicts, 1)
             ],
             "checked": list(self.checked),
+            "unchecked": [
+                {"check": u.check, "what": u.what, "reasons": list(u.reasons)} for u in self.unchecked
+            ],
+            "failures": list(self.failures),
             "notes": list(self.notes),
             "summary": self.summary,
         }
@@ -156,7 +197,10 @@ def _summary(ev: Evidence) -> dict:
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a bundle can carry any number
+        return f"unix {t:g}"
 
 
 def _source_line(src: SourceInfo) -> str:
@@ -174,55 +218,74 @@ def _source_line(src: SourceInfo) -> str:
     return what
 
 
+def _line(console: Console, text: str, first: str = "", rest: str = "", style: str = "") -> None:
+    """One wrapped line, printed verbatim: no markup, no emoji codes, controls escaped."""
+    wrapped = _wrap(safe(text), console.width, first, rest) if (first or rest) else safe(text)
+    console.print(Text(wrapped, style=style), soft_wrap=True)
+
+
+def _cell(text: str) -> Text:
+    return Text(safe(text))
+
+
 def render(report: Report, console: Console) -> None:
-    width = console.width
     src = report.source
-    console.print(Text(f"======== kv-diagnose: {_iso(src.now)} ========", style="bold"))
-    console.print(_wrap(_source_line(src), width, "Source: ", "  "), markup=False, highlight=False)
+    _line(console, f"======== kv-diagnose: {_iso(src.now)} ========", style="bold")
+    _line(console, _source_line(src), "Source: ", "  ")
     console.print()
-    console.print(Text("Targets", style="bold"))
+    _line(console, "Targets", style="bold")
     if report.targets:
         t = Table(box=box.SIMPLE, show_edge=False, pad_edge=False, highlight=False)
         for col in ("target", "kvscope", "vLLM", "tiers", "rows", "hash_seed"):
             t.add_column(col, overflow="fold")
         for ti in report.targets:
             name = ti.target + "".join(f" {k}={v}" for k, v in (("model", ti.model_name), ("engine", ti.engine)) if v)
-            t.add_row(name, ti.kvscope_version, ti.vllm_version, ti.tiers, ti.primary_rows,
-                      (" -> " if ti.seeds_ordered else ", ").join(ti.hash_seeds) or "-")
+            t.add_row(*(_cell(x) for x in (
+                name, ti.kvscope_version, ti.vllm_version, ti.tiers, ti.primary_rows,
+                (" -> " if ti.seeds_ordered else ", ").join(ti.hash_seeds) or "-")))
         console.print(t)
     else:
-        console.print(f" (no {S.INFO.name} series)")
+        _line(console, f" (no {S.INFO.name} series)")
     console.print()
-    if report.healthy:
-        console.print(Text("Verdict: HEALTHY (exit 0)", style="bold green"))
+    status = report.status
+    incidents = report.incidents
+    if status == "healthy":
+        _line(console, "Verdict: HEALTHY (exit 0)", style="bold green")
+    elif status == "inconclusive":
+        k = len(report.unchecked) + sum(f.kind == "error" for f in report.verdicts)
+        _line(console, f"Verdict: INCONCLUSIVE - no incident found, {k} check{'s' if k != 1 else ''} "
+              f"could not run (exit {EXIT_INCONCLUSIVE}; not healthy)", style="bold yellow")
     else:
-        k = len(report.verdicts)
-        console.print(
-            Text(f"Verdict: INCIDENT - {k} finding{'s' if k != 1 else ''} (exit 1)", style="bold red")
-        )
+        k = len(incidents)
+        _line(console, f"Verdict: INCIDENT - {k} finding{'s' if k != 1 else ''} (exit 1)", style="bold red")
         t = Table(box=box.SIMPLE, show_edge=False, pad_edge=False, highlight=False)
         t.add_column("#", justify="right")
         t.add_column("verdict")
         t.add_column("confidence")
         for i, f in enumerate(report.verdicts, 1):
-            t.add_row(str(i), f.title, f"{f.confidence_label} ({f.confidence:.2f})")
+            conf = f"{f.confidence_label} ({f.confidence:.2f})" if f.kind == "incident" else "-"
+            t.add_row(str(i), _cell(f.title), conf)
         console.print(t)
     for i, f in enumerate(report.verdicts, 1):
         console.print()
-        head = f"[{i}] {f.title}" + ("" if report.healthy else f" - confidence {f.confidence_label}")
-        console.print(Text(head, style="bold yellow" if not report.healthy else "bold"))
-        console.print("  Evidence:", markup=False, highlight=False)
+        head = f"[{i}] {f.title}" + (f" - confidence {f.confidence_label}" if f.kind == "incident" else "")
+        _line(console, head, style="bold yellow" if f.kind == "incident" else "bold")
+        _line(console, "  Evidence:")
         for line in f.evidence or ["(none)"]:
-            console.print(_wrap(line, width, "    - ", "      "), markup=False, highlight=False)
-        console.print(_wrap(f.next_step, width, "  Next step: ", "    "), markup=False, highlight=False)
+            _line(console, line, "    - ", "      ")
+        _line(console, f.next_step, "  Next step: ", "    ")
     console.print()
+    if report.unchecked and status != "inconclusive":
+        _line(console, "Could not check:")
+        for u in report.unchecked:
+            _line(console, u.line, "  - ", "    ")
     if not report.healthy:
-        console.print("Checked:", markup=False, highlight=False)
+        _line(console, "Checked:")
         for c in report.checked:
-            console.print(_wrap(c, width, "  - ", "    "), markup=False, highlight=False)
-    console.print("Notes:", markup=False, highlight=False)
+            _line(console, c, "  - ", "    ")
+    _line(console, "Notes:")
     for note in report.notes or ["(none)"]:
-        console.print(_wrap(note, width, "  - ", "    "), markup=False, highlight=False)
+        _line(console, note, "  - ", "    ")
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> str:

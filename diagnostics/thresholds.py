@@ -34,6 +34,19 @@ class Thresholds:
     # per scheduler step (the measured livelock churns 0.5-1 row budget/step).
     livelock_churn_fraction: float = 0.25
 
+    # Unclassified anomalies (invariants no known class may break unexplained):
+    # at least this many lookup rounds before their verdict mix means anything
+    anomaly_min_rounds: int = 20
+    # ... of which at least this fraction vetoed (or deferred with not one hit);
+    # a healthy tiered engine defers most rounds for a moment, then hits
+    anomaly_failing_fraction: float = 0.5
+    # a transfer pending this many --stuck-after thresholds is no slow transfer
+    anomaly_stuck_factor: float = 10.0
+    # restore hit ratio (hits / rounds that found something) that "collapsed":
+    # at least anomaly_collapse_before earlier, at most anomaly_collapse_after now
+    anomaly_collapse_before: float = 0.5
+    anomaly_collapse_after: float = 0.1
+
     # Bytes of one primary-tier row (all rank slots), if the operator knows it;
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.
     # Overrides kvscope_primary_row_bytes (which kvscope exports itself).

@@ -1,6 +1,9 @@
 """One module per incident class. Each exposes ``ID``, ``TITLE``, ``SEVERITY``,
-``CHECK`` (what it verifies, said when the verdict is healthy) and
-``classify(evidence, thresholds) -> Finding | None``.
+``CHECK`` (what it verifies, said when the verdict is healthy), ``NEEDS`` (or
+``needs(ev)``: the series it cannot judge without, see :mod:`..checks`),
+``EXPLAINS`` (the invariant kinds of :mod:`.unclassified_anomaly` its finding
+accounts for) and ``classify(evidence, thresholds) -> Finding | None``.
+A module with ``AFTER = True`` runs last and also gets the other findings.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from . import (
     stale_telemetry,
     store_never_fits,
     stores_without_restores,
+    unclassified_anomaly,
+    unreachable_targets,
 )
 
 CLASSIFIERS = (
+    unreachable_targets,
     stale_telemetry,
     stale_rows,
     capacity_ceiling_veto,
@@ -25,6 +31,7 @@ CLASSIFIERS = (
     pending_at_idle,
     stores_without_restores,
     queue_wait,
+    unclassified_anomaly,  # AFTER: last
 )
 
 __all__ = ["CLASSIFIERS"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
+from ..checks import tiered
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
@@ -18,6 +19,13 @@ ID = "capacity_ceiling_livelock"
 TITLE = "Capacity ceiling (livelock form)"
 SEVERITY = 78
 CHECK = "requests deferred again and again while promotions churn the primary tier (livelock)"
+EXPLAINS = frozenset({"rounds", "coverage"})
+
+
+def needs(ev: Evidence) -> tuple:
+    """Promotions exist only with a secondary tier (a CPU-only engine cannot churn)."""
+    base = (S.LOOKUP_ROUNDS, S.PRIMARY_ROWS, S.SCHEDULER_STEPS)
+    return base + ((S.PROMOTIONS,) if tiered(ev) else ())
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:

@@ -19,6 +19,8 @@ ID = "capacity_ceiling_veto"
 TITLE = "Capacity ceiling (veto form)"
 SEVERITY = 80
 CHECK = "vetoed rounds at the primary-tier row ceiling (capacity ceiling, veto form)"
+NEEDS = (S.LOOKUP_ROUNDS, S.ROUNDS_AT_ROW_CEILING, S.PRIMARY_ROWS)
+EXPLAINS = frozenset({"rounds", "coverage"})
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:

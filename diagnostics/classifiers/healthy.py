@@ -5,12 +5,44 @@ from __future__ import annotations
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
-from ..model import Finding
+from ..model import Finding, Unchecked
 from ._common import n, secs, window_word
 
 ID = "healthy"
 TITLE = "Healthy"
 SEVERITY = 0
+INCONCLUSIVE_ID = "inconclusive"
+
+
+def inconclusive(ev: Evidence, unchecked: list[Unchecked], errors: list[Finding]) -> Finding:
+    """No incident found by the checks that ran, but not every check ran: not healthy."""
+    k = len(unchecked) + len(errors)
+    lines = [u.line for u in unchecked]
+    lines += [f"check {f.id.split(':', 1)[-1]} failed: see its finding" for f in errors]
+    lines.append("the checks that ran found no incident: " + _seen(ev)[0])
+    return Finding(
+        id=INCONCLUSIVE_ID,
+        title=f"Inconclusive ({k} check{'s' if k != 1 else ''} could not run)",
+        confidence=1.0,
+        evidence=lines,
+        next_step=(
+            "Not healthy: not every check could run. Make the missing series reach this source "
+            "(kvscope version on every process, relabel rules that keep kvscope_* series and "
+            "their labels, every rank scraped) and run again; until then treat it as unknown."
+        ),
+        severity=SEVERITY,
+        kind=INCONCLUSIVE_ID,
+    )
+
+
+def _seen(ev: Evidence) -> list[str]:
+    r = ev.rounds
+    w = window_word(ev)
+    return [
+        f"{n(r.total)} lookup rounds {w}: "
+        + ", ".join(f"{n(r.get(v).increase)} {v.value}" for v in S.Verdict)
+        + f"; {n(r.hit_tokens.increase)} tokens offered to load",
+    ]
 
 
 def finding(ev: Evidence, checks: list[str]) -> Finding:
@@ -42,4 +74,5 @@ def finding(ev: Evidence, checks: list[str]) -> Finding:
         evidence=lines,
         next_step="Nothing to do.",
         severity=SEVERITY,
+        kind=ID,
     )

@@ -18,6 +18,8 @@ ID = "pending_at_idle"
 TITLE = "Transfers pending on an idle engine"
 SEVERITY = 70
 CHECK = "transfers pending while nothing runs or waits (pending at idle)"
+NEEDS = (S.PENDING_TRANSFERS, S.OLDEST_PENDING_TRANSFER, S.REQUESTS_IN_FLIGHT, S.REQUESTS)
+EXPLAINS = frozenset({"stuck_transfer"})
 
 _NEXT = {
     S.PendingKind.LOAD.value: "a rank never reported its load job",

@@ -18,6 +18,8 @@ ID = "queue_wait"
 TITLE = "Queue wait (scheduler admission, not an offload failure)"
 SEVERITY = 40
 CHECK = "requests waiting for scheduler admission while the restore path is idle or healthy"
+NEEDS = (S.REQUESTS, S.LOOKUP_ROUNDS)
+EXPLAINS = frozenset()
 
 # vLLM's waiting_by_reason values. "deferred" is vLLM's skipped-waiting queue:
 # every request the connector answered None for (an async lookup, a promotion)

@@ -18,6 +18,9 @@ ID = "stale_row_corruption"
 TITLE = "Stale-row corruption (per-rank checksum mismatch)"
 SEVERITY = 100
 CHECK = "promoted-row checksums per rank (stale-row corruption)"
+# Worker-side series: scrape every rank (or vLLM's /metrics, which merges them).
+NEEDS = (S.ROW_CHECKSUMS, S.LOADS_REFUSED)
+EXPLAINS = frozenset({"rounds"})
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:

@@ -18,6 +18,8 @@ ID = "stale_telemetry"
 TITLE = "Stale telemetry"
 SEVERITY = 90
 CHECK = f"freshness of {S.LAST_STEP_TIMESTAMP.name} against the source's now"
+NEEDS = (S.LAST_STEP_TIMESTAMP, S.REQUESTS_IN_FLIGHT, S.REQUESTS, S.PENDING_TRANSFERS)
+EXPLAINS = frozenset({"stuck_transfer"})  # frozen gauges: an old transfer may be no transfer
 
 
 def unfinished(ev: Evidence) -> float:

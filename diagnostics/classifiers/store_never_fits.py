@@ -10,6 +10,7 @@ import math
 
 from kvscope.exporters import signals as S
 
+from ..checks import tiered
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
@@ -19,6 +20,12 @@ ID = "store_never_fits"
 TITLE = "Store never fits the primary tier"
 SEVERITY = 75
 CHECK = "store jobs refused for lack of space with nothing reaching the disk tier"
+EXPLAINS = frozenset({"rounds", "coverage"})
+
+
+def needs(ev: Evidence) -> tuple:
+    """Cascades exist only with a secondary tier."""
+    return (S.STORE_JOBS, S.PRIMARY_ROWS) + ((S.CASCADES,) if tiered(ev) else ())
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:

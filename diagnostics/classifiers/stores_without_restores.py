@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
+from ..checks import need
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
@@ -20,6 +21,9 @@ ID = "stores_without_restores"
 TITLE = "Stores without restores"
 SEVERITY = 60
 CHECK = "stores that are never restored (hash-seed drift, a group that always misses)"
+# kvscope_info's hash_seed is the fingerprint that tells a seed drift apart.
+NEEDS = (need(S.INFO, S.L_HASH_SEED), S.LOOKUPS, S.LOOKUP_ROUNDS, S.STORE_JOBS)
+EXPLAINS = frozenset({"rounds", "coverage"})
 
 
 def _stored(ev: Evidence) -> tuple[float, list[str]]:

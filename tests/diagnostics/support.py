@@ -20,9 +20,18 @@ TARGET = "http://127.0.0.1:9400/metrics"
 
 
 def window(values: dict, *, t0: float = T0, t1: float | None = None, lifetime: bool = True,
-           target: str = TARGET, now: float | None = None, recent_span: float | None = None):
-    """values: {(name, {labels}) or name: [v0, v1, ...]} -> RawWindow, samples spread t0..t1."""
+           target: str = TARGET, now: float | None = None, recent_span: float | None = None,
+           declare: bool = True):
+    """values: {(name, {labels}) or name: [v0, v1, ...]} -> RawWindow, samples spread t0..t1.
+
+    ``declare``: add the zero series the connector declares (:func:`declared`) for
+    every metric ``values`` has no series of, as a real exporter shows them.
+    """
     t1 = t0 + 1.0 if t1 is None else t1
+    if declare:
+        given = {k if isinstance(k, str) else k[0] for k in values}
+        values = {k: v for k, v in declared().items()
+                  if (k if isinstance(k, str) else k[0]) not in given} | values
     series = []
     for key, vals in values.items():
         name, labels = (key, {}) if isinstance(key, str) else (key[0], dict(key[1]))
@@ -71,6 +80,27 @@ def base(rows: int = 8, steps=(100, 110), last_step=None, seed="a1b2c3") -> dict
     return d
 
 
+def declared(rank: str = "0", group: str = "0") -> dict:
+    """The counter series the connector declares at 0 before their first event
+    (scheduler_side/worker_side ``declare``): present, so every check can run."""
+    d = {S.HIT_TOKENS.name: [0, 0]}
+    for v in S.Verdict:
+        d[L(S.LOOKUP_ROUNDS.name, verdict=v.value)] = [0, 0]
+    for v in (S.Verdict.VETOED, S.Verdict.DEFERRED):
+        d[L(S.ROUNDS_AT_ROW_CEILING.name, verdict=v.value)] = [0, 0]
+    for r in S.LookupResult:
+        d[L(S.LOOKUPS.name, kv_group=group, result=r.value)] = [0, 0]
+    for metric, enum in ((S.STORE_JOBS, S.StoreJobResult), (S.PROMOTIONS, S.PromotionResult),
+                         (S.CASCADES, S.CascadeResult)):
+        for x in enum:
+            d[L(metric.name, result=x.value)] = [0, 0]
+    for o in S.ChecksumOutcome:
+        d[L(S.ROW_CHECKSUMS.name, rank=rank, outcome=o.value)] = [0, 0]
+    for x in S.RefusalReason:
+        d[L(S.LOADS_REFUSED.name, rank=rank, reason=x.value)] = [0, 0]
+    return d
+
+
 def info_values(**over: str) -> list[str]:
     """kvscope_info label values in the contract's order (positional .labels())."""
     d = dict(kvscope_version="0.1.0", vllm_version="0.26.0", spec="TieringOffloadingSpec",
@@ -95,6 +125,20 @@ def contract_registry(extra_labels: dict[str, str] | None = None):
         else:
             metrics[m.name] = Histogram(m.name, m.help, labels, buckets=m.buckets, registry=reg)
     return reg, metrics
+
+
+def declare(metrics: dict, rank: str = "0") -> None:
+    """Create the series a real engine always exports (the connector's declared
+    counters, the gauges it sets every step) at 0 in a :func:`contract_registry`."""
+    for key in declared(rank):
+        if not isinstance(key, str):  # unlabelled metrics are always exported
+            metrics[key[0]].labels(**dict(key[1]))
+    for st in S.RequestState:
+        metrics[S.REQUESTS.name].labels(st.value).set(0)
+    for k in S.PendingKind:
+        metrics[S.PENDING_TRANSFERS.name].labels(k.value).set(0)
+        metrics[S.OLDEST_PENDING_TRANSFER.name].labels(k.value).set(0)
+    metrics[S.REQUESTS_IN_FLIGHT.name].set(0)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvscope.diagnostics.classifiers import (
+    CLASSIFIERS,
     capacity_ceiling_livelock,
     capacity_ceiling_veto,
     pending_at_idle,
@@ -444,7 +445,7 @@ def test_healthy_says_what_was_checked():
     d[S.HIT_TOKENS.name] = [160, 192]
     report = diagnose(evidence(d))
     assert report.healthy and report.exit_code == 0
-    assert sum(e.startswith("checked: ") for e in report.top.evidence) == 8
+    assert sum(e.startswith("checked: ") for e in report.top.evidence) == len(CLASSIFIERS)
 
 
 def test_several_verdicts_are_ranked():
@@ -462,4 +463,18 @@ def test_a_broken_classifier_does_not_hide_the_others(monkeypatch):
     monkeypatch.setattr(queue_wait, "classify", boom)
     report = diagnose(evidence(stale_case()))
     assert report.top.id == "stale_row_corruption"
-    assert report.notes == ["classifier queue_wait failed: RuntimeError: bug"]
+    failed = [v for v in report.verdicts if v.kind == "error"]
+    assert [v.id for v in failed] == ["check_failed:queue_wait"]
+    assert failed[0].evidence[0] == "RuntimeError: bug"
+    assert report.exit_code == 1
+
+
+def test_a_broken_classifier_is_never_a_pass(monkeypatch):
+    def boom(ev, th):
+        raise ValueError("cannot convert float NaN to integer")
+
+    monkeypatch.setattr(queue_wait, "classify", boom)
+    d = base() | rounds(hit=[10, 12], miss=[2, 2]) | lookups("0", hit=[60, 72])
+    report = diagnose(evidence(d))
+    assert report.status == "inconclusive" and report.exit_code == 3
+    assert [v.id for v in report.verdicts] == ["inconclusive", "check_failed:queue_wait"]

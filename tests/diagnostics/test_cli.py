@@ -13,7 +13,7 @@ import pytest
 from kvscope.diagnostics import cli
 from kvscope.exporters import signals as S
 
-from .support import contract_registry, info_values, serve, serve_registry
+from .support import contract_registry, declare, info_values, serve, serve_registry
 
 
 def run(capsys, *argv):
@@ -39,6 +39,7 @@ def _engine(mismatch=False, vllm_only=False):
         reg = CollectorRegistry()
         Gauge(S.VLLM_REQUESTS_RUNNING, "running", registry=reg).set(1)
         return reg
+    declare(m)
     m[S.INFO.name].labels(*info_values()).set(1)
     m[S.PRIMARY_ROWS.name].labels("total").set(8)
     m[S.LOOKUP_ROUNDS.name].labels("hit").inc(4)
@@ -69,7 +70,8 @@ def test_incident_scrape_exits_1_with_json(capsys):
     assert doc["schema_version"] == 1 and doc["status"] == "incident" and doc["exit_code"] == 1
     assert doc["verdicts"][0]["id"] == "stale_row_corruption"
     assert set(doc) == {"schema_version", "tool", "kvscope_version", "generated_at", "generated_at_iso",
-                        "status", "exit_code", "source", "targets", "verdicts", "checked", "notes",
+                        "status", "exit_code", "source", "targets", "verdicts", "checked", "unchecked",
+                        "failures", "notes",
                         "summary"}
 
 
@@ -88,6 +90,7 @@ def test_record_then_diagnose_bundle_and_plot(capsys, tmp_path):
 
 def _pending_engine(age_s: float):
     reg, m = contract_registry()
+    declare(m)
     m[S.INFO.name].labels(*info_values()).set(1)
     m[S.PRIMARY_ROWS.name].labels("total").set(8)
     m[S.SCHEDULER_STEPS.name].inc(10)
@@ -248,4 +251,4 @@ def test_usage_errors(capsys, argv, msg):
 
 def test_help_exits_0(capsys):
     code, out, _ = run(capsys, "--help")
-    assert code == 0 and "Exit codes: 0 healthy, 1 incident found, 2 could not diagnose." in out
+    assert code == 0 and "Exit codes: 0 healthy, 1 incident found, 2 could not diagnose, 3 inconclusive" in out

@@ -1,0 +1,152 @@
+"""Unclassified anomaly: an invariant broke and no known incident class explains it.
+
+Runs after every other classifier (``AFTER``) with their findings. Each
+invariant has a kind; a finding whose module lists that kind in ``EXPLAINS``
+explains it (a module that declares nothing explains the restore-path kinds,
+so a new incident class does not double-report as an anomaly). The invariants:
+
+* ``rounds``: most lookup rounds vetoed, or deferred without a single hit;
+* ``coverage``: the restore hit ratio collapsed (was high, is near zero now);
+* ``stuck_transfer``: a transfer pending far longer than any real one (age
+  gauge), or, without the age gauge, pending the whole time on an idle engine.
+
+Each invariant runs on the series that are present; a missing one is already
+reported as "could not check" by the classifiers that need it.
+"""
+
+from __future__ import annotations
+
+from kvscope.exporters import signals as S
+
+from ..evidence import Evidence
+from ..model import Finding, Mark, Quantity
+from ..thresholds import Thresholds
+from ._common import n, secs, window_word
+
+ID = "unclassified_anomaly"
+TITLE = "Unclassified anomaly (an invariant broke; no known incident class explains it)"
+SEVERITY = 65
+CHECK = ("invariants no incident may break unexplained: most rounds vetoed or deferred, "
+         "restore hit ratio collapsed, a transfer pending far longer than any real one")
+NEEDS = ()
+AFTER = True
+DEFAULT_EXPLAINS = frozenset({"rounds", "coverage"})
+
+
+def _explained(findings: list[Finding], modules) -> set[str]:
+    by_id = {m.ID: m for m in modules}
+    out: set[str] = set()
+    for f in findings:
+        if f.kind != "incident":
+            continue
+        mod = by_id.get(f.id)
+        out |= set(getattr(mod, "EXPLAINS", DEFAULT_EXPLAINS)) if mod else DEFAULT_EXPLAINS
+    return out
+
+
+def _rounds(ev: Evidence, th: Thresholds) -> list[str]:
+    r = ev.rounds
+    if not r.verdicts:
+        return []
+    total = r.total
+    vetoed = r.get(S.Verdict.VETOED).increase
+    deferred = r.get(S.Verdict.DEFERRED).increase
+    hits = r.get(S.Verdict.HIT).increase
+    if total < th.anomaly_min_rounds:
+        return []
+    w = window_word(ev)
+    if vetoed >= th.anomaly_failing_fraction * total:
+        return [f"{n(vetoed)} of {n(total)} lookup rounds {w} vetoed ({vetoed / total:.0%}), "
+                f"{n(hits)} hit: restores that found keys were thrown away"]
+    if hits == 0 and vetoed + deferred >= th.anomaly_failing_fraction * total:
+        return [f"{n(vetoed + deferred)} of {n(total)} lookup rounds {w} vetoed or deferred, "
+                "0 hit: the tiers found keys and never restored one"]
+    return []
+
+
+def _coverage(ev: Evidence, th: Thresholds) -> list[str]:
+    r = ev.rounds
+    found = (S.Verdict.HIT, S.Verdict.DEFERRED, S.Verdict.VETOED)
+    before = {v: r.get(v).increase - r.get(v).recent for v in found}
+    recent = {v: r.get(v).recent for v in found}
+    nb, nr = sum(before.values()), sum(recent.values())
+    if nb < 10 or nr < 10:
+        return []
+    rb, rr = before[S.Verdict.HIT] / nb, recent[S.Verdict.HIT] / nr
+    if rb >= th.anomaly_collapse_before and rr <= th.anomaly_collapse_after:
+        return [f"restore hit ratio collapsed: {rb:.0%} of {n(nb)} rounds that found keys hit "
+                f"before, {rr:.0%} of {n(nr)} in the last {secs(ev.source.recent_span)}"]
+    return []
+
+
+def _longest_idle_pending(q: Quantity, ev: Evidence) -> float:
+    """Longest span the pending gauge stayed > 0 while no request was in flight."""
+    busy = ev.requests.in_flight
+    if not busy.present:
+        return 0.0
+    busy_at = dict(busy.samples)
+    best = 0.0
+    start = None
+    for t, v in q.samples:
+        idle = busy_at.get(t, 0.0) == 0
+        if v > 0 and idle:
+            start = t if start is None else start
+            best = max(best, t - start)
+        else:
+            start = None
+    return best
+
+
+def _stuck(ev: Evidence, th: Thresholds) -> tuple[list[str], list[Mark]]:
+    limit = th.anomaly_stuck_factor * th.pending_after_s
+    lines, marks = [], []
+    for kind, age in ev.pending.oldest_seconds.items():
+        if age.present and age.max >= limit:
+            t_peak = max(age.samples, key=lambda p: p[1])[0] if age.samples else ev.source.end
+            lines.append(f"a {kind} transfer pending {secs(age.max)} (≥ {th.anomaly_stuck_factor:g}× "
+                         f"--stuck-after {secs(th.pending_after_s)}): longer than any real transfer")
+            marks.append(Mark("pending", t_peak - age.max, f"{kind} pending since"))
+    if S.OLDEST_PENDING_TRANSFER.name not in ev.present:
+        for kind, q in ev.pending.transfers.items():
+            span = _longest_idle_pending(q, ev)
+            if span >= limit:
+                lines.append(f"{n(q.max)} {kind} transfer(s) pending for {secs(span)} on an idle engine "
+                             f"({S.OLDEST_PENDING_TRANSFER.name} missing: the age is at least that)")
+    return lines, marks
+
+
+def classify(ev: Evidence, th: Thresholds, findings: list[Finding], modules=()) -> Finding | None:
+    explained = _explained(findings, modules)
+    lines: list[str] = []
+    marks: list[Mark] = []
+    kinds = []
+    if "rounds" not in explained and (got := _rounds(ev, th)):
+        lines += got
+        kinds.append("rounds")
+    if "coverage" not in explained and (got := _coverage(ev, th)):
+        lines += got
+        kinds.append("coverage")
+    if "stuck_transfer" not in explained:
+        got, mk = _stuck(ev, th)
+        if got:
+            lines += got
+            marks += mk
+            kinds.append("stuck_transfer")
+    if not lines:
+        return None
+    if ev.failures:
+        lines.append(f"{len(ev.failures)} target(s) gave nothing usable: their series are not in this evidence")
+    return Finding(
+        id=ID,
+        title=TITLE,
+        confidence=0.6,
+        evidence=lines,
+        next_step=(
+            "kv-diagnose knows no incident class for this: treat it as an incident. Look at the "
+            "'could not check' lines (missing series hide the class that would explain it), then "
+            "at the engine's log around the first mark; attach a bundle (kv-diagnose record) to "
+            "the ticket."
+        ),
+        severity=SEVERITY,
+        marks=marks,
+    )
