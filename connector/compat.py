@@ -223,3 +223,45 @@ def load_errors_recoverable(kv_cache_config: Any) -> bool:
     the engine instead of recomputing.
     """
     return len(getattr(kv_cache_config, "kv_cache_groups", ()) or ()) <= 1
+
+
+# ---- restore coverage (read only; called once per ended lookup round) -------------------
+def lookup_groups(connector_scheduler: Any) -> list[tuple[int, bool]]:
+    """(tokens per chunk, is sliding window) of each KV group, as the connector scans them."""
+    configs = getattr(getattr(connector_scheduler, "config", None), "kv_group_configs", ()) or ()
+    return [(int(getattr(c, "tokens_per_chunk", 0) or 0),
+             getattr(c, "sliding_window_size_in_chunks", None) is not None) for c in configs]
+
+
+def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[bytes]] | None:
+    """Per KV group, the offload keys of a request's full chunks (what the lookup scans)."""
+    status = (getattr(connector_scheduler, "_req_status", None) or {}).get(req_id)
+    if status is None:
+        return None
+    return [getattr(g, "offload_keys", None) or [] for g in getattr(status, "group_states", ())]
+
+
+def held_prefix(manager: Any, keys: list[bytes]) -> int:
+    """How many of ``keys``, from the first, some tier holds: read only, no I/O.
+
+    The primary tier answers from its cache policy (a row present, ready or being
+    written); a secondary tier from the results of its asynchronous existence
+    checks (the fs tier's lookup state; a key it has not checked yet ends the run,
+    as does a tier without such state). Nothing is promoted, touched or counted.
+    """
+    primary = primary_tier(manager)
+    policy = getattr(primary, "_policy", None)
+    states = []
+    for tier in secondary_tiers(manager):
+        state = getattr(getattr(tier, "_lookup_manager", None), "_lookup_state", None)
+        if state is not None:
+            states.append(state)
+    n = 0
+    for key in keys:
+        if policy is not None and policy.get(key) is not None:
+            n += 1
+            continue
+        if not any(getattr(s.get(key), "result", None) is True for s in states):
+            break
+        n += 1
+    return n

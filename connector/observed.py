@@ -181,7 +181,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         return bracket(self._kvscope_observer,
                        lambda: super(ObservedOffloadingConnector, self)
-                       .get_num_new_matched_tokens(request, num_computed_tokens), request)
+                       .get_num_new_matched_tokens(request, num_computed_tokens), request,
+                       num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         out = super().update_state_after_alloc(request, blocks, num_external_tokens)

@@ -188,6 +188,77 @@ def stores_without_restores(run: ScenarioRun, cfg: EngineConfig) -> None:
     run.facts.update(restored_tokens=out.num_external_tokens)
 
 
+def tiers_hold_tokens(e: CPUEngine, rid: str) -> int:
+    """Engine truth: tokens of ``rid``'s prefix some tier holds now (files on the fs tier's
+    disk, rows of the primary tier), the shortest over KV groups: what a full restore of it
+    would load. Read from the tiers themselves, never from kvscope's counters."""
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    manager = e.connector.connector_scheduler.manager
+    primary = getattr(manager, "primary_tier", manager)
+    tiers = list(getattr(manager, "secondary_tiers", ()) or ())
+    hashes = e.scheduler.requests[rid].block_hashes
+    held = []
+    for g in range(e.cfg.kv_groups):
+        n = 0
+        for h in hashes:
+            key = make_offload_key(h, g)
+            if primary._policy.get(key) is None and not any(
+                    os.path.exists(t.file_mapper.get_file_name(key)) for t in tiers):
+                break
+            n += 1
+        held.append(n)
+    return min(held) * e.cfg.block_size
+
+
+def _reask(e: CPUEngine, run: ScenarioRun, targets: list[list[int]], first: list,
+           max_steps: int = 200) -> None:
+    """Ask ``targets`` again at once; record engine truth per request."""
+    rids = [e.add_request(t, 4) for t in targets]
+    held = [tiers_hold_tokens(e, r) for r in rids]  # before anything is restored
+    for _ in range(max_steps):
+        if all(r in e.finished for r in rids):
+            break
+        e.step()
+    e.drain()
+    done = [e.finished.get(r) for r in rids]
+    run.facts.update(
+        finished=all(d is not None for d in done),
+        held_tokens=held,
+        restored_tokens=[d.num_external_tokens if d else None for d in done],
+        same_output=all(d is not None and d.output == f.output for d, f in zip(done, first)))
+
+
+def truncated(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """One 12-chunk prompt, 8 primary rows, 1 KV group: the restore stops at the rows."""
+    # Chunked prefill (one chunk a step) stores every chunk, so the whole prompt
+    # reaches disk; the tier's I/O races the steps as beside a real engine.
+    e = CPUEngine(replace(cfg, rows=8, kv_groups=1, num_gpu_blocks=24, settle_tiers=False))
+    run.engines.append(e)
+    target = prompt(1, 12 * 16)
+    first = e.generate(target, 4)
+    e.drain()
+    for seed in range(2, 2 + FLOODS):
+        e.generate(prompt(seed, 12 * 16), 2)
+        e.drain()
+    _reask(e, run, [target], [first])
+
+
+def concurrency(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """Three 8-chunk prompts re-asked at once, 12 rows: each fits alone, not together."""
+    e = CPUEngine(replace(cfg, rows=12, kv_groups=1, num_gpu_blocks=40))
+    run.engines.append(e)
+    targets = [prompt(100 + i, PROMPT_TOKENS + 32) for i in range(3)]
+    first = []
+    for t in targets:
+        first.append(e.generate(t, 4))
+        e.drain()
+    for seed in range(2, 2 + 2 * FLOODS):
+        e.generate(prompt(seed, PROMPT_TOKENS + 32), 2)
+        e.drain()
+    _reask(e, run, targets, first)
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "healthy": healthy,
     "capacity-ceiling": capacity_ceiling,
@@ -198,6 +269,8 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "queue-wait": queue_wait,
     "store-never-fits": store_never_fits,
     "stores-without-restores": stores_without_restores,
+    "truncated": truncated,
+    "concurrency": concurrency,
 }
 
 

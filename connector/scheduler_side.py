@@ -18,6 +18,7 @@ from opentelemetry.trace import Tracer
 from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy, digest_slots
+from kvscope.connector.coverage import Coverage, MissCause, judge
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash, tracing_enabled
 from kvscope.exporters.recorder import Recorder
@@ -29,6 +30,7 @@ from kvscope.exporters.signals import (
     PromotionResult,
     RequestState,
     RowState,
+    ShortReason,
     Verdict,
 )
 
@@ -37,6 +39,8 @@ _VERDICT_LABELS = {v: (v.value,) for v in Verdict}
 _ROW_LABELS = {s: (s.value,) for s in RowState}
 _KIND_LABELS = {k: (k.value,) for k in PendingKind}
 _STATE_LABELS = {s: (s.value,) for s in RequestState}
+_MISS = compat.MISS
+_RESTORING = (RequestState.DEFERRED, RequestState.LOADING)
 # Freshness gauges move at most this often: alerts compare them with minutes,
 # and an unchanged gauge costs nothing on vLLM's per-step stats path.
 TIMESTAMP_RESOLUTION_S = 1.0
@@ -50,13 +54,23 @@ class Round:
     label values happens once per round / per step.
     """
 
-    __slots__ = ("started_ns", "raw", "no_row", "_per_group")
+    __slots__ = ("started_ns", "raw", "no_row", "refused", "first_miss", "_per_group")
 
     def __init__(self, started_ns: int) -> None:
         self.started_ns = started_ns
         self.raw: dict[tuple[bytes, Any], int] = {}
         self.no_row = 0  # promotions refused during this round: the primary tier was full
+        self.refused = False  # the lookup in progress had its promotion refused
+        # group suffix -> (first key answered MISS, why): where each group's scan stopped
+        self.first_miss: dict[bytes, tuple[bytes, MissCause]] = {}
         self._per_group: dict[int, list[int]] | None = None
+
+    def on_miss(self, suffix: bytes, key: bytes, quarantined: bool) -> None:
+        cause = (MissCause.QUARANTINED if quarantined
+                 else MissCause.REFUSED if self.refused else MissCause.ABSENT)
+        self.refused = False
+        if suffix not in self.first_miss:
+            self.first_miss[suffix] = (key, cause)
 
     @property
     def per_group(self) -> dict[int, list[int]]:
@@ -151,9 +165,9 @@ class ManagerProxy:
 
     def lookup(self, key, req_context, *args, **kwargs):
         if key in self._obs.quarantine:  # a rank refused these bytes: recompute instead
-            result = compat.MISS
-        else:
-            result = self._inner.lookup(key, req_context, *args, **kwargs)
+            self._obs.on_lookup(key, compat.MISS, True)
+            return compat.MISS
+        result = self._inner.lookup(key, req_context, *args, **kwargs)
         self._obs.on_lookup(key, result)
         return result
 
@@ -191,6 +205,8 @@ class SchedulerObserver:
         self._view = compat.scheduler_view(inner) if self.tiers else None
 
         self._round: Round | None = None
+        self._groups = compat.lookup_groups(connector_scheduler)  # (tokens/chunk, sliding)
+        self._need: dict[str, int] = {}  # request -> chunk keys its whole prefix covers
         self._lookup_counts: dict[tuple[bytes, Any], int] = {}
         self._requests = _RequestStates()
         self._looked_up: set[str] = set()  # requests with a lookup round this step
@@ -227,6 +243,9 @@ class SchedulerObserver:
         rec.declare(signals.STORE_JOBS, *one(signals.StoreJobResult))
         rec.declare(signals.TELEMETRY_ERRORS, *one(ErrorSite))
         rec.declare(signals.HIT_TOKENS)
+        rec.declare(signals.RESTORE_HELD_TOKENS)
+        rec.declare(signals.RESTORE_SHORT_ROUNDS, *one(ShortReason))
+        rec.declare(signals.RESTORE_SHORT_TOKENS, *one(ShortReason))
         rec.declare(signals.SCHEDULER_STEPS)
         if self.tiers:
             rec.declare(signals.PROMOTIONS, *one(PromotionResult))
@@ -248,6 +267,7 @@ class SchedulerObserver:
                     self.rec.inc(signals.PROMOTIONS, (PromotionResult.NO_ROW.value,), len(keys))
                     if self._round is not None:
                         self._round.no_row += len(keys)
+                        self._round.refused = True
                 else:
                     self.rec.inc(signals.PROMOTIONS, (PromotionResult.STARTED.value,),
                                  len(out.keys_to_store))
@@ -364,7 +384,7 @@ class SchedulerObserver:
                 self._forget(out.keys_to_store)
 
     # ---- lookup rounds --------------------------------------------------------
-    def on_lookup(self, key: bytes, result: Any) -> None:
+    def on_lookup(self, key: bytes, result: Any, quarantined: bool = False) -> None:
         # Hot path (once per key looked up): count raw pairs, label them per step.
         try:
             pair = (key[-compat.GROUP_SUFFIX_BYTES:], result)
@@ -373,6 +393,8 @@ class SchedulerObserver:
             rnd = self._round
             if rnd is not None:
                 rnd.raw[pair] = rnd.raw.get(pair, 0) + 1
+                if result is _MISS:  # at most once per group per scan
+                    rnd.on_miss(pair[0], key, quarantined)
         except Exception as exc:
             self.rec.error(ErrorSite.LOOKUP, exc)
 
@@ -385,12 +407,16 @@ class SchedulerObserver:
     def begin_round(self) -> None:
         self._round = Round(time.time_ns())
 
-    def end_round(self, request: Any, num_tokens: int | None) -> None:
+    def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
         rnd, self._round = self._round, None
         if rnd is None:
             return
+        cov = None
         with self.rec.guard(ErrorSite.ROUND):
             verdict = rnd.verdict(num_tokens)
+            if verdict is not Verdict.DEFERRED:
+                with self.rec.guard(ErrorSite.ROUND):  # its own guard: the verdict still counts
+                    cov = self._coverage(rnd, verdict, request, num_tokens or 0, num_computed)
             labels = _VERDICT_LABELS[verdict]
             self.rec.inc(signals.LOOKUP_ROUNDS, labels)
             at_ceiling = False
@@ -411,6 +437,8 @@ class SchedulerObserver:
             if verdict is Verdict.HIT:
                 self.rec.inc(signals.HIT_TOKENS, (), num_tokens or 0)
             req_id = getattr(request, "request_id", "")
+            if req_id not in self._need:
+                self._need[req_id] = self._request_keys(request)
             self._looked_up.add(req_id)
             self._requests.set(req_id, RequestState.DEFERRED if verdict is Verdict.DEFERRED
                                else RequestState.QUEUED, known_only=True)
@@ -432,7 +460,45 @@ class SchedulerObserver:
                 span.set_attribute(signals.A_PENDING_KEYS, pending)
                 span.set_attribute(signals.A_PRIMARY_ROWS, rows_total)
                 span.set_attribute(signals.A_AT_ROW_CEILING, at_ceiling)
+                if cov is not None:
+                    span.set_attribute(signals.A_HELD_TOKENS, cov.held)
+                    if cov.reason is not None:
+                        span.set_attribute(signals.A_SHORT_REASON, cov.reason.value)
             span.end()
+
+    def _coverage(self, rnd: Round, verdict: Verdict, request: Any, offered: int,
+                  num_computed: int) -> Coverage | None:
+        """Held vs offered tokens of an ended round, recorded (once per round, not per key)."""
+        req_id = getattr(request, "request_id", "")
+        keys = compat.request_offload_keys(self.cs, req_id)
+        if not keys:
+            return None
+        cov = judge(first_miss=rnd.first_miss, scanned={s for s, _ in rnd.raw},
+                    verdict=verdict, offered=offered, num_computed=num_computed,
+                    groups=self._groups, keys_by_group=keys, manager=self.cs.manager)
+        if cov is None:
+            return None
+        rec = self.rec
+        rec.inc(signals.RESTORE_HELD_TOKENS, (), cov.held)
+        if cov.held > 0:
+            rec.observe(signals.RESTORE_COVERAGE, (), cov.offered / cov.held)
+        if cov.reason is None:
+            return cov
+        rec.inc(signals.RESTORE_SHORT_ROUNDS, (cov.reason.value,))
+        rec.inc(signals.RESTORE_SHORT_TOKENS, (cov.reason.value,), cov.held - cov.offered)
+        if cov.want > cov.held:
+            rec.inc(signals.RESTORE_SHORT_TOKENS, (ShortReason.NOT_STORED.value,),
+                    cov.want - cov.held)
+        if cov.refused and cov.held > cov.offered:  # rare: the row ceiling cut this restore
+            others = [r for r, st in self._requests.state.items()
+                      if st in _RESTORING and r != req_id]
+            rec.set(signals.LAST_CEILING_OFFERED_TOKENS, (), cov.offered)
+            rec.set(signals.LAST_CEILING_HELD_TOKENS, (), cov.held)
+            rec.set(signals.LAST_CEILING_ROWS_NEEDED, (), cov.rows_needed)
+            rec.set(signals.LAST_CEILING_CONCURRENT_REQUESTS, (), 1 + len(others))
+            rec.set(signals.LAST_CEILING_CONCURRENT_ROWS, (),
+                    cov.rows_needed + sum(self._need.get(r, 0) for r in others))
+        return cov
 
     def _request_keys(self, request: Any) -> int:
         tokens = int(getattr(request, "num_tokens", 0) or 0)
@@ -453,6 +519,7 @@ class SchedulerObserver:
     def on_finished(self, request: Any) -> None:
         with self.rec.guard(ErrorSite.STEP):
             self._requests.drop(request.request_id)
+            self._need.pop(request.request_id, None)
 
     def close(self) -> None:
         """Drop buffer exports so vLLM can close the primary tier's mmap."""
@@ -581,11 +648,11 @@ class SchedulerObserver:
 
 
 def bracket(observer: SchedulerObserver | None, fn: Callable[[], tuple[int | None, bool]],
-            request: Any) -> tuple[int | None, bool]:
+            request: Any, num_computed_tokens: int = 0) -> tuple[int | None, bool]:
     """Run one get_num_new_matched_tokens call inside a lookup round."""
     if observer is None:
         return fn()
     observer.begin_round()
     result = fn()
-    observer.end_round(request, result[0])
+    observer.end_round(request, result[0], num_computed_tokens)
     return result

@@ -146,6 +146,22 @@ class RefusalReason(str, Enum):
     CHECKSUM_ERROR = "checksum_error"  # the rank could not read its own slot
 
 
+class ShortReason(str, Enum):
+    """Why an ended lookup round offered fewer tokens than the request's whole
+    loadable prefix (``reason`` label of the restore-coverage counters)."""
+
+    ROW_CEILING = "row_ceiling"  # a tier held the next chunk; its promotion found no free row
+    NOT_STORED = "not_stored"  # no tier holds the next chunk: the stored prefix ends there
+    GROUP_VETO = "group_veto"  # another KV group missed, and the cross-group AND gave 0
+    LOAD_CAP = "load_cap"  # vLLM loaded less than every group holds (its own load limits)
+    OTHER = "other"  # e.g. keys kvscope answers MISS for (quarantined after a refused load)
+
+
+# Reasons where the tiers held more than was offered (everything but not_stored).
+SHORT_OF_HELD: tuple[str, ...] = tuple(
+    r.value for r in ShortReason if r is not ShortReason.NOT_STORED)
+
+
 class ErrorSite(str, Enum):
     """Where the instrumentation swallowed an exception (``where`` label)."""
 
@@ -190,6 +206,8 @@ def _values(enum: type[Enum]) -> tuple[str, ...]:
 
 
 # Pending-key sums per round: small counts, plus the sizes primary tiers come in.
+# Offered / held tokens of one ended round: 1 is a full restore.
+COVERAGE_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 PENDING_KEY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 # Transfers of whole KV rows: milliseconds (a CPU->GPU DMA) to many seconds
 # (a cold disk read under load).
@@ -300,6 +318,56 @@ LAST_ROUND_REQUEST_KEYS = Metric(
     "covers: the rows a full restore of it needs at once.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
+# ---- restore coverage (per ended lookup round: hit, miss or vetoed) --------------------
+RESTORE_HELD_TOKENS = Metric(
+    "kvscope_restore_held_tokens_total", Kind.COUNTER, Side.SCHEDULER,
+    "Tokens of the looked-up requests' prefixes (beyond the GPU prefix cache) that the offload "
+    "tiers held when a lookup round ended, with vLLM's cross-group AND applied: what full "
+    "restores would have loaded. Coverage = kvscope_hit_tokens_total / this.",
+)
+RESTORE_SHORT_ROUNDS = Metric(
+    "kvscope_restore_short_rounds_total", Kind.COUNTER, Side.SCHEDULER,
+    "Ended lookup rounds that offered less than the request's whole loadable prefix, by why "
+    "the offer stopped there; not_stored is benign (the tiers hold no more), the others mean "
+    "the tiers held more than was offered.",
+    (L_REASON,), label_values={L_REASON: _values(ShortReason)},
+)
+RESTORE_SHORT_TOKENS = Metric(
+    "kvscope_restore_short_tokens_total", Kind.COUNTER, Side.SCHEDULER,
+    "Tokens of ended rounds' prefixes that were not offered, by reason: held minus offered "
+    "under the reason the offer stopped at, the prefix beyond what the tiers hold under "
+    "not_stored. These tokens are recomputed.",
+    (L_REASON,), label_values={L_REASON: _values(ShortReason)},
+)
+RESTORE_COVERAGE = Metric(
+    "kvscope_restore_coverage_ratio", Kind.HISTOGRAM, Side.SCHEDULER,
+    "Per ended lookup round whose request the tiers held at least one chunk of: tokens "
+    "offered / tokens held (1 = a full restore).",
+    buckets=COVERAGE_BUCKETS,
+)
+LAST_CEILING_OFFERED_TOKENS = Metric(
+    "kvscope_last_ceiling_round_offered_tokens", Kind.GAUGE, Side.SCHEDULER,
+    "Tokens offered by the latest ended round cut short by a promotion that found no free "
+    "primary row (the truncated form pins this at rows x chunk tokens).",
+)
+LAST_CEILING_HELD_TOKENS = Metric(
+    "kvscope_last_ceiling_round_held_tokens", Kind.GAUGE, Side.SCHEDULER,
+    "Tokens the tiers held for that round's request (what a full restore would have loaded).",
+)
+LAST_CEILING_ROWS_NEEDED = Metric(
+    "kvscope_last_ceiling_round_rows_needed", Kind.GAUGE, Side.SCHEDULER,
+    "Primary rows (chunk keys over all KV groups) a full restore of that round's held prefix "
+    "pins at once; above kvscope_primary_rows{state=\"total\"}, it can never fit.",
+)
+LAST_CEILING_CONCURRENT_REQUESTS = Metric(
+    "kvscope_last_ceiling_round_concurrent_requests", Kind.GAUGE, Side.SCHEDULER,
+    "Requests restoring at that moment (deferred or loading, that round's request included).",
+)
+LAST_CEILING_CONCURRENT_ROWS = Metric(
+    "kvscope_last_ceiling_round_concurrent_rows_needed", Kind.GAUGE, Side.SCHEDULER,
+    "Rows those concurrent restores need together (that round's held prefix plus the other "
+    "requests' whole prefixes, an upper bound).",
+)
 KV_GROUP_INFO = Metric(
     "kvscope_kv_group_info", Kind.GAUGE, Side.SCHEDULER,
     "Always 1; one series per KV-cache group with its attention kind and block size.",
@@ -350,6 +418,9 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     OLDEST_PENDING_TRANSFER, REQUESTS,
     REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
     TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
+    RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_COVERAGE,
+    LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
+    LAST_CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,
@@ -395,6 +466,8 @@ A_HIT_TOKENS = "kvscope.hit_tokens"
 A_PENDING_KEYS = "kvscope.pending_keys"
 A_PRIMARY_ROWS = "kvscope.primary_rows"
 A_AT_ROW_CEILING = "kvscope.at_row_ceiling"
+A_HELD_TOKENS = "kvscope.held_tokens"  # ended rounds: tokens the tiers held (cross-group AND)
+A_SHORT_REASON = "kvscope.short_reason"  # ended rounds offering less than the whole prefix
 # Per-group lookup result counts: one int array per result, indexed by kv_group.
 A_GROUP_RESULT_PREFIX = "kvscope.lookups."  # + LookupResult value
 A_TIER = "kvscope.tier"

@@ -1,0 +1,98 @@
+"""Restore coverage of one ended lookup round: what the tiers held vs what was offered.
+
+vLLM's prefix scan stops at a group's first MISS, so the lookup results alone
+say where the offer stopped, not how much more the tiers hold. The common case
+needs no more: a MISS that no tier could answer ends the stored prefix too. Only
+when the MISS was a promotion refused for want of a primary row (the rare path)
+is the rest of the prefix probed, read only (``compat.held_prefix``: the cache
+policy's dict and the fs tier's existence-check results; no I/O, no promotion).
+
+Called once per ended round (hit, miss or vetoed), never per key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from kvscope.connector import compat
+from kvscope.exporters.signals import ShortReason, Verdict
+
+
+class MissCause(Enum):
+    ABSENT = 0  # no tier holds the key (as far as vLLM can tell now)
+    REFUSED = 1  # a tier holds it; its promotion found no free primary row
+    QUARANTINED = 2  # kvscope answered MISS (a rank refused these bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    offered: int  # tokens vLLM was offered to load
+    held: int  # tokens of the prefix the tiers held (cross-group AND), >= offered
+    want: int  # tokens of the request's whole loadable prefix (full chunks)
+    reason: ShortReason | None  # why the offer stopped short of ``want``; None: it did not
+    refused: bool  # some group's scan ended at a refused promotion
+    rows_needed: int  # rows (chunk keys over all groups) the held prefix pins at once
+
+
+def _index(keys: list[bytes], key: bytes, start: int) -> int:
+    try:
+        return keys.index(key, start)
+    except ValueError:
+        return start
+
+
+def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[bytes],
+          verdict: Verdict, offered: int, num_computed: int,
+          groups: list[tuple[int, bool]], keys_by_group: list[list[bytes]],
+          manager: Any) -> Coverage | None:
+    """``first_miss``: group suffix -> (first key answered MISS, why); ``scanned``: group
+    suffixes looked up this round; ``groups``: (tokens per chunk, sliding window) each."""
+    pairs = [(g, tpc, sw, keys) for g, ((tpc, sw), keys)
+             in enumerate(zip(groups, keys_by_group, strict=False)) if tpc > 0]
+    if not pairs:
+        return None
+    refused = any(c is MissCause.REFUSED for _, c in first_miss.values())
+    want_end = min(len(keys) * tpc for _, tpc, _, keys in pairs)
+    held_end = want_end
+    quarantined = sw_miss = False
+    for g, tpc, sw, keys in pairs:
+        suffix = g.to_bytes(compat.GROUP_SUFFIX_BYTES, "big")
+        start = min(num_computed // tpc, len(keys))
+        miss = first_miss.get(suffix)
+        if miss is None:
+            # Scanned without a MISS: held to its end. Not scanned: vLLM returned
+            # before reaching it; only worth probing when a refusal cut the round.
+            end = len(keys)
+            if refused and suffix not in scanned:
+                end = start + compat.held_prefix(manager, keys[start:])
+        else:
+            key, cause = miss
+            end = _index(keys, key, start)
+            if cause is MissCause.REFUSED:
+                end += compat.held_prefix(manager, keys[end:])
+            quarantined |= cause is MissCause.QUARANTINED
+        if sw:  # a window, not a prefix: it vetoes, it does not bound the held prefix
+            sw_miss |= miss is not None
+            continue
+        held_end = min(held_end, end * tpc)
+    want = max(want_end - num_computed, 0)
+    held = max(min(held_end, want_end) - num_computed, offered, 0)
+    rows_needed = sum(max(held_end // tpc - min(num_computed // tpc, len(keys)), 0)
+                      for _, tpc, _, keys in pairs)
+    if offered >= want:
+        reason = None
+    elif held <= offered:
+        reason = ShortReason.NOT_STORED
+    elif verdict is Verdict.VETOED or (sw_miss and offered == 0):
+        reason = ShortReason.GROUP_VETO
+    elif refused:
+        reason = ShortReason.ROW_CEILING
+    elif quarantined:
+        reason = ShortReason.OTHER
+    elif offered > 0:
+        reason = ShortReason.LOAD_CAP
+    else:
+        reason = ShortReason.OTHER
+    return Coverage(offered, held, want, reason, refused, rows_needed)
