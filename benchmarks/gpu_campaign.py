@@ -63,6 +63,9 @@ class Server:
                "--block-size", str(BLOCK), "--num-gpu-blocks-override", "200",
                "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
                "--max-num-seqs", "8", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+               # vLLM 0.26's tiering manager + async scheduling (serve's default) dies on the
+               # first request: KeyError in TieringOffloadingManager.prepare_store (README)
+               "--no-async-scheduling",
                "--kv-transfer-config", json.dumps(ktc)]
         self.log = open(os.path.join(out, f"{name}-server.log"), "w")
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONHASHSEED": "0",
@@ -197,8 +200,11 @@ class Campaign:
         except Exception as exc:  # record and go on with the next phase
             phase["error"] = repr(exc)
         faults_off(self.out)
-        phase["settled"] = self.settle(60)
-        phase["pending_after"] = self.s.pending()
+        try:
+            phase["settled"] = self.settle(60)
+            phase["pending_after"] = self.s.pending()
+        except Exception as exc:
+            phase["error_after"] = repr(exc)
         time.sleep(idle_after)
         phase["end"] = time.time()
         self.phases.append(phase)
@@ -236,7 +242,7 @@ def fill(path: str) -> int:
     return n
 
 
-def run_faults(args) -> dict:
+def run_faults(args, result: dict) -> None:
     out = args.out
     faults_off(out)
     mnt = os.path.join(tempfile.gettempdir(), "kvscope-fs")
@@ -248,7 +254,7 @@ def run_faults(args) -> dict:
                                   "n_write_threads": 4}],
              "kvscope": {"checksum_policy": "refuse"}}
     s = Server(out, "faults", args.port, extra, {faults.ENV: fault_file(out)})
-    result: dict = {"tmpfs": tmpfs, "rows": args.rows}
+    result.update(tmpfs=tmpfs, rows=args.rows)
     hold, idle = args.hold, args.idle
     try:
         result["engine_up_s"] = s.wait_ready()
@@ -327,13 +333,13 @@ def run_faults(args) -> dict:
         rec.recording.write(os.path.join(out, "faults.om.gz"))
         result.update(phases=c.phases, scrapes=rec.scrapes, scrape_failures=rec.failures)
     finally:
+        result.setdefault("phases", c.phases if "c" in locals() else [])
         s.stop()
         if tmpfs:
             subprocess.run(["umount", mnt], capture_output=True)
-    return result
 
 
-def run_stale_rows(args) -> dict:
+def run_stale_rows(args, result: dict) -> None:
     out = args.out
     root = os.path.join(out, "..", f"fs-stale-{args.policy}")
     extra = {"cpu_bytes_to_use": args.rows * ROW_BYTES, "block_size": BLOCK,
@@ -345,7 +351,7 @@ def run_stale_rows(args) -> dict:
              "kvscope": {"checksum_policy": args.policy}}
     name = f"stale-rows-{args.policy}"
     s = Server(out, name, args.port, extra, {})
-    result: dict = {"policy": args.policy, "rows": args.rows}
+    result.update(policy=args.policy, rows=args.rows)
     try:
         result["engine_up_s"] = s.wait_ready()
         c = Campaign(s, out, 5000)
@@ -362,12 +368,12 @@ def run_stale_rows(args) -> dict:
                 phase["diagnose"] = diagnose(s.scrape_urls())
             c.run(name, body, args.idle)
             rec.recording.write(os.path.join(out, f"{name}.om.gz"))
-        result.update(phases=c.phases, scrapes=rec.scrapes, scrape_failures=rec.failures,
-                      kvscope_scheduler_final={k: v for k, v in s.kvscope().items()
-                                               if v and "bucket" not in k})
+        result.update(phases=c.phases, scrapes=rec.scrapes, scrape_failures=rec.failures)
+        result["kvscope_scheduler_final"] = {k: v for k, v in s.kvscope().items()
+                                             if v and "bucket" not in k}
     finally:
+        result.setdefault("phases", c.phases if "c" in locals() else [])
         s.stop()
-    return result
 
 
 def main() -> int:
@@ -387,7 +393,11 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     t = time.time()
     fn = run_faults if args.what == "faults" else run_stale_rows
-    result = fn(args)
+    result: dict = {}
+    try:
+        fn(args, result)
+    except Exception as exc:  # keep what was measured
+        result["error"] = repr(exc)
     result["wall_s"] = round(time.time() - t, 1)
     name = "faults" if args.what == "faults" else f"stale-rows-{args.policy}"
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
