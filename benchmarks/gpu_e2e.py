@@ -38,6 +38,12 @@ CASES = {
     "disk-restore": dict(connector="observed", spec="tiering", cpu_bytes=100 * KV_BYTES_PER_BLOCK),
     "ceiling": dict(connector="observed", spec="tiering", cpu_bytes=60 * KV_BYTES_PER_BLOCK,
                     max_num_batched_tokens=256),
+    # issue 9's truncated form: a 2000-token prompt (125 chunks) all on disk, fewer primary
+    # rows than chunks, chunked prefill (each store job fits the rows)
+    "truncated-100": dict(connector="observed", spec="tiering", cpu_bytes=100 * KV_BYTES_PER_BLOCK,
+                          max_num_batched_tokens=512, prompt_words=2000),
+    "truncated-80": dict(connector="observed", spec="tiering", cpu_bytes=80 * KV_BYTES_PER_BLOCK,
+                         max_num_batched_tokens=512, prompt_words=2000),
     "overhead-stock": dict(connector="stock", spec="cpu", cpu_bytes=256 << 20, workload=True),
     "overhead-observed": dict(connector="observed", spec="cpu", cpu_bytes=256 << 20,
                               workload=True),
@@ -135,17 +141,42 @@ def run_case(name: str) -> dict:
               max_num_seqs=8, **kwargs)
     result: dict = {"case": name, "engine_up_s": round(time.perf_counter() - t0, 2)}
     sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    target = text(1, 1500)
+    words = case.get("prompt_words", 1500)
+    target = text(1, words)
     before = _scrape(f"http://127.0.0.1:{port}/metrics") if observed else {}
+    record_dir = os.environ.get("KVSCOPE_RECORD_DIR")
+    recorder = None
+    if record_dir and observed:  # the endpoints as timestamped OpenMetrics (kv-diagnose later)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from openmetrics_recording import Recorder, Target
+
+        recorder = Recorder([Target(f"http://127.0.0.1:{port + k}/metrics", "kvscope",
+                                    f"gpu:{port + k}") for k in (0, 1)], interval=0.5)
+        recorder.__enter__()
     first = llm.generate([target], sp, use_tqdm=False)[0].outputs[0].token_ids
     for seed in range(2, 6):  # flood: evict the target from the GPU prefix cache
-        llm.generate([text(seed, 1500)], sp, use_tqdm=False)
+        llm.generate([text(seed, words)], sp, use_tqdm=False)
     time.sleep(0.5)  # let stores/cascades settle (the engine steps while they are pending)
     t = time.perf_counter()
     again = llm.generate([target], sp, use_tqdm=False)[0]
     result["reask_s"] = round(time.perf_counter() - t, 4)
     result["same_output"] = list(first) == list(again.outputs[0].token_ids)
     result["num_cached_tokens"] = getattr(again, "num_cached_tokens", None)
+    result["prompt_tokens"] = len(again.prompt_token_ids)
+    if recorder is not None:
+        time.sleep(3)  # a few idle scrapes after the re-ask
+        urls = [t.url for t in recorder.targets]
+        diag = subprocess.run([sys.executable, "-m", "kvscope.diagnostics.cli", "--scrape", *urls,
+                               "--json"], capture_output=True, text=True, timeout=120)
+        result["kv_diagnose_exit"] = diag.returncode
+        try:
+            report = json.loads(diag.stdout)
+            result["kv_diagnose_verdicts"] = [v["id"] for v in report.get("verdicts", [])]
+            result["kv_diagnose"] = report
+        except ValueError:
+            result["kv_diagnose"] = (diag.stdout + diag.stderr)[-2000:]
+        recorder.__exit__(None, None, None)
+        recorder.recording.write(os.path.join(record_dir, f"{name}.om.gz"))
     if case.get("workload"):
         wsp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
         llm.generate([text(99, 512)] * 4, wsp, use_tqdm=False)  # warm-up
