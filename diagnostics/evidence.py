@@ -235,6 +235,32 @@ class Vllm:
 
 
 @dataclass(frozen=True)
+class RestoreCoverage:
+    """Held vs offered tokens of ended lookup rounds (``kvscope_restore_*``), and the
+    latest round a promotion without a free row cut short (``kvscope_last_ceiling_round_*``)."""
+
+    held_tokens: Quantity = ABSENT
+    short_rounds: dict[str, Quantity] = field(default_factory=dict)  # ShortReason value
+    short_tokens: dict[str, Quantity] = field(default_factory=dict)  # ShortReason value
+    ceiling_offered: Quantity = ABSENT
+    ceiling_held: Quantity = ABSENT
+    ceiling_rows_needed: Quantity = ABSENT
+    ceiling_concurrent_requests: Quantity = ABSENT
+    ceiling_concurrent_rows: Quantity = ABSENT
+
+    def rounds(self, reason: S.ShortReason) -> Quantity:
+        return _q(self.short_rounds, reason.value)
+
+    def tokens(self, reason: S.ShortReason) -> Quantity:
+        return _q(self.short_tokens, reason.value)
+
+    def ratio(self, offered: Quantity) -> float | None:
+        """Tokens offered / tokens held over the window (``offered``: kvscope_hit_tokens_total)."""
+        held = self.held_tokens.increase if self.held_tokens.present else 0.0
+        return offered.increase / held if held > 0 else None
+
+
+@dataclass(frozen=True)
 class Evidence:
     source: SourceInfo
     targets: tuple[TargetInfo, ...]
@@ -255,6 +281,7 @@ class Evidence:
     nonfinite: frozenset[str] = field(default_factory=frozenset)
     failures: tuple[str, ...] = ()  # targets/queries that gave nothing usable
     notes: tuple[str, ...] = ()  # what the source or the builder dropped
+    coverage: RestoreCoverage = field(default_factory=RestoreCoverage)
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present
@@ -584,6 +611,19 @@ def build_evidence(raw: RawWindow) -> Evidence:
         nonfinite=frozenset(nonfinite),
         failures=raw.failures,
         notes=raw.notes,
+        coverage=RestoreCoverage(
+            held_tokens=aggregate(get(S.RESTORE_HELD_TOKENS), src, first_seen=fs),
+            short_rounds=_by_label(get(S.RESTORE_SHORT_ROUNDS), S.L_REASON, src, first_seen=fs),
+            short_tokens=_by_label(get(S.RESTORE_SHORT_TOKENS), S.L_REASON, src, first_seen=fs),
+            ceiling_offered=aggregate(get(S.LAST_CEILING_OFFERED_TOKENS), src, "max", first_seen=fs),
+            ceiling_held=aggregate(get(S.LAST_CEILING_HELD_TOKENS), src, "max", first_seen=fs),
+            ceiling_rows_needed=aggregate(get(S.LAST_CEILING_ROWS_NEEDED), src, "max",
+                                          first_seen=fs),
+            ceiling_concurrent_requests=aggregate(get(S.LAST_CEILING_CONCURRENT_REQUESTS), src,
+                                                  "max", first_seen=fs),
+            ceiling_concurrent_rows=aggregate(get(S.LAST_CEILING_CONCURRENT_ROWS), src, "max",
+                                              first_seen=fs),
+        ),
     )
 
 

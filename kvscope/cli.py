@@ -29,6 +29,8 @@ EXPECTED_VERDICT = {
     "queue-wait": "queue_wait",
     "store-never-fits": "store_never_fits",
     "stores-without-restores": "stores_without_restores",
+    "truncated": "capacity_ceiling_truncated",
+    "concurrency": "capacity_ceiling_concurrency",
 }
 
 def _shown() -> tuple[str, ...]:
@@ -37,7 +39,9 @@ def _shown() -> tuple[str, ...]:
 
     return tuple(m.name for m in (
         S.LOOKUP_ROUNDS, S.LOOKUPS, S.ROUNDS_AT_ROW_CEILING, S.LAST_ROUND_PENDING_KEYS,
-        S.LAST_ROUND_REQUEST_KEYS, S.PRIMARY_ROWS, S.PROMOTIONS, S.STORE_JOBS,
+        S.LAST_ROUND_REQUEST_KEYS, S.RESTORE_HELD_TOKENS, S.RESTORE_SHORT_ROUNDS,
+        S.LAST_CEILING_OFFERED_TOKENS, S.LAST_CEILING_HELD_TOKENS, S.LAST_CEILING_ROWS_NEEDED,
+        S.LAST_CEILING_CONCURRENT_ROWS, S.PRIMARY_ROWS, S.PROMOTIONS, S.STORE_JOBS,
         S.PENDING_TRANSFERS, S.OLDEST_PENDING_TRANSFER, S.REQUESTS, S.HIT_TOKENS,
         S.TRANSFER_BYTES, S.TRANSFERS_IN_FLIGHT, S.ROW_CHECKSUMS, S.LOADS_REFUSED,
         S.QUARANTINED_KEYS, S.INFO))

@@ -9,7 +9,9 @@ A module with ``AFTER = True`` runs last and also gets the other findings.
 from __future__ import annotations
 
 from . import (
+    capacity_ceiling_concurrency,
     capacity_ceiling_livelock,
+    capacity_ceiling_truncated,
     capacity_ceiling_veto,
     pending_at_idle,
     queue_wait,
@@ -27,6 +29,8 @@ CLASSIFIERS = (
     stale_rows,
     capacity_ceiling_veto,
     capacity_ceiling_livelock,
+    capacity_ceiling_truncated,
+    capacity_ceiling_concurrency,
     store_never_fits,
     pending_at_idle,
     stores_without_restores,

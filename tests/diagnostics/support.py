@@ -94,6 +94,10 @@ def declared(rank: str = "0", group: str = "0") -> dict:
                          (S.CASCADES, S.CascadeResult)):
         for x in enum:
             d[L(metric.name, result=x.value)] = [0, 0]
+    d[S.RESTORE_HELD_TOKENS.name] = [0, 0]
+    for x in S.ShortReason:
+        d[L(S.RESTORE_SHORT_ROUNDS.name, reason=x.value)] = [0, 0]
+        d[L(S.RESTORE_SHORT_TOKENS.name, reason=x.value)] = [0, 0]
     for o in S.ChecksumOutcome:
         d[L(S.ROW_CHECKSUMS.name, rank=rank, outcome=o.value)] = [0, 0]
     for x in S.RefusalReason:

@@ -34,7 +34,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # scenario -> the verdict that must rank first (the demo checks the same map)
 EXPECTED = EXPECTED_VERDICT
-RESTORE_FAILURES = {"capacity_ceiling_veto", "capacity_ceiling_livelock", "stale_row_corruption"}
+RESTORE_FAILURES = {"capacity_ceiling_veto", "capacity_ceiling_livelock", "stale_row_corruption",
+                    "capacity_ceiling_truncated", "capacity_ceiling_concurrency"}
 
 # CPU copies finish in milliseconds: a transfer pending for 2 s is stuck. The
 # operator default (30 s, the top transfer-time bucket) would make the test wait.
@@ -66,6 +67,11 @@ PREMISES = {
     "queue-wait": lambda f: f["long_running"] and f["queued_done"] == 0,
     "store-never-fits": lambda f: f["restored_tokens"] == 0,
     "stores-without-restores": lambda f: f["restored_tokens"] == 0,
+    # engine truth: restored at the re-ask < what the tiers held (files on disk), same output
+    "truncated": lambda f: f["finished"] and f["same_output"]
+    and f["restored_tokens"][0] < f["held_tokens"][0],
+    "concurrency": lambda f: f["finished"] and f["same_output"]
+    and any(r < h for r, h in zip(f["restored_tokens"], f["held_tokens"], strict=True)),
 }
 ATTEMPTS = 3
 
@@ -157,6 +163,19 @@ def _check(name: str, report, expected: set[str] | None = None) -> None:
                f"{int(keys)} chunk keys" in top.next_step, text
         assert f"cpu_bytes_to_use ≥ {need * row_bytes} " in top.next_step, text
         assert "kvscope_primary_row_bytes" in top.next_step, text
+    elif name == "truncated":  # 12 chunks of 16 tokens, 8 rows, 1 KV group
+        assert "a full restore of that prefix needs 12 rows at once" in ev_text, text
+        assert "the primary tier has 8" in ev_text, text
+        assert re.search(r"restore coverage \d+\.\d% ", ev_text), text
+        assert ev.coverage.ceiling_held.last == 192, text
+        assert ev.coverage.ceiling_offered.last <= 8 * CHUNK_TOKENS, text
+        assert top.next_step.startswith(f"Grow the CPU primary tier to ≥ {math.ceil(12 * 1.25)} "
+                                        "rows (now 8;"), text
+    elif name == "concurrency":  # 3 prompts of 8 chunks re-asked at once, 12 rows
+        assert "needs 8 rows at once: it fits the 12-row primary tier alone" in ev_text, text
+        together = ev.coverage.ceiling_concurrent_rows.max
+        assert together > 12 and together % 8 == 0, text
+        assert "Or admit at most 1 such long-prefix request at once" in top.next_step, text
     elif name == "stale-rows":
         assert "SERVED" not in ev_text, text
         assert re.search(r"\d+ load jobs? refused \(vLLM recomputed those tokens\)", ev_text), text

@@ -1,0 +1,74 @@
+"""Capacity ceiling, concurrency form.
+
+Each long prefix fits the CPU primary tier alone, but requests restoring at the
+same time need more rows together than it has: the first ones promote and pin
+their rows, the next one's promotion finds no free row and its restore is cut
+(often to 0: recomputed from scratch) although the disk tier holds its prefix.
+A tier sized for one request is undersized for the concurrency it serves.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvscope.exporters import signals as S
+
+from ..evidence import Evidence
+from ..model import Finding, Mark
+from ..thresholds import Thresholds
+from ._common import bytes_for, n, window_word
+from .capacity_ceiling_truncated import coverage_lines
+
+ID = "capacity_ceiling_concurrency"
+TITLE = "Capacity ceiling (concurrency form)"
+SEVERITY = 81
+CHECK = ("restores cut at the row ceiling although each prefix fits the primary tier alone "
+         "(capacity ceiling, concurrency form)")
+NEEDS = (S.RESTORE_SHORT_ROUNDS, S.RESTORE_HELD_TOKENS, S.PRIMARY_ROWS)
+EXPLAINS = frozenset({"rounds", "coverage"})
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    c = ev.coverage
+    rows = ev.primary_rows
+    cut = (c.rounds(S.ShortReason.ROW_CEILING).increase
+           + c.rounds(S.ShortReason.GROUP_VETO).increase)
+    need, together = c.ceiling_rows_needed, c.ceiling_concurrent_rows
+    reqs = c.ceiling_concurrent_requests
+    if cut <= 0 or rows <= 0 or not (need.present and together.present and reqs.present):
+        return None
+    # Fits alone (some cut round's prefix needs no more rows than exist), not together.
+    if need.min > rows or together.max <= rows or reqs.max < 2:
+        return None
+    w = window_word(ev)
+    per = int(need.min)
+    lines = [
+        f"{n(cut)} ended lookup rounds {w} offered less than the tiers held: a promotion found "
+        "no free primary row",
+        f"the cut request's held prefix needs {n(per)} rows at once: it fits the {n(rows)}-row "
+        "primary tier alone",
+        f"{n(reqs.max)} requests were restoring at once, needing about {n(together.max)} rows "
+        f"together (> {n(rows)})",
+    ]
+    if c.ceiling_offered.present and c.ceiling_held.present and c.ceiling_held.last > 0:
+        lines.append(f"latest cut round: {n(c.ceiling_offered.last)} tokens offered of "
+                     f"{n(c.ceiling_held.last)} held")
+    lines += coverage_lines(ev)
+    conf = 0.8
+    if ev.tiers.promotion(S.PromotionResult.NO_ROW).increase > 0:
+        conf += 0.05
+        lines.append(f"{n(ev.tiers.promotion(S.PromotionResult.NO_ROW).increase)} promotions "
+                     "found no free row")
+    want = math.ceil(together.max * (1 + th.row_margin) - 1e-9)
+    fit = max(int(rows // per), 1) if per > 0 else 1
+    step = (f"Grow the CPU primary tier to ≥ {want} rows (now {n(rows)}; {n(reqs.max)} concurrent "
+            f"restores need ≈{n(together.max)} rows together; + {th.row_margin:.0%} margin)"
+            + bytes_for(want, ev, th)
+            + f". Or admit at most {fit} such long-prefix request{'s' if fit != 1 else ''} at "
+            f"once ({n(rows)} rows / {per} per request).")
+    marks = []
+    if c.ceiling_concurrent_rows.samples:
+        marks.append(Mark("rounds", c.ceiling_concurrent_rows.samples[-1][0],
+                          "concurrent restores over rows"))
+    return Finding(id=ID, title=TITLE, confidence=min(conf, 0.95), evidence=lines,
+                   next_step=step, severity=SEVERITY, marks=marks, uses_gauges=True)

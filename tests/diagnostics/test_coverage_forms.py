@@ -1,0 +1,89 @@
+"""The truncated and concurrency forms of the capacity ceiling, from synthetic windows
+shaped like the reported GPU run (the live CPU runs are in test_scenarios.py)."""
+
+from __future__ import annotations
+
+from kvscope.diagnostics.engine import diagnose
+from kvscope.exporters import signals as S
+
+from .support import L, base, evidence, info
+
+ROWS = 100  # the H200 report: a 2,000-token prompt (125 chunks of 16), fewer rows than chunks
+
+
+def _gpu_report(**over) -> dict:
+    """1 hit round restoring exactly rows x 16 tokens, 27 deferred, 0 at the row ceiling."""
+    d = base(rows=ROWS)
+    del d[info(rows=ROWS)]
+    d[info(rows=ROWS, chunk_tokens="16")] = [1, 1]
+    d[L(S.LOOKUP_ROUNDS.name, verdict="hit")] = [0, 1]
+    d[L(S.LOOKUP_ROUNDS.name, verdict="deferred")] = [0, 27]
+    d[S.HIT_TOKENS.name] = [0, ROWS * 16]
+    d[L(S.CASCADES.name, result="completed")] = [125, 125]
+    d[L(S.PROMOTIONS.name, result="started")] = [0, ROWS]
+    d[L(S.PROMOTIONS.name, result="no_row")] = [0, 1]
+    d[S.RESTORE_HELD_TOKENS.name] = [0, 2000]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="row_ceiling")] = [0, 1]
+    d[L(S.RESTORE_SHORT_TOKENS.name, reason="row_ceiling")] = [0, 2000 - ROWS * 16]
+    d[S.LAST_CEILING_OFFERED_TOKENS.name] = [ROWS * 16, ROWS * 16]
+    d[S.LAST_CEILING_HELD_TOKENS.name] = [2000, 2000]
+    d[S.LAST_CEILING_ROWS_NEEDED.name] = [125, 125]
+    d[S.LAST_CEILING_CONCURRENT_REQUESTS.name] = [1, 1]
+    d[S.LAST_CEILING_CONCURRENT_ROWS.name] = [125, 125]
+    d.update(over)
+    return d
+
+
+def test_the_reported_gpu_run_is_named_truncated():
+    report = diagnose(evidence(_gpu_report()))
+    top = report.top
+    assert top.id == "capacity_ceiling_truncated", [f.id for f in report.verdicts]
+    assert report.exit_code == 1
+    text = " | ".join(top.evidence)
+    assert "latest such round: 1,600 tokens offered of 2,000 held (80%)" in text, text
+    assert "100 rows / 1 KV group × 16 tokens = 1,600 tokens" in text, text
+    assert "needs 125 rows at once" in text, text
+    assert "restore coverage 80.0%" in text, text
+    assert top.next_step.startswith("Grow the CPU primary tier to ≥ 157 rows (now 100;"), \
+        top.next_step
+
+
+def test_a_restore_that_got_everything_held_is_healthy():
+    d = _gpu_report()
+    d[S.HIT_TOKENS.name] = [0, 2000]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="row_ceiling")] = [0, 0]
+    d[L(S.RESTORE_SHORT_TOKENS.name, reason="row_ceiling")] = [0, 0]
+    for m in (S.LAST_CEILING_OFFERED_TOKENS, S.LAST_CEILING_HELD_TOKENS, S.LAST_CEILING_ROWS_NEEDED,
+              S.LAST_CEILING_CONCURRENT_REQUESTS, S.LAST_CEILING_CONCURRENT_ROWS):
+        del d[m.name]
+    report = diagnose(evidence(d))
+    assert report.top.id == "healthy", [f.id for f in report.verdicts]
+
+
+def test_prefixes_that_fit_alone_but_not_together_are_the_concurrency_form():
+    d = _gpu_report(**{
+        S.LAST_CEILING_OFFERED_TOKENS.name: [0, 0],
+        S.LAST_CEILING_HELD_TOKENS.name: [960, 960],
+        S.LAST_CEILING_ROWS_NEEDED.name: [60, 60],
+        S.LAST_CEILING_CONCURRENT_REQUESTS.name: [3, 3],
+        S.LAST_CEILING_CONCURRENT_ROWS.name: [180, 180],
+    })
+    report = diagnose(evidence(d))
+    top = report.top
+    assert top.id == "capacity_ceiling_concurrency", [f.id for f in report.verdicts]
+    assert "capacity_ceiling_truncated" not in {f.id for f in report.verdicts}
+    assert "Or admit at most 1 such long-prefix request at once (100 rows / 60 per request)" \
+        in top.next_step, top.next_step
+    assert "≥ 225 rows" in top.next_step, top.next_step
+
+
+def test_not_stored_shortfalls_are_healthy():
+    d = _gpu_report()
+    d[S.HIT_TOKENS.name] = [0, 1600]
+    d[S.RESTORE_HELD_TOKENS.name] = [0, 1600]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="row_ceiling")] = [0, 0]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="not_stored")] = [0, 1]
+    for m in (S.LAST_CEILING_OFFERED_TOKENS, S.LAST_CEILING_HELD_TOKENS, S.LAST_CEILING_ROWS_NEEDED,
+              S.LAST_CEILING_CONCURRENT_REQUESTS, S.LAST_CEILING_CONCURRENT_ROWS):
+        del d[m.name]
+    assert diagnose(evidence(d)).top.id == "healthy"
