@@ -43,7 +43,12 @@ from kvscope.connector import faults  # noqa: E402
 
 BLOCK = 16
 ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together
-PROMPT_WORDS = 1500
+# 1504 words + BOS = 1505 tokens (= 1 mod 16) and at most 15 new tokens: no block fills after
+# the prefill. vLLM 0.26's tiering manager forgets a finished request whose stores are done, then
+# builds the store of a block its last tokens filled: KeyError in prepare_store, EngineCore dead
+# (seen on the first GPU run, benchmarks/README.md).
+PROMPT_WORDS = 1504
+MAX_TOKENS = 8
 FLOODS = 4
 
 
@@ -63,9 +68,7 @@ class Server:
                "--block-size", str(BLOCK), "--num-gpu-blocks-override", "200",
                "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
                "--max-num-seqs", "8", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-               # vLLM 0.26's tiering manager + async scheduling (serve's default) dies on the
-               # first request: KeyError in TieringOffloadingManager.prepare_store (README)
-               "--no-async-scheduling",
+               "--no-async-scheduling",  # fewer moving parts; see PROMPT_WORDS for the crash
                "--kv-transfer-config", json.dumps(ktc)]
         self.log = open(os.path.join(out, f"{name}-server.log"), "w")
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONHASHSEED": "0",
@@ -103,7 +106,7 @@ class Server:
             time.sleep(1)
         raise TimeoutError(f"{self.name}: not ready after {timeout}s")
 
-    def complete(self, prompt: str, max_tokens: int = 16, timeout: float = 120) -> dict:
+    def complete(self, prompt: str, max_tokens: int = MAX_TOKENS, timeout: float = 120) -> dict:
         body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0.0, "ignore_eos": True}).encode()
         req = urllib.request.Request(f"{self.base}/v1/completions", data=body,
