@@ -66,6 +66,15 @@ class Config:
     # forever. Raise it for workloads with long prompt bursts.
     capacity_ceiling_for: str = "10m"
 
+    # ---- restore coverage ----------------------------------------------------------------------
+    # Tokens offered / tokens the tiers held (kvscope_hit_tokens_total / kvscope_restore_held_tokens
+    # _total) over the rate window. A healthy tier restores what it holds: 1.0. Below this for
+    # `restore_coverage_for` while the disk tier holds data, restores are being cut (row ceiling,
+    # group veto) and the prefix is recomputed. Prefixes the tiers do not hold never count against
+    # it (not_stored). 0.5: half of what is held recomputed is never a blip.
+    restore_coverage_min: float = 0.5
+    restore_coverage_for: str = "15m"
+
     # ---- row checksum mismatch ---------------------------------------------------------------
     # A mismatch means a rank read bytes for a promoted row that differ from what was written:
     # the load was refused (vLLM recomputed), but the tier is corrupt or mis-addressed. One is
@@ -119,6 +128,7 @@ class Config:
     def __post_init__(self) -> None:
         for name in (
             "rate_window", "rule_interval", "pending_at_idle_for", "capacity_ceiling_for",
+            "restore_coverage_for",
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
             "stores_without_restores_for", "stale_stats_for",
         ):
@@ -129,6 +139,8 @@ class Config:
             value = getattr(self, name)
             if "{" in value or "}" in value:
                 raise ValueError(f"Config.{name} holds matchers only, without braces: {value!r}")
+        if not 0 < self.restore_coverage_min <= 1:
+            raise ValueError("Config.restore_coverage_min must be in (0, 1]")
         if not self.engine_labels:
             raise ValueError("Config.engine_labels must name at least one label")
         if "{alert}" not in self.runbook_path_pattern:

@@ -13,6 +13,28 @@ R = c.RATE_INTERVAL
 TITLE = "KV offload / Overview"
 
 
+def restore_coverage(cfg: Config):
+    held = f"sum(rate({s.RESTORE_HELD_TOKENS.name}{c.dsel(cfg)}[{R}]))"
+    short_of_held = s.L_REASON + '!="' + s.ShortReason.NOT_STORED.value + '"'
+    return c.timeseries(
+        "Restore coverage (offered / held)",
+        "Of the prompt-prefix tokens the offload tiers held when lookup rounds ended (vLLM's "
+        "cross-group AND applied), the share offered to load; the rest was recomputed. Healthy: "
+        "1. Below 1 the tiers had the data and kvscope_restore_short_tokens_total says why it "
+        "was not restored: row_ceiling (the primary tier has fewer rows than the restore needs: "
+        "a long prefix truncated at rows x chunk tokens, or concurrent restores), group_veto "
+        "(another KV group missed), load_cap. Prefixes the tiers never held do not count here "
+        "(not_stored). kv-diagnose names the form and the rows needed.",
+        [
+            (f"sum(rate({s.HIT_TOKENS.name}{c.dsel(cfg)}[{R}])) / {held}", "coverage"),
+            (f"sum by ({s.L_REASON}) (rate({s.RESTORE_SHORT_TOKENS.name}"
+             f"{c.dsel(cfg, short_of_held)}[{R}]))\n/ ignoring({s.L_REASON}) group_left {held}",
+             "held, not offered: {{" + s.L_REASON + "}}"),
+        ],
+        unit="percentunit", width=24,
+    ).max(1)
+
+
 def lookup_verdicts(cfg: Config):
     return c.timeseries(
         "Lookup rounds by verdict",
@@ -208,6 +230,7 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         )
         .link(c.link_to("Incident view", cfg.incident_uid))
         .with_row(db.Row("Lookups"))
+        .with_panel(restore_coverage(cfg))
         .with_panel(lookup_verdicts(cfg))
         .with_panel(group_outcomes(cfg))
         .with_panel(hit_ratio_per_tier(cfg))

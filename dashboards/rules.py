@@ -19,6 +19,7 @@ ALERT_CAPACITY_CEILING = "KVOffloadCapacityCeiling"
 ALERT_CHECKSUM_MISMATCH = "KVOffloadRowChecksumMismatch"
 ALERT_STORES_WITHOUT_RESTORES = "KVOffloadStoresWithoutRestores"
 ALERT_STATS_STALE = "KVOffloadStatsStale"
+ALERT_RESTORE_COVERAGE = "KVOffloadRestoreCoverageCollapsed"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -26,6 +27,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_CHECKSUM_MISMATCH,
     ALERT_STORES_WITHOUT_RESTORES,
     ALERT_STATS_STALE,
+    ALERT_RESTORE_COVERAGE,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -74,6 +76,18 @@ class Recorded:
         return self._n("", s.ROUNDS_AT_ROW_CEILING.base, f"rate{self._w()}")
 
     @property
+    def restore_held_tokens_rate(self) -> str:
+        return self._n("", s.RESTORE_HELD_TOKENS.base, f"rate{self._w()}")
+
+    @property
+    def restore_coverage_ratio(self) -> str:
+        return self._n("", s.PREFIX + "restore_coverage", f"ratio_rate{self._w()}")
+
+    @property
+    def restore_short_tokens_rate(self) -> str:
+        return self._n(s.L_REASON, s.RESTORE_SHORT_TOKENS.base, f"rate{self._w()}")
+
+    @property
     def transfer_bytes_rate(self) -> str:
         return self._n(f"{s.L_RANK}_{s.L_DIRECTION}", s.TRANSFER_BYTES.base, f"rate{self._w()}")
 
@@ -111,6 +125,15 @@ def recording_rules(cfg: Config = DEFAULT) -> list[dict]:
          "expr": f"sum by ({by}) (rate({s.HIT_TOKENS.name}{sel()}[{w}]))"},
         {"record": r.ceiling_rate,
          "expr": f"sum by ({by}) (rate({s.ROUNDS_AT_ROW_CEILING.name}{sel()}[{w}]))"},
+        {"record": r.restore_held_tokens_rate,
+         "expr": f"sum by ({by}) (rate({s.RESTORE_HELD_TOKENS.name}{sel()}[{w}]))"},
+        # offered / held; NaN while nothing held was looked up (never below a threshold)
+        {"record": r.restore_coverage_ratio,
+         "expr": (f"sum by ({by}) (rate({s.HIT_TOKENS.name}{sel()}[{w}]))\n"
+                  f"/\nsum by ({by}) (rate({s.RESTORE_HELD_TOKENS.name}{sel()}[{w}]))")},
+        {"record": r.restore_short_tokens_rate,
+         "expr": (f"sum by ({by}, {s.L_REASON}) "
+                  f"(rate({s.RESTORE_SHORT_TOKENS.name}{sel()}[{w}]))")},
         {"record": r.transfer_bytes_rate,
          "expr": (f"sum by ({by}, {s.L_RANK}, {s.L_DIRECTION}) "
                   f"(rate({s.TRANSFER_BYTES.name}{sel()}[{w}]))")},
@@ -203,6 +226,12 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         f"unless on ({by}) sum by ({by}) "
         f"(increase({s.LOOKUP_ROUNDS.name}{sel(eq(s.L_VERDICT, verdict_hit))}[{sw}])) > 0"
     )
+    restore_coverage = (
+        # restores offered less than the tiers held, over the rate window ...
+        f"{r.restore_coverage_ratio} < {cfg.restore_coverage_min:g}\n"
+        # ... while the disk tier holds data (something was ever cascaded to it)
+        f"and on ({by}) sum by ({by}) ({s.CASCADES.name}{sel(eq(s.L_RESULT, completed))}) > 0"
+    )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -250,6 +279,15 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             "kvscope statistics stopped advancing while requests are in flight.",
             f"The last scheduler step of {_WHO} is {{{{ $value | humanizeDuration }}}} old "
             f"although requests are in flight and the target is up; its kvscope gauges are stale.",
+        ),
+        _alert(
+            cfg, ALERT_RESTORE_COVERAGE, restore_coverage, cfg.restore_coverage_for,
+            cfg.severity_warning,
+            "KV offload restores recompute much of what the tiers hold.",
+            f"{_WHO} offered {{{{ $value | humanizePercentage }}}} of the prefix tokens its offload "
+            f"tiers held for more than {cfg.restore_coverage_for} (threshold "
+            f"{cfg.restore_coverage_min:.0%}) while the disk tier holds data: restores are cut "
+            f"at the primary tier's row ceiling or vetoed, the rest is recomputed.",
         ),
     ]
 
