@@ -53,7 +53,8 @@ FLOODS = 4
 
 
 class Server:
-    def __init__(self, out: str, name: str, port: int, extra: dict, env: dict) -> None:
+    def __init__(self, out: str, name: str, port: int, extra: dict, env: dict,
+                 max_batched: int | None = None) -> None:
         self.out, self.name, self.port = out, name, port
         self.model = tempfile.mkdtemp(prefix="kvscope-model-")
         make_model(self.model)
@@ -70,6 +71,8 @@ class Server:
                "--max-num-seqs", "8", "--enable-prefix-caching", "--enable-prompt-tokens-details",
                "--no-async-scheduling",  # fewer moving parts; see PROMPT_WORDS for the crash
                "--kv-transfer-config", json.dumps(ktc)]
+        if max_batched:  # chunked prefill: store jobs of max_batched / 16 rows
+            cmd += ["--max-num-batched-tokens", str(max_batched)]
         self.log = open(os.path.join(out, f"{name}-server.log"), "w")
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "PYTHONHASHSEED": "0",
                "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", **env}
@@ -353,8 +356,8 @@ def run_stale_rows(args, result: dict) -> None:
                                   "n_write_threads": 4}],
              "kvscope": {"checksum_policy": args.policy}}
     name = f"stale-rows-{args.policy}"
-    s = Server(out, name, args.port, extra, {})
-    result.update(policy=args.policy, rows=args.rows)
+    s = Server(out, name, args.port, extra, {}, args.max_batched)
+    result.update(policy=args.policy, rows=args.rows, max_batched=args.max_batched)
     try:
         result["engine_up_s"] = s.wait_ready()
         c = Campaign(s, out, 5000)
@@ -386,6 +389,7 @@ def main() -> int:
     p.add_argument("--policy", default="refuse", choices=["observe", "refuse"])
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--rows", type=int, default=100)
+    p.add_argument("--max-batched", type=int, default=None, help="--max-num-batched-tokens")
     p.add_argument("--hold", type=float, default=22.0, help="seconds a fault's state is held")
     p.add_argument("--idle", type=float, default=15.0, help="idle seconds after each phase")
     p.add_argument("--client-timeout", type=float, default=8.0)
