@@ -48,15 +48,15 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
-    KVCacheTensor,
 )
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
-from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+from kvscope.connector.compat import harness, renames
 
 VOCAB = 1024
 # Which simulated rank a worker-role connector being built belongs to, and
@@ -71,7 +71,7 @@ _SIM_STUCK: contextvars.ContextVar[Callable[[int, str, int], bool] | None] = con
 class CPUCopyWorker(OffloadingWorker):
     """vLLM's OffloadingWorker interface, with memcpy where a GPU would DMA."""
 
-    def __init__(self, kv_caches: Any, region: SharedOffloadRegion | None, rows: int,
+    def __init__(self, kv_caches: Any, region: Any | None, rows: int,
                  slot_size: int, rank: int = 0,
                  stuck: Callable[[int, str, int], bool] | None = None) -> None:
         self._rank = rank
@@ -79,7 +79,7 @@ class CPUCopyWorker(OffloadingWorker):
         self._group_refs = kv_caches.group_data_refs
         self._mmap_region = region
         if region is not None:
-            self._views = [region.create_next_view(t.shape[1]) for t in self._tensors]
+            self._views = [harness.region_view(region, t.shape[1]) for t in self._tensors]
         else:  # CPU spec: each rank owns private host memory
             self._views = [torch.zeros((rows, t.shape[1]), dtype=torch.int8)
                            for t in self._tensors]
@@ -115,7 +115,8 @@ class CPUCopyWorker(OffloadingWorker):
     def submit_store(self, job_id, src_spec, dst_spec) -> bool:
         return self._copy(job_id, "store", src_spec, dst_spec, to_cpu=True)
 
-    def submit_load(self, job_id, src_spec, dst_spec) -> bool:
+    def submit_load(self, job_id, src_spec, dst_spec, expedited: bool = False) -> bool:
+        # expedited (vLLM 0.33's sync loads): copies here complete at once anyway
         return self._copy(job_id, "load", dst_spec, src_spec, to_cpu=False)
 
     def get_finished(self) -> list[TransferResult]:
@@ -139,10 +140,9 @@ def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
         engine_id = spec._engine_id
         if rank in _SIM_OWN_REGION.get():
             engine_id = f"{engine_id}-node{rank}"  # this rank's own /dev/shm, as on another host
-        region = SharedOffloadRegion(engine_id=engine_id, num_blocks=spec.num_blocks, rank=rank,
-                                     kv_bytes_per_block=spec.kv_bytes_per_chunk,
-                                     cpu_page_size=spec.cpu_page_size_per_worker)
-    return CPUCopyWorker(kv_caches, region, spec.num_blocks, spec.cpu_page_size_per_worker,
+        region = harness.shared_region(engine_id, spec, rank)
+    return CPUCopyWorker(kv_caches, region, renames.spec_rows_total(spec),
+                         spec.cpu_page_size_per_worker,
                          rank, _SIM_STUCK.get())
 
 
@@ -239,8 +239,8 @@ class CPUEngine:
                   for g in range(cfg.kv_groups)]
         self.kv_cache_config = KVCacheConfig(
             num_blocks=cfg.num_gpu_blocks,
-            kv_cache_tensors=[KVCacheTensor(size=self.page * cfg.num_gpu_blocks,
-                                            shared_by=[name]) for name in self.layers],
+            kv_cache_tensors=harness.kv_cache_tensors(self.layers, cfg.num_gpu_blocks,
+                                                      self.page),
             kv_cache_groups=groups)
         worker_bytes_per_block = self.page * len(self.layers)
         row_bytes = _round_up(worker_bytes_per_block * cfg.world_size, 4096)
@@ -392,9 +392,9 @@ class CPUEngine:
         outputs = []
         for rank in self.ranks:
             c = rank.connector
-            fs, fr = c.get_finished(so.finished_req_ids)
-            out = KVConnectorOutput(
-                finished_sending=fs or None, finished_recving=fr or None,
+            fs, fr, failed = harness.finish_step(c, so.finished_req_ids)
+            out = harness.connector_output(
+                failed, finished_sending=fs or None, finished_recving=fr or None,
                 invalid_block_ids=c.get_block_ids_with_load_errors(),
                 kv_connector_stats=c.get_kv_connector_stats(),
                 kv_connector_worker_meta=c.build_connector_worker_meta())

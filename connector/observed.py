@@ -34,6 +34,7 @@ from vllm.v1.kv_offload.base import (
 
 from kvscope.connector import compat, faults
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.compat import load_failures
 from kvscope.connector.scheduler_side import SchedulerObserver, bracket
 from kvscope.connector.worker_side import WorkerProxy
 from kvscope.exporters import signals
@@ -106,7 +107,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     vllm_config=vllm_config,
                     kv_cache_config=kv_cache_config,
                     checksum_policy=effective_policy(self.kvscope_settings.checksum_policy,
-                                                     kv_cache_config))
+                                                     kv_cache_config, extra))
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
@@ -132,20 +133,24 @@ class ObservedOffloadingConnector(OffloadingConnector):
         cw = self.connector_worker
         if cw is None or cw.worker is None or isinstance(cw.worker, WorkerProxy):
             return
-        policy = effective_policy(self.kvscope_settings.checksum_policy, cw.kv_cache_config)
+        extra = getattr(cw.spec, "extra_config", None)
+        policy = effective_policy(self.kvscope_settings.checksum_policy, cw.kv_cache_config,
+                                  extra)
         global _WARNED_POLICY
         if policy != self.kvscope_settings.checksum_policy and not _WARNED_POLICY:
             _WARNED_POLICY = True
             logger.warning(
-                "kvscope: checksum_policy=refuse needs vLLM to recompute refused loads, which "
-                "vLLM %s supports only for single-KV-group models; this model has several, "
+                "kvscope: checksum_policy=refuse needs vLLM to recompute refused loads; "
+                "vLLM %s cannot do that safely for this model (several KV-cache groups%s), "
                 "so mismatches are counted (policy observe) and not refused.",
-                compat.VLLM_VERSION)
+                compat.VLLM_VERSION, " and a sync_load_budget_bytes"
+                if load_failures.request_level_supported() else "")
         with self.kvscope_recorder.guard(ErrorSite.WORKER):
             cw.worker = WorkerProxy(
                 cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
                 spec=cw.spec, checksum_policy=policy,
-                algorithm=self.kvscope_settings.checksum_algorithm)
+                algorithm=self.kvscope_settings.checksum_algorithm,
+                refusal_path=load_failures.refusal_path(cw.kv_cache_config, extra))
             faults.install_worker(cw.worker)  # test-only, off unless KVSCOPE_FAULT_FILE
             self._maybe_start_exporter(1 + cw.worker.rank)
 
@@ -158,12 +163,27 @@ class ObservedOffloadingConnector(OffloadingConnector):
         super().register_cross_layers_kv_cache(kv_cache, attn_backend)
         self._wrap_worker()
 
+    def start_load_kv(self, forward_context, **kwargs):
+        w = self.kvscope_worker
+        if w is not None:  # which request each load job serves (request-level refusals)
+            w.note_load_jobs(getattr(self._connector_metadata, "load_jobs", None))
+        return super().start_load_kv(forward_context, **kwargs)
+
     def get_finished(self, finished_req_ids):
         result = super().get_finished(finished_req_ids)
         w = self.kvscope_worker
         if w is not None:
             w.step()
         return result
+
+    if load_failures.request_level_supported():  # vLLM 0.33 (0.26's runner calls get_finished)
+        def get_transfer_results(self, finished_req_ids):
+            """Finished transfers plus refused loads as failed receives."""
+            results = super().get_transfer_results(finished_req_ids)
+            w = self.kvscope_worker
+            if w is None:
+                return results
+            return load_failures.with_failed_requests(results, w.take_failed_requests())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors = set(super().get_block_ids_with_load_errors())
@@ -250,9 +270,11 @@ class ObservedOffloadingConnector(OffloadingConnector):
                 self.kvscope_exporter = None
 
 
-def effective_policy(policy: str, kv_cache_config: Any) -> str:
+def effective_policy(policy: str, kv_cache_config: Any,
+                     extra_config: dict[str, Any] | None = None) -> str:
     """The checksum policy that can be honoured (what kvscope_info reports too)."""
-    if policy == ChecksumPolicy.REFUSE and not compat.load_errors_recoverable(kv_cache_config):
+    if (policy == ChecksumPolicy.REFUSE
+            and load_failures.refusal_path(kv_cache_config, extra_config) is None):
         return ChecksumPolicy.OBSERVE
     return policy
 

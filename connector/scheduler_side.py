@@ -19,6 +19,7 @@ from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy, digest_slots
 from kvscope.connector.coverage import Coverage, MissCause, judge
+from kvscope.connector.compat import load_failures
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash, tracing_enabled
 from kvscope.exporters.recorder import Recorder
@@ -54,7 +55,8 @@ class Round:
     label values happens once per round / per step.
     """
 
-    __slots__ = ("started_ns", "raw", "no_row", "refused", "first_miss", "_per_group")
+    __slots__ = ("started_ns", "raw", "no_row", "refused", "first_miss", "found",
+                 "self_evicted", "_per_group")
 
     def __init__(self, started_ns: int) -> None:
         self.started_ns = started_ns
@@ -63,6 +65,10 @@ class Round:
         self.refused = False  # the lookup in progress had its promotion refused
         # group suffix -> (first key answered MISS, why): where each group's scan stopped
         self.first_miss: dict[bytes, tuple[bytes, MissCause]] = {}
+        self.found: set[bytes] = set()  # keys some tier holds (lookup not MISS)
+        # rows this round found that its own promotions evicted again (vLLM 0.33:
+        # lookups no longer touch rows, so a full tier evicts instead of refusing)
+        self.self_evicted = 0
         self._per_group: dict[int, list[int]] | None = None
 
     def on_miss(self, suffix: bytes, key: bytes, quarantined: bool) -> None:
@@ -94,6 +100,14 @@ class Round:
     def pending_keys(self) -> int:
         t = self.totals()
         return t.get(compat.RETRY, 0) + t.get(compat.HIT_PENDING, 0)
+
+    def at_row_ceiling(self, rows_total: int) -> bool:
+        """The keys this round found reached the row count and its promotions ran
+        out of rows: refused for want of a free row (0.26, ``no_row``) or evicting
+        rows the round itself found (0.33, ``self_evicted``). Async-lookup RETRYs
+        alone can also reach the row count (a working set exactly the tier's size)."""
+        return (rows_total > 0 and len(self.found) >= rows_total
+                and (self.no_row > 0 or self.self_evicted > 0))
 
     def verdict(self, num_tokens: int | None) -> Verdict:
         if num_tokens is None:
@@ -221,7 +235,8 @@ class SchedulerObserver:
         # keys up, load and be refused again, forever.
         self.quarantine: dict[bytes, None] = {}  # insertion-ordered set (oldest trimmed)
         self._load_keys: dict[int, list[bytes]] = {}  # id(load spec) -> keys, until meta
-        self._load_jobs: dict[int, tuple[set[int], list[bytes]]] = {}  # job -> (GPU blocks, keys)
+        # job -> (GPU blocks, keys, request id)
+        self._load_jobs: dict[int, tuple[set[int], list[bytes], str | None]] = {}
         self._static_done = False
         self._stamped = 0.0
         self._gauges_at = 0.0
@@ -271,6 +286,9 @@ class SchedulerObserver:
                 else:
                     self.rec.inc(signals.PROMOTIONS, (PromotionResult.STARTED.value,),
                                  len(out.keys_to_store))
+                    rnd = self._round
+                    if rnd is not None and out.evicted_keys:
+                        rnd.self_evicted += sum(k in rnd.found for k in out.evicted_keys)
                     self._forget(out.evicted_keys)
                     self._forget(out.keys_to_store)
             return out
@@ -395,6 +413,8 @@ class SchedulerObserver:
                 rnd.raw[pair] = rnd.raw.get(pair, 0) + 1
                 if result is _MISS:  # at most once per group per scan
                     rnd.on_miss(pair[0], key, quarantined)
+                else:
+                    rnd.found.add(key)
         except Exception as exc:
             self.rec.error(ErrorSite.LOOKUP, exc)
 
@@ -429,9 +449,7 @@ class SchedulerObserver:
                 self.rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
                 self.rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
                              self._request_keys(request))
-                # Async-lookup RETRYs can also reach the row count (a working set
-                # exactly the tier's size); the ceiling is when rows ran out.
-                at_ceiling = rows_total > 0 and pending >= rows_total and rnd.no_row > 0
+                at_ceiling = rnd.at_row_ceiling(rows_total)
                 if at_ceiling:
                     self.rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
             if verdict is Verdict.HIT:
@@ -535,7 +553,8 @@ class SchedulerObserver:
             for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
                 keys = self._load_keys.pop(id(job.src_spec), None)
                 if keys is not None:
-                    self._load_jobs[job_id] = (set(compat.spec_rows(job.dst_spec)), keys)
+                    self._load_jobs[job_id] = (set(compat.spec_rows(job.dst_spec)), keys,
+                                               load_failures.load_job_request(job))
             self._load_keys.clear()
 
     def on_connector_output(self, output: Any) -> None:
@@ -543,9 +562,10 @@ class SchedulerObserver:
             return
         with self.rec.guard(ErrorSite.CHECKSUM):
             invalid = set(getattr(output, "invalid_block_ids", None) or ())
-            if invalid:
-                for job_id, (blocks, keys) in list(self._load_jobs.items()):
-                    if blocks & invalid:
+            failed = load_failures.failed_requests(output)  # 0.33, several KV groups
+            if invalid or failed:
+                for job_id, (blocks, keys, req_id) in list(self._load_jobs.items()):
+                    if blocks & invalid or req_id in failed:
                         self.quarantine.update(dict.fromkeys(keys))
                         del self._load_jobs[job_id]
             live = {jid for jid, _ in compat.connector_jobs(self.cs)}

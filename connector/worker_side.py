@@ -7,10 +7,12 @@ scheduler host) is first checked against this rank's own mapping of those rows:
 
 * policy ``observe``: mismatches are counted, the load is served;
 * policy ``refuse`` (default): the load is not submitted. The job is reported
-  finished (vLLM 0.26 does not support failed jobs) and its GPU blocks are
-  reported through ``get_block_ids_with_load_errors`` so vLLM's
-  ``kv_load_failure_policy`` applies: ``recompute`` recomputes those tokens,
-  ``fail`` fails the request. Never wrong tokens.
+  finished (vLLM's offloading worker does not support failed jobs) and vLLM's
+  ``kv_load_failure_policy`` applies (``recompute`` recomputes those tokens,
+  ``fail`` fails the request): its GPU blocks go through
+  ``get_block_ids_with_load_errors`` (one KV group), or, on vLLM 0.33 with
+  several groups, its request through ``failed_recving``
+  (``compat.load_failures``). Never wrong tokens.
 
 Fail-open for observability, fail-closed for correctness: an exception in the
 telemetry is counted and swallowed; a rank that cannot read its own slot
@@ -27,6 +29,7 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.compat import load_failures
 from kvscope.connector.scheduler_side import TIMESTAMP_RESOLUTION_S
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
@@ -44,8 +47,10 @@ class _Job:
 class WorkerProxy:
     def __init__(self, inner: Any, *, recorder: Recorder, tracer: Tracer, spec: Any,
                  checksum_policy: str = ChecksumPolicy.REFUSE,
-                 algorithm: str = DEFAULT_ALGORITHM) -> None:
+                 algorithm: str = DEFAULT_ALGORITHM,
+                 refusal_path: str | None = load_failures.BLOCKS) -> None:
         self._inner = inner
+        self._refusal_path = refusal_path
         self._rec = recorder
         self._tracer = tracer
         self._policy = checksum_policy
@@ -58,6 +63,8 @@ class WorkerProxy:
         self._jobs: dict[int, _Job] = {}
         self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
         self._load_errors: set[int] = set()
+        self._load_requests: dict[int, str] = {}  # job id -> request id (this step's loads)
+        self._failed_requests: set[str] = set()
         self._stamped = 0.0
         self._tracing = tracing_enabled(tracer)
         setattr(self, compat.WRAPPED_MARK, True)
@@ -78,7 +85,7 @@ class WorkerProxy:
 
     def submit_load(self, job_id, src_spec, dst_spec, *args, **kwargs):
         if self._policy != ChecksumPolicy.OFF and not self._verify(src_spec):
-            if self._policy == ChecksumPolicy.REFUSE:
+            if self._policy == ChecksumPolicy.REFUSE and self._can_refuse(job_id):
                 self._refused[job_id] = compat.spec_rows(dst_spec)
                 return True
         self._track(job_id, Direction.CPU_TO_GPU, dst_spec)
@@ -112,7 +119,10 @@ class WorkerProxy:
 
             for job_id, blocks in self._refused.items():
                 results.append(TransferResult(job_id=job_id, success=True))
-                self._load_errors.update(blocks)
+                if self._refusal_path == load_failures.REQUESTS:
+                    self._failed_requests.add(self._load_requests[job_id])
+                else:
+                    self._load_errors.update(blocks)
             self._refused.clear()
         return results
 
@@ -123,6 +133,25 @@ class WorkerProxy:
         return self._inner.shutdown()
 
     # ---- kvscope ------------------------------------------------------------------------
+    def note_load_jobs(self, load_jobs: dict | None) -> None:
+        """Remember which request each of this step's asynchronous load jobs serves."""
+        with self._rec.guard(ErrorSite.WORKER):
+            self._load_requests = {
+                job_id: load_failures.load_job_request(job)
+                for job_id, job in (load_jobs or {}).items()
+                if not getattr(job, "sync", False)}
+
+    def _can_refuse(self, job_id: int) -> bool:
+        """Whether vLLM can recompute this load if refused. Request-level reports
+        (0.33, several groups) need the job's request and an asynchronous load."""
+        if self._refusal_path == load_failures.REQUESTS:
+            return self._load_requests.get(job_id) is not None
+        return self._refusal_path is not None
+
+    def take_failed_requests(self) -> set[str]:
+        failed, self._failed_requests = self._failed_requests, set()
+        return failed
+
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors

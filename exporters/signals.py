@@ -13,6 +13,22 @@ The same names appear on both export paths:
 * vLLM's own ``/metrics`` (through the connector stats pipeline), where vLLM
   adds its ``model_name`` and ``engine`` labels in front of ours;
 * the standalone kvscope exporter (one process or rank), without them.
+
+The contract is the same on every supported vLLM release (0.26.0 .. 0.33.0):
+same names, labels and label values. Where vLLM's own semantics moved, the
+signals keep their meaning and the difference is written beside them:
+
+* A tiering lookup that starts a promotion answers ``retry`` in vLLM 0.26 and
+  ``hit_pending`` in 0.33 (``kvscope_lookups_total{result}`` shows which).
+  Both count as pending keys: they feed ``verdict="deferred"``, the pending-key
+  histogram and gauge, and the row-ceiling counter alike.
+* The row ceiling's "rows ran out": vLLM 0.26 refuses the promotion
+  (``kvscope_promotions_total{result="no_row"}``); 0.33 no longer touches rows
+  on lookup, so the promotion evicts a row the same round had just found.
+* A refused load reaches vLLM's ``kv_load_failure_policy`` per block (one KV
+  group), or on 0.33 with several groups per request (``failed_recving``);
+  0.26 with several groups cannot recompute safely: ``checksum_policy`` falls
+  back to ``observe`` (``kvscope_info{checksum_policy}`` says so).
 """
 
 from __future__ import annotations
@@ -70,7 +86,10 @@ VLLM_LABEL_ENGINE = "engine"
 # Label values (closed sets; anything else is a bug)
 # --------------------------------------------------------------------------
 class LookupResult(str, Enum):
-    """What ``OffloadingManager.lookup`` answered for one key."""
+    """What ``OffloadingManager.lookup`` answered for one key.
+
+    After starting a promotion a tiering lookup answers RETRY in vLLM 0.26 and
+    HIT_PENDING in 0.33; both are pending keys (see the module docstring)."""
 
     HIT = "hit"
     MISS = "miss"
@@ -238,8 +257,9 @@ LAST_ROUND_PENDING_KEYS = Metric(
 )
 ROUNDS_AT_ROW_CEILING = Metric(
     "kvscope_rounds_at_row_ceiling_total", Kind.COUNTER, Side.SCHEDULER,
-    "Vetoed or deferred lookup rounds whose pending-key sum reached the primary tier's row "
-    "count while a promotion found no free row: the capacity-ceiling tell.",
+    "Vetoed or deferred lookup rounds whose found keys reached the primary tier's row count "
+    "while its promotions ran out of rows (vLLM 0.26: a promotion found no free row; 0.33: a "
+    "promotion evicted a row the same round had found): the capacity-ceiling tell.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 HIT_TOKENS = Metric(

@@ -9,6 +9,7 @@ in-memory OTel exporter received.
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 import subprocess
 
@@ -62,7 +63,7 @@ def test_healthy_store_evict_to_disk_promote_then_hit(spans):
     assert ex.value(S.TELEMETRY_ERRORS.name) == 0
     (info,) = ex.series(S.INFO.name)
     assert info[0]["tiers"] == "cpu+fs" and info[0]["primary_rows"] == "12"
-    assert info[0]["vllm_version"] == "0.26.0"
+    assert info[0]["vllm_version"] == importlib.metadata.version("vllm")
 
     finished = spans.get_finished_spans()
     rounds = [s for s in finished if s.name == S.SPAN_LOOKUP_ROUND]

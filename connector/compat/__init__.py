@@ -1,9 +1,18 @@
 """Everything kvscope reads from vLLM's offload internals, in one place.
 
-kvscope is written against vLLM 0.26 (pinned in the ``vllm`` extra). What vLLM
-0.33 renamed (``chunk_ids`` for ``block_ids``, ``_jobs`` for ``_transfer_jobs``,
-HIT_PENDING for promotion RETRY, ...) is absorbed here and nowhere else; see
-``../shared/research/vllm-offload-internals.md`` section 5 for the checklist.
+kvscope supports vLLM 0.26.0 .. 0.33.0 (the ``vllm`` extra). What differs
+between releases is absorbed in this package and nowhere else, one module per
+difference, each naming the release that needs it:
+
+* ``renames``: 0.33 calls primary-tier rows chunks (``num_chunks``, ``chunk_ids``).
+* ``load_failures``: how a refused load reaches vLLM; 0.33's request-level
+  ``failed_recving`` for models with several KV groups.
+* ``harness``: constructors and runner calls the CPU harness uses (0.33's
+  ``KVCacheTensor`` placement, ``SharedOffloadRegion`` sizes, ``get_transfer_results``).
+* lookup results: a tiering lookup that starts a promotion answers RETRY in 0.26
+  and HIT_PENDING in 0.33; both count as pending keys (``Round.pending_keys``),
+  so the deferred and row-ceiling verdicts mean the same on both.
+
 Private attributes are read only here, always with a fallback, never written.
 """
 
@@ -14,12 +23,13 @@ import mmap
 from collections.abc import Iterable
 from typing import Any
 
-import vllm
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
 
+from kvscope.connector.compat import renames
+from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
-VLLM_VERSION: str = getattr(vllm, "__version__", "unknown")
+__all__ = ["VLLM_VERSION"]
 
 MISS = VLookupResult.MISS
 HIT = VLookupResult.HIT
@@ -42,7 +52,6 @@ EXPECTED_DIGESTS_ATTR = "kvscope_expected_digests"
 GROUP_SUFFIX_BYTES = 4
 
 
-
 def primary_tier(manager: Any) -> Any:
     """The CPU primary tier: a tiering manager's ``primary_tier``, else the manager."""
     return getattr(manager, "primary_tier", manager)
@@ -58,10 +67,8 @@ def tier_type(tier: Any) -> str:
 
 def row_states(primary: Any) -> tuple[int, int, int]:
     """(total, occupied, in_flight) rows of a CPUOffloadingManager."""
-    total = int(getattr(primary, "_num_blocks", 0))
-    allocated = int(getattr(primary, "_num_allocated_blocks", 0))
+    total, allocated, in_flight = renames.primary_counters(primary)
     free = len(getattr(primary, "_free_list", ()))
-    in_flight = int(getattr(primary, "_num_write_pending_blocks", 0))
     return total, max(allocated - free, 0), in_flight
 
 
@@ -72,10 +79,7 @@ def connector_jobs(connector_scheduler: Any) -> Iterable[tuple[int, bool]]:
 
 
 def job_rows(job: Any) -> list[int]:
-    rows = getattr(job, "chunk_ids", None)
-    if rows is None:
-        rows = getattr(job, "block_ids", ())
-    return [int(r) for r in rows]
+    return renames.row_ids(job)
 
 
 def job_keys(job: Any) -> list[bytes]:
@@ -103,7 +107,7 @@ class RegionGeometry:
 
 
 def region_geometry(spec: Any) -> RegionGeometry | None:
-    rows = int(getattr(spec, "num_blocks", 0) or 0)
+    rows = renames.spec_rows_total(spec)
     row_stride = int(getattr(spec, "kv_bytes_per_chunk", 0) or 0)
     slot = int(getattr(spec, "cpu_page_size_per_worker", 0) or 0)
     if not (rows and row_stride and slot):
@@ -212,17 +216,6 @@ def scheduler_spec(manager: Any, vllm_config: Any, kv_cache_config: Any) -> Any:
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
     return OffloadingSpecFactory.create_spec(build_offloading_config(vllm_config, kv_cache_config))
-
-
-def load_errors_recoverable(kv_cache_config: Any) -> bool:
-    """Whether vLLM can recompute blocks reported through get_block_ids_with_load_errors.
-
-    vLLM 0.26's recovery path (Scheduler._update_requests_with_invalid_blocks)
-    unpacks exactly one KV-cache group; with several groups it raises inside the
-    engine step. kvscope then must not report load errors: a refusal would crash
-    the engine instead of recomputing.
-    """
-    return len(getattr(kv_cache_config, "kv_cache_groups", ()) or ()) <= 1
 
 
 # ---- restore coverage (read only; called once per ended lookup round) -------------------

@@ -1,0 +1,76 @@
+"""What the CPU harness (``connector/cpu_engine.py``) builds differently per vLLM release.
+
+The harness plays the model runner and the GPU; these are the vLLM constructors
+and runner calls whose shape changed between 0.26 and 0.33.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvscope.connector.compat import renames
+
+
+def kv_cache_tensors(layers: list[str], num_blocks: int, page_bytes: int) -> list[Any]:
+    """KVCacheTensor entries for layers that each own ``num_blocks`` pages, layer-outermost.
+
+    0.26: one ``KVCacheTensor(size, shared_by=[layer])`` per layer. 0.33: every
+    entry places layers within one backing allocation whose total ``size`` the
+    offloading config reads from the first entry (``layers``, ``layer_stride``,
+    ``block_stride``).
+    """
+    from vllm.v1.kv_cache_interface import KVCacheTensor
+
+    per_layer = page_bytes * num_blocks
+    if "shared_by" in KVCacheTensor.__dataclass_fields__:  # 0.26
+        return [KVCacheTensor(size=per_layer, shared_by=[layer]) for layer in layers]
+    return [KVCacheTensor(size=per_layer * len(layers), layers=list(layers),  # 0.33
+                          layer_stride=per_layer, block_stride=page_bytes)]
+
+
+def shared_region(engine_id: str, spec: Any, rank: int) -> Any:
+    """A worker's SharedOffloadRegion (0.26 ``num_blocks``/``kv_bytes_per_block``,
+    0.33 ``num_chunks``/``kv_bytes_per_chunk``)."""
+    import inspect
+
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    params = inspect.signature(SharedOffloadRegion.__init__).parameters
+    rows = renames.spec_rows_total(spec)
+    sizes = ({"num_chunks": rows, "kv_bytes_per_chunk": spec.kv_bytes_per_chunk}
+             if "num_chunks" in params else
+             {"num_blocks": rows, "kv_bytes_per_block": spec.kv_bytes_per_chunk})
+    return SharedOffloadRegion(engine_id=engine_id, rank=rank,
+                               cpu_page_size=spec.cpu_page_size_per_worker, **sizes)
+
+
+def region_view(region: Any, tensor_page_bytes: int) -> Any:
+    """The next per-worker view of a region (0.33 ``create_next_worker_view``,
+    0.26 ``create_next_view``)."""
+    make = getattr(region, "create_next_worker_view", None) or region.create_next_view
+    return make(tensor_page_bytes)
+
+
+def finish_step(connector: Any, finished_req_ids: set[str]) -> tuple[set, set, set]:
+    """What the model runner asks a worker-role connector after a forward.
+
+    Both releases call ``wait_for_save`` first (0.33 queues stores there; a no-op
+    in 0.26). 0.33 then calls ``get_transfer_results`` (with request-level
+    ``failed_recving``), 0.26 ``get_finished``. Returns (sending, recving, failed).
+    """
+    connector.wait_for_save()
+    get_results = getattr(connector, "get_transfer_results", None)
+    if get_results is None:  # 0.26
+        sending, recving = connector.get_finished(finished_req_ids)
+        return set(sending or ()), set(recving or ()), set()
+    res = get_results(finished_req_ids)
+    return set(res.finished_sending), set(res.finished_recving), set(res.failed_recving)
+
+
+def connector_output(failed_recving: set[str], **fields: Any) -> Any:
+    """A KVConnectorOutput; ``failed_recving`` exists from 0.33 on."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    if "failed_recving" in KVConnectorOutput.__dataclass_fields__:
+        fields["failed_recving"] = failed_recving
+    return KVConnectorOutput(**fields)
