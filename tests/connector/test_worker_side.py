@@ -51,6 +51,53 @@ def test_stale_rows_observe_serves_the_corruption():
     assert info[0]["checksum_policy"] == "observe"
 
 
+def _vllm_at_least(version: str) -> bool:
+    """From the installed distribution's metadata, not from kvscope's compat layer."""
+    import importlib.metadata
+
+    def release(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.split("+")[0].split(".")[:3])
+
+    return release(importlib.metadata.version("vllm")) >= release(version)
+
+
+def test_stale_rows_refused_on_a_two_group_model():
+    """Two KV groups: vLLM 0.33 raises on block-level load errors, so the refusal goes per
+    request (failed_recving) and the request is recomputed; 0.26 has no safe path, so
+    refuse degrades to observe (the stale load is served and counted)."""
+    with run_scenario("stale-rows-hybrid") as sc:
+        ex = Exposition.scrape(sc.metrics_url)
+        facts = sc.facts
+    assert len(sc.engine.kv_cache_config.kv_cache_groups) == 2
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="mismatch") > 0
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="mismatch") == 0
+    (info,) = ex.series(S.INFO.name)
+    if _vllm_at_least("0.33.0"):
+        assert info[0]["checksum_policy"] == "refuse"
+        assert ex.value(S.LOADS_REFUSED.name, rank="1", reason="checksum_mismatch") >= 1
+        assert facts["same_output"], facts  # recomputed, not garbage
+        assert facts["restored_tokens"] == 0
+        assert ex.value(S.QUARANTINED_KEYS.name) > 0
+    else:
+        assert info[0]["checksum_policy"] == "observe"
+        assert ex.value(S.LOADS_REFUSED.name) == 0
+        assert facts["restored_tokens"] == 96
+        assert not facts["same_output"], "the stale bytes must really change the output"
+
+
+def test_block_level_refusal_would_crash_a_two_group_engine(monkeypatch):
+    """The control for the test above: forced onto the block-level path, vLLM 0.33's
+    scheduler raises inside the engine step on a two-group model."""
+    if not _vllm_at_least("0.33.0"):
+        pytest.skip("vLLM 0.26 is never offered block-level errors with several groups")
+    from kvscope.connector.compat import load_failures
+
+    monkeypatch.setattr(load_failures, "refusal_path", lambda *a, **k: load_failures.BLOCKS)
+    with pytest.raises(RuntimeError, match="multiple KV cache groups"):
+        with run_scenario("stale-rows-hybrid"):
+            pass
+
+
 def test_pending_at_idle_rank_that_never_reports():
     with run_scenario("pending-at-idle") as sc:
         assert sc.facts["request_done"] and sc.facts["has_pending_work"]
