@@ -18,8 +18,8 @@ from opentelemetry.trace import Tracer
 from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy, digest_slots
-from kvscope.connector.coverage import Coverage, MissCause, judge
 from kvscope.connector.compat import load_failures
+from kvscope.connector.coverage import Coverage, MissCause, judge
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash, tracing_enabled
 from kvscope.exporters.recorder import Recorder
