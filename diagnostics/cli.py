@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime
 
+from . import native
 from .bundle import read_bundle, write_bundle
 from .engine import diagnose_raw
 from .evidence import build_evidence
@@ -177,7 +178,12 @@ def _run(argv: list[str]) -> int:
         return 0
     args = build_parser().parse_args(argv)
     th = _thresholds(args)
-    report = diagnose_raw(load_source(args), th)
+    raw = load_source(args)
+    if native.applies(raw):  # a stock vLLM 0.33 without kvscope: reduced evidence
+        nreport = native.diagnose_native(raw)
+        sys.stdout.write((nreport.to_json() if args.json else nreport.to_text()) + "\n")
+        return nreport.exit_code
+    report = diagnose_raw(raw, th)
     if args.plot:
         from .plot import write_plot
 

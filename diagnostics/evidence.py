@@ -41,7 +41,8 @@ KVSCOPE_SERIES = tuple(
         (m.name + "_sum", m.name + "_count") if m.kind is S.Kind.HISTOGRAM else (m.name,)
     )
 )
-WANTED_SERIES: frozenset[str] = frozenset(KVSCOPE_SERIES + VLLM_GAUGES + VLLM_COUNTERS)
+WANTED_SERIES: frozenset[str] = frozenset(KVSCOPE_SERIES + VLLM_GAUGES + VLLM_COUNTERS
+                                          + S.VLLM_NATIVE_OFFLOAD_SERIES)  # native.py
 COUNTER_SERIES: frozenset[str] = frozenset(
     [m.name for m in S.ALL_METRICS if m.kind is S.Kind.COUNTER]
     + [n for n in KVSCOPE_SERIES if n.endswith(("_sum", "_count"))]

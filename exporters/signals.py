@@ -470,6 +470,30 @@ VLLM_EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
 VLLM_EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits_total"
 VLLM_OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
 VLLM_OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+# vLLM 0.33's native tiering metrics (label ``tier``: "0:primary", "1:fs", ...), read by
+# kv-diagnose's reduced-evidence path on an engine without kvscope (diagnostics/native.py).
+VLLM_TIER_LABEL = "tier"
+VLLM_TIERING_CHUNK_QUERIES = "vllm:kv_offload_tiering_chunk_queries_total"
+VLLM_TIERING_CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits_total"
+VLLM_TIERING_WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes_total"
+VLLM_TIERING_READ_BYTES = "vllm:kv_offload_tiering_read_bytes_total"
+VLLM_TIERING_PROMOTION_ALLOC_FAILURES = "vllm:kv_offload_tiering_promotion_allocation_failures_total"
+VLLM_TIERING_PROMOTION_JOB_FAILURES = "vllm:kv_offload_tiering_promotion_job_failures_total"
+VLLM_TIERING_CASCADE_JOB_FAILURES = "vllm:kv_offload_tiering_cascade_job_failures_total"
+VLLM_TIERING_ACTIVE_PROMOTIONS = "vllm:kv_offload_tiering_active_promotion_jobs"
+VLLM_TIERING_ACTIVE_CASCADES = "vllm:kv_offload_tiering_active_cascade_jobs"
+VLLM_TIERING_PROMOTION_LATENCY_COUNT = "vllm:kv_offload_tiering_promotion_latency_seconds_count"
+VLLM_OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+VLLM_OFFLOAD_TOTAL_BYTES = "vllm:kv_offload_total_bytes_total"  # label transfer_type
+VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # label source
+VLLM_NATIVE_OFFLOAD_SERIES: tuple[str, ...] = (
+    VLLM_TIERING_CHUNK_QUERIES, VLLM_TIERING_CHUNK_HITS, VLLM_TIERING_WRITE_BYTES,
+    VLLM_TIERING_READ_BYTES, VLLM_TIERING_PROMOTION_ALLOC_FAILURES,
+    VLLM_TIERING_PROMOTION_JOB_FAILURES, VLLM_TIERING_CASCADE_JOB_FAILURES,
+    VLLM_TIERING_ACTIVE_PROMOTIONS, VLLM_TIERING_ACTIVE_CASCADES,
+    VLLM_TIERING_PROMOTION_LATENCY_COUNT, VLLM_OFFLOAD_CONFIG_INFO, VLLM_OFFLOAD_TOTAL_BYTES,
+    VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE,
+)
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,235 @@
+"""kv-diagnose on a stock vLLM 0.33 (no kvscope installed): reduced evidence.
+
+vLLM 0.33 exports native offload metrics (``vllm:kv_offload_tiering_*`` per tier,
+``vllm:kv_offload_config_info``, ``vllm:prompt_tokens_cached_by_source``, the
+external prefix-cache counters). They show *that* the tiers hold data and
+*whether* anything came back, not *why*: no per-round verdicts, no per-group
+lookups, no pending-key sums, no per-rank checksums. So every finding here is a
+suspicion, marked reduced evidence, with what kvscope's
+``ObservedOffloadingConnector`` would add to confirm or refute it.
+
+Counters are read as lifetime totals from a scrape (``source.lifetime``) or as
+their increase over a Prometheus window / bundle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from kvscope.exporters import signals as S
+
+from .model import RawWindow, Series
+
+EXIT_HEALTHY, EXIT_INCIDENT, EXIT_INCONCLUSIVE = 0, 1, 3
+REDUCED = "reduced evidence: vLLM's native metrics only (kvscope not installed)"
+INSTALL = ("install kvscope's ObservedOffloadingConnector (kv_connector_module_path="
+           "kvscope.connector) on this engine to confirm")
+
+
+def applies(raw: RawWindow) -> bool:
+    """No kvscope series, but vLLM 0.33's native tiering metrics are there."""
+    names = raw.names() if hasattr(raw, "names") else {s.name for s in raw.series}
+    return (not any(n.startswith(S.PREFIX) for n in names)
+            and any(n.startswith("vllm:kv_offload_tiering_") for n in names))
+
+
+@dataclass
+class NativeFacts:
+    """What the native metrics say, summed over engines/targets."""
+
+    tier_queries: dict[str, float] = field(default_factory=dict)  # tier -> chunk queries
+    tier_hits: dict[str, float] = field(default_factory=dict)  # tier -> chunk hits
+    disk_write_bytes: float = 0.0  # written to secondary tiers (cascades)
+    disk_read_bytes: float = 0.0  # read from secondary tiers (promotions)
+    promotion_alloc_failures: float = 0.0  # promotions that found no primary row
+    promotion_job_failures: float = 0.0
+    cascade_job_failures: float = 0.0
+    promotions_done: float = 0.0  # completed promotion jobs (latency histogram count)
+    active_promotions: float = 0.0  # gauges, last value
+    active_cascades: float = 0.0
+    primary_chunks: int = 0  # vllm:kv_offload_config_info{cpu_num_chunks}
+    restored_bytes: float = 0.0  # CPU -> GPU
+    stored_bytes: float = 0.0  # GPU -> CPU
+    external_queries: float = 0.0
+    external_hits: float = 0.0
+    cached_by_source: dict[str, float] = field(default_factory=dict)
+    requests_running: float = 0.0
+    requests_waiting: float = 0.0
+
+
+def _amount(s: Series, lifetime: bool) -> float:
+    if not s.samples:
+        return 0.0
+    if lifetime:
+        return float(s.samples[-1][1])
+    # increase over the window, counter resets counted from zero
+    total, prev = 0.0, s.samples[0][1]
+    for _, v in s.samples[1:]:
+        total += v - prev if v >= prev else v
+        prev = v
+    return total
+
+
+def collect(raw: RawWindow) -> NativeFacts:
+    f = NativeFacts()
+    life = raw.source.lifetime
+    sums: dict[str, float] = defaultdict(float)
+    for s in raw.series:
+        if not s.samples:
+            continue
+        last = float(s.samples[-1][1])
+        tier = s.label(S.VLLM_TIER_LABEL)
+        if s.name == S.VLLM_TIERING_CHUNK_QUERIES:
+            f.tier_queries[tier] = f.tier_queries.get(tier, 0.0) + _amount(s, life)
+        elif s.name == S.VLLM_TIERING_CHUNK_HITS:
+            f.tier_hits[tier] = f.tier_hits.get(tier, 0.0) + _amount(s, life)
+        elif s.name == S.VLLM_OFFLOAD_CONFIG_INFO:
+            chunks = s.label("cpu_num_chunks")
+            if chunks.isdigit():
+                f.primary_chunks += int(chunks)
+        elif s.name == S.VLLM_OFFLOAD_TOTAL_BYTES:
+            key = "restored" if s.label("transfer_type") == "CPU_to_GPU" else "stored"
+            sums[key] += _amount(s, life)
+        elif s.name == S.VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE:
+            src = s.label("source")
+            f.cached_by_source[src] = f.cached_by_source.get(src, 0.0) + _amount(s, life)
+        elif s.name in (S.VLLM_TIERING_ACTIVE_PROMOTIONS, S.VLLM_TIERING_ACTIVE_CASCADES,
+                        S.VLLM_REQUESTS_RUNNING, S.VLLM_REQUESTS_WAITING):
+            sums[s.name] += last
+        else:
+            sums[s.name] += _amount(s, life)
+    f.disk_write_bytes = sums[S.VLLM_TIERING_WRITE_BYTES]
+    f.disk_read_bytes = sums[S.VLLM_TIERING_READ_BYTES]
+    f.promotion_alloc_failures = sums[S.VLLM_TIERING_PROMOTION_ALLOC_FAILURES]
+    f.promotion_job_failures = sums[S.VLLM_TIERING_PROMOTION_JOB_FAILURES]
+    f.cascade_job_failures = sums[S.VLLM_TIERING_CASCADE_JOB_FAILURES]
+    f.promotions_done = sums[S.VLLM_TIERING_PROMOTION_LATENCY_COUNT]
+    f.active_promotions = sums[S.VLLM_TIERING_ACTIVE_PROMOTIONS]
+    f.active_cascades = sums[S.VLLM_TIERING_ACTIVE_CASCADES]
+    f.restored_bytes = sums["restored"]
+    f.stored_bytes = sums["stored"]
+    f.external_queries = sums[S.VLLM_EXTERNAL_PREFIX_QUERIES]
+    f.external_hits = sums[S.VLLM_EXTERNAL_PREFIX_HITS]
+    f.requests_running = sums[S.VLLM_REQUESTS_RUNNING]
+    f.requests_waiting = sums[S.VLLM_REQUESTS_WAITING]
+    return f
+
+
+@dataclass
+class NativeFinding:
+    id: str
+    title: str
+    evidence: list[str]
+    next_step: str
+    would_add: str  # what the observed connector would show to confirm or refute
+    kind: str = "incident"  # incident (suspected) | healthy | inconclusive
+
+
+def _secondary_hits(f: NativeFacts) -> float:
+    return sum(v for t, v in f.tier_hits.items() if not t.endswith(":primary"))
+
+
+def classify(f: NativeFacts) -> list[NativeFinding]:
+    """Suspected incident classes, most specific first; [healthy] or [inconclusive]."""
+    out: list[NativeFinding] = []
+    disk_hits = _secondary_hits(f)
+    restored = f.restored_bytes > 0 or f.external_hits > 0
+    base = [f"external prefix cache: {f.external_hits:g} hit tokens of {f.external_queries:g} "
+            f"queried; CPU->GPU {f.restored_bytes:g} bytes, GPU->CPU {f.stored_bytes:g} bytes",
+            "tier chunk queries / hits: " + ", ".join(
+                f"{t} {f.tier_queries.get(t, 0):g}/{f.tier_hits.get(t, 0):g}"
+                for t in sorted(set(f.tier_queries) | set(f.tier_hits)))]
+    if f.primary_chunks:
+        base.append(f"primary tier: {f.primary_chunks} chunks (vllm:kv_offload_config_info)")
+    if disk_hits > 0 and f.promotion_alloc_failures > 0 and not restored:
+        out.append(NativeFinding(
+            "capacity_ceiling_suspected",
+            "Suspected capacity ceiling: the disk tier holds the prompts, promotions find no "
+            "free primary row, nothing is restored",
+            [*base, f"{disk_hits:g} secondary-tier chunk hits, "
+                    f"{f.promotion_alloc_failures:g} promotions refused for want of a primary "
+                    f"row, {f.promotions_done:g} promotion jobs completed, 0 tokens restored"],
+            "Give the CPU tier more rows than one request's chunks times its KV groups "
+            "(cpu_bytes_to_use), or " + INSTALL + ".",
+            "kvscope_rounds_at_row_ceiling_total and kvscope_last_round_pending_keys against "
+            "kvscope_primary_rows{state=\"total\"}: the exact row shortfall per request, per "
+            "KV group (kvscope_lookups_total{group,result})"))
+    if f.active_promotions + f.active_cascades > 0 and \
+            f.requests_running == 0 and f.requests_waiting == 0:
+        out.append(NativeFinding(
+            "pending_at_idle_suspected",
+            "Suspected transfers pending at idle: tier jobs in flight with no request running "
+            "or waiting",
+            [*base, f"{f.active_promotions:g} promotion and {f.active_cascades:g} cascade jobs "
+                    "active; 0 requests running, 0 waiting"],
+            "Check the secondary tier's storage (stalled reads or writes), or " + INSTALL + ".",
+            "kvscope_pending_transfers{kind} and kvscope_oldest_pending_transfer_seconds "
+            "(GPU<->CPU jobs too, per rank: kvscope_transfers_in_flight{rank,direction})"))
+    if f.promotion_job_failures + f.cascade_job_failures > 0:
+        out.append(NativeFinding(
+            "tier_job_failures",
+            "Secondary-tier jobs failed",
+            [*base, f"{f.promotion_job_failures:g} promotion and {f.cascade_job_failures:g} "
+                    "cascade job failures"],
+            "Check the secondary tier's storage and its logs, or " + INSTALL + ".",
+            "kvscope_promotions_total{result=\"failed\"} / kvscope_cascades_total{result="
+            "\"failed\"} with per-job spans (kvscope.promotion)"))
+    if not out and f.stored_bytes > 0 and f.external_queries > 0 and not restored \
+            and disk_hits == 0 and f.promotion_alloc_failures == 0:
+        out.append(NativeFinding(
+            "stores_without_restores_suspected",
+            "Suspected stores without restores: KV is stored, no lookup finds it",
+            [*base, "0 secondary-tier hits, 0 tokens restored while stores land"],
+            "Check PYTHONHASHSEED is set and equal across restarts and processes (prefix "
+            "hashes), or " + INSTALL + ".",
+            "kvscope_info{hash_seed} per process and kvscope_lookups_total{group,result}: "
+            "whether the keys differ or one KV group misses"))
+    if out:
+        return out
+    if restored:
+        return [NativeFinding(
+            "healthy", "Nothing suspicious in vLLM's native offload metrics",
+            [*base], "None.",
+            "per-round verdicts and per-rank checksums (stale rows are invisible here)",
+            kind="healthy")]
+    return [NativeFinding(
+        "inconclusive", "Not enough traffic in vLLM's native offload metrics to tell",
+        [*base], INSTALL[0].upper() + INSTALL[1:] + ".",
+        "lookup rounds and their verdicts", kind="inconclusive")]
+
+
+@dataclass
+class NativeReport:
+    location: str
+    findings: list[NativeFinding]
+    facts: NativeFacts
+
+    @property
+    def exit_code(self) -> int:
+        kinds = {f.kind for f in self.findings}
+        if "incident" in kinds:
+            return EXIT_INCIDENT
+        return EXIT_HEALTHY if kinds == {"healthy"} else EXIT_INCONCLUSIVE
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "reduced_evidence": True, "note": REDUCED, "source": self.location,
+            "verdicts": [f.__dict__ for f in self.findings],
+        }, indent=2, sort_keys=True)
+
+    def to_text(self) -> str:
+        lines = [f"kv-diagnose: {self.location}", f"[{REDUCED}]", ""]
+        for i, f in enumerate(self.findings, 1):
+            lines.append(f"{i}. {f.title}  ({f.id}, reduced evidence)")
+            lines += [f"   - {e}" for e in f.evidence]
+            lines.append(f"   next step: {f.next_step}")
+            lines.append(f"   kvscope would add: {f.would_add}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def diagnose_native(raw: RawWindow) -> NativeReport:
+    facts = collect(raw)
+    return NativeReport(raw.source.location, classify(facts), facts)

@@ -1,0 +1,101 @@
+"""kv-diagnose on a stock vLLM 0.33 (no kvscope): reduced evidence from vLLM's native metrics.
+
+The fixtures are real scrapes of vLLM 0.33's /metrics from CPU runs with the stock
+OffloadingConnector (``tests/diagnostics/native/capture.py``; the command is in its
+docstring and the engine's facts are the first comment lines of each file). They are
+served over loopback HTTP and diagnosed through the real CLI (``--scrape``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from kvscope.diagnostics import native
+from kvscope.diagnostics.cli import main
+
+NATIVE = Path(__file__).parent / "native"
+
+
+def _facts(path: Path) -> dict:
+    for line in path.read_text().splitlines()[:3]:
+        if line.startswith("# engine facts: "):
+            return json.loads(line.removeprefix("# engine facts: "))
+    raise AssertionError(f"{path} has no engine facts line")
+
+
+@contextlib.contextmanager
+def serving(path: Path):
+    body = path.read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _diagnose(path: Path, capsys) -> tuple[int, dict]:
+    with serving(path) as url:
+        code = main(["--scrape", url, "--interval", "0.05", "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_capacity_ceiling_suspected_on_stock_vllm(capsys):
+    path = NATIVE / "vllm-0.33.0-capacity-ceiling.prom"
+    facts = _facts(path)
+    assert facts["restored_tokens"] == 0  # the engine restored nothing: the premise
+    code, report = _diagnose(path, capsys)
+    assert code == 1
+    assert report["reduced_evidence"] is True
+    top = report["verdicts"][0]
+    assert top["id"] == "capacity_ceiling_suspected"
+    assert "kvscope_rounds_at_row_ceiling_total" in top["would_add"]
+    assert "ObservedOffloadingConnector" in top["next_step"]
+    assert any("primary tier: 6 chunks" in e for e in top["evidence"])
+
+
+def test_healthy_on_stock_vllm(capsys):
+    path = NATIVE / "vllm-0.33.0-healthy.prom"
+    facts = _facts(path)
+    assert facts["same_output"] and facts["restored_tokens"] == 96
+    code, report = _diagnose(path, capsys)
+    assert code == 0
+    assert [v["id"] for v in report["verdicts"]] == ["healthy"]
+    assert report["reduced_evidence"] is True
+
+
+def test_text_report_says_reduced_evidence(capsys):
+    with serving(NATIVE / "vllm-0.33.0-capacity-ceiling.prom") as url:
+        assert main(["--scrape", url, "--interval", "0.05"]) == 1
+    text = capsys.readouterr().out
+    assert native.REDUCED in text
+    assert "Suspected capacity ceiling" in text and "kvscope would add:" in text
+
+
+@pytest.mark.parametrize("name", ["capacity-ceiling", "healthy"])
+def test_fixture_is_a_real_vllm_033_scrape(name):
+    text = (NATIVE / f"vllm-0.33.0-{name}.prom").read_text()
+    assert text.startswith("# kvscope capture: vLLM 0.33.0, stock OffloadingConnector")
+    assert "kvscope_" not in text  # no kvscope anywhere on that engine
+    assert 'vllm:kv_offload_config_info{' in text
+    assert "vllm:prompt_tokens_cached_by_source_total{" in text
