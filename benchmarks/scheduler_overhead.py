@@ -43,13 +43,43 @@ def run(connector: str, n_requests: int, tiering: bool, profile: str | None = No
                 "wall_s": wall, "per_step_us": 1e6 * e.scheduler_seconds / e.steps}
 
 
+def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
+    """Time SchedulerObserver._coverage (once per ended lookup round) inside observed runs."""
+    from kvscope.connector import scheduler_side as ss
+
+    judge, spent = ss.SchedulerObserver._coverage, [0, 0.0]
+
+    def timed(self, *a, **kw):
+        t0 = time.thread_time()
+        try:
+            return judge(self, *a, **kw)
+        finally:
+            spent[0] += 1
+            spent[1] += time.thread_time() - t0
+
+    ss.SchedulerObserver._coverage = timed
+    for _ in range(rounds):
+        spent[:] = [0, 0.0]
+        r = run("ObservedOffloadingConnector", n_requests, tiering)
+        print(json.dumps({"tiering": tiering, "scheduler_s": r["scheduler_s"],
+                          "coverage_calls": spent[0], "coverage_s": round(spent[1], 4),
+                          "coverage_share": round(spent[1] / r["scheduler_s"], 4),
+                          "us_per_call": round(1e6 * spent[1] / max(spent[0], 1), 1)}),
+              flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-tiering", action="store_true")
     p.add_argument("--profile", help="cProfile the observed run into this file")
+    p.add_argument("--coverage-cost", action="store_true",
+                   help="observed runs only: thread CPU time spent judging restore coverage")
     args = p.parse_args()
+    if args.coverage_cost:
+        coverage_cost(args.requests, not args.no_tiering, args.rounds)
+        return
     if args.profile:
         print(json.dumps(run("ObservedOffloadingConnector", args.requests,
                              not args.no_tiering, args.profile)))

@@ -36,6 +36,12 @@ class Coverage:
     rows_needed: int  # rows (chunk keys over all groups) the held prefix pins at once
 
 
+def group_suffixes(groups: list[tuple[int, bool]]) -> list[tuple[bytes, int, bool]]:
+    """(key suffix, tokens per chunk, sliding window) per KV group, in group order."""
+    return [(g.to_bytes(compat.GROUP_SUFFIX_BYTES, "big"), tpc, sw)
+            for g, (tpc, sw) in enumerate(groups)]
+
+
 def _index(keys: list[bytes], key: bytes, start: int) -> int:
     try:
         return keys.index(key, start)
@@ -45,20 +51,20 @@ def _index(keys: list[bytes], key: bytes, start: int) -> int:
 
 def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[bytes],
           verdict: Verdict, offered: int, num_computed: int,
-          groups: list[tuple[int, bool]], keys_by_group: list[list[bytes]],
+          groups: list[tuple[bytes, int, bool]], keys_by_group: list[list[bytes]],
           manager: Any) -> Coverage | None:
     """``first_miss``: group suffix -> (first key answered MISS, why); ``scanned``: group
-    suffixes looked up this round; ``groups``: (tokens per chunk, sliding window) each."""
-    pairs = [(g, tpc, sw, keys) for g, ((tpc, sw), keys)
-             in enumerate(zip(groups, keys_by_group, strict=False)) if tpc > 0]
+    suffixes looked up this round; ``groups``: (key suffix, tokens per chunk, sliding window)
+    of each KV group (:func:`group_suffixes`)."""
+    pairs = [(suffix, tpc, sw, keys) for (suffix, tpc, sw), keys
+             in zip(groups, keys_by_group, strict=False) if tpc > 0]
     if not pairs:
         return None
     refused = any(c is MissCause.REFUSED for _, c in first_miss.values())
     want_end = min(len(keys) * tpc for _, tpc, _, keys in pairs)
     held_end = want_end
     quarantined = sw_miss = False
-    for g, tpc, sw, keys in pairs:
-        suffix = g.to_bytes(compat.GROUP_SUFFIX_BYTES, "big")
+    for suffix, tpc, sw, keys in pairs:
         start = min(num_computed // tpc, len(keys))
         miss = first_miss.get(suffix)
         if miss is None:

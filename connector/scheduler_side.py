@@ -19,7 +19,7 @@ from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy, digest_slots
 from kvscope.connector.compat import load_failures
-from kvscope.connector.coverage import Coverage, MissCause, judge
+from kvscope.connector.coverage import Coverage, MissCause, group_suffixes, judge
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash, tracing_enabled
 from kvscope.exporters.recorder import Recorder
@@ -41,6 +41,8 @@ _ROW_LABELS = {s: (s.value,) for s in RowState}
 _KIND_LABELS = {k: (k.value,) for k in PendingKind}
 _STATE_LABELS = {s: (s.value,) for s in RequestState}
 _MISS = compat.MISS
+_REASON_LABELS = {r: (r.value,) for r in ShortReason}
+_NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
 _RESTORING = (RequestState.DEFERRED, RequestState.LOADING)
 # Freshness gauges move at most this often: alerts compare them with minutes,
 # and an unchanged gauge costs nothing on vLLM's per-step stats path.
@@ -219,7 +221,7 @@ class SchedulerObserver:
         self._view = compat.scheduler_view(inner) if self.tiers else None
 
         self._round: Round | None = None
-        self._groups = compat.lookup_groups(connector_scheduler)  # (tokens/chunk, sliding)
+        self._groups = group_suffixes(compat.lookup_groups(connector_scheduler))
         self._need: dict[str, int] = {}  # request -> chunk keys its whole prefix covers
         self._lookup_counts: dict[tuple[bytes, Any], int] = {}
         self._requests = _RequestStates()
@@ -497,16 +499,17 @@ class SchedulerObserver:
         if cov is None:
             return None
         rec = self.rec
-        rec.inc(signals.RESTORE_HELD_TOKENS, (), cov.held)
         if cov.held > 0:
+            rec.inc(signals.RESTORE_HELD_TOKENS, (), cov.held)
             rec.observe(signals.RESTORE_COVERAGE, (), cov.offered / cov.held)
         if cov.reason is None:
             return cov
-        rec.inc(signals.RESTORE_SHORT_ROUNDS, (cov.reason.value,))
-        rec.inc(signals.RESTORE_SHORT_TOKENS, (cov.reason.value,), cov.held - cov.offered)
+        label = _REASON_LABELS[cov.reason]
+        rec.inc(signals.RESTORE_SHORT_ROUNDS, label)
+        if cov.held > cov.offered:
+            rec.inc(signals.RESTORE_SHORT_TOKENS, label, cov.held - cov.offered)
         if cov.want > cov.held:
-            rec.inc(signals.RESTORE_SHORT_TOKENS, (ShortReason.NOT_STORED.value,),
-                    cov.want - cov.held)
+            rec.inc(signals.RESTORE_SHORT_TOKENS, _NOT_STORED, cov.want - cov.held)
         if cov.refused and cov.held > cov.offered:  # rare: the row ceiling cut this restore
             others = [r for r, st in self._requests.state.items()
                       if st in _RESTORING and r != req_id]
