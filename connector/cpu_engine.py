@@ -48,6 +48,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    SlidingWindowSpec,
 )
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
@@ -170,6 +171,9 @@ class EngineConfig:
     tiering: bool = True  # TieringOffloadingSpec + fs tier, else CPUOffloadingSpec
     world_size: int = 1
     kv_groups: int = 1
+    # Tokens of attention window of the last KV group (a sliding-window group,
+    # as in hybrid models); None: every group is full attention.
+    sliding_window: int | None = None
     num_layers: int = 2
     block_size: int = 16
     num_gpu_blocks: int = 128
@@ -232,9 +236,15 @@ class CPUEngine:
         self.page = spec.page_size_bytes
         # Groups of one attention kind with distinct head shapes (same page size):
         # vLLM keeps them as separate KV-cache groups, each with its own keys.
-        group_specs = [FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=2 >> g,
-                                         head_size=16 << g, dtype=torch.float16)
+        shapes = ((2, 16), (1, 32), (4, 8))  # (kv heads, head size)
+        group_specs = [FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=shapes[g][0],
+                                         head_size=shapes[g][1], dtype=torch.float16)
                        for g in range(cfg.kv_groups)]
+        if cfg.sliding_window is not None:
+            last = group_specs[-1]
+            group_specs[-1] = SlidingWindowSpec(
+                block_size=cfg.block_size, num_kv_heads=last.num_kv_heads,
+                head_size=last.head_size, dtype=torch.float16, sliding_window=cfg.sliding_window)
         groups = [KVCacheGroupSpec(self.layers[g::cfg.kv_groups], group_specs[g])
                   for g in range(cfg.kv_groups)]
         self.kv_cache_config = KVCacheConfig(
@@ -486,10 +496,17 @@ class CPUEngine:
         n = req.num_computed_tokens  # attention reads positions < n, nothing beyond
         tok_bytes = self.page // bs
         block_ids = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)
+        window = self.cfg.sliding_window
         for rank in self.ranks:
             for g, blocks in enumerate(block_ids):
+                # a sliding-window layer attends to the last `window` positions only
+                # (vLLM frees the blocks before them)
+                first = (max(n - window + 1, 0) // bs
+                         if window is not None and g == self.cfg.kv_groups - 1 else 0)
                 for name in self.layers[g::self.cfg.kv_groups]:
                     for i, b in enumerate(blocks[:-(-n // bs)]):
+                        if i < first:
+                            continue
                         used = min(bs, n - i * bs) * tok_bytes
                         h.update(rank.kv[name][b, :used].numpy().tobytes())
         return int.from_bytes(h.digest(), "little") % VOCAB

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -59,6 +60,23 @@ def primary_tier(manager: Any) -> Any:
 
 def secondary_tiers(manager: Any) -> list[Any]:
     return list(getattr(manager, "secondary_tiers", ()) or ())
+
+
+def primary_holds(manager: Any, key: bytes) -> bool:
+    """Whether the CPU primary tier holds ``key`` in a row whose bytes are written
+    (its cache policy's entry, ready). Read by the oracle, never on the hot path."""
+    policy = getattr(primary_tier(manager), "_policy", None)
+    block = policy.get(key) if policy is not None else None
+    return block is not None and bool(getattr(block, "is_ready", True))
+
+
+def secondary_holds(tier: Any, key: bytes) -> bool:
+    """Whether a secondary tier holds ``key``: the fs tier's file for it exists
+    (written to a temp file and renamed, so existing means complete)."""
+    mapper = getattr(tier, "file_mapper", None)
+    if mapper is None:
+        return False
+    return os.path.exists(mapper.get_file_name(key))
 
 
 def tier_type(tier: Any) -> str:

@@ -31,15 +31,20 @@ def needs(ev: Evidence) -> tuple:
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     no_space = ev.tiers.store(S.StoreJobResult.NO_SPACE)
     cascaded = ev.tiers.cascade(S.CascadeResult.COMPLETED)
-    if no_space.increase <= 0 or cascaded.last > 0:
-        return None
     prepared = ev.tiers.store(S.StoreJobResult.PREPARED).increase
+    # Something reached the last tier: a completed cascade to disk, or, with the
+    # CPU tier alone (nothing cascades), a store job that fit. A job refused now
+    # and then (rows pinned by other requests' stores) is not "never fits".
+    reached = cascaded.last > 0 if tiered(ev) else prepared > 0
+    if no_space.increase <= 0 or reached:
+        return None
     rows = int(ev.primary_rows)
     w = window_word(ev)
     lines = [
         f"{n(no_space.increase)} store jobs refused for lack of space (no_space) {w}, "
         f"{n(prepared)} prepared",
-        "0 keys reached the disk tier (no completed cascade)",
+        "0 keys reached the disk tier (no completed cascade)" if tiered(ev) else
+        "0 store jobs fit the CPU tier (the only tier)",
     ]
     if no_space.recent > 0:
         lines.append(f"still happening: +{n(no_space.recent)} refused in the last {ev.source.recent_span:.0f} s")

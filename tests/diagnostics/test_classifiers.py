@@ -478,3 +478,19 @@ def test_a_broken_classifier_is_never_a_pass(monkeypatch):
     report = diagnose(evidence(d))
     assert report.status == "inconclusive" and report.exit_code == 3
     assert [v.id for v in report.verdicts] == ["inconclusive", "check_failed:queue_wait"]
+
+
+def test_store_fits_sometimes_with_the_cpu_tier_alone():
+    # No disk tier, so nothing ever cascades: a store job that fit is what says
+    # stores reach the tier (the oracle matrix found refusals now and then,
+    # rows pinned by other requests, reported as "never fits").
+    d = base(rows=8)
+    d.pop(info(rows=8))
+    d[L(S.INFO.name, kvscope_version="0.1.0", vllm_version="0.26.0", spec="CPUOffloadingSpec",
+        tiers="cpu", primary_rows="8", hash_seed="a1b2c3")] = [1, 1]
+    d[L(S.STORE_JOBS.name, result="no_space")] = [1, 2]
+    d[L(S.STORE_JOBS.name, result="prepared")] = [30, 40]
+    assert store_never_fits.classify(evidence(d), TH) is None
+    d[L(S.STORE_JOBS.name, result="prepared")] = [0, 0]
+    f = store_never_fits.classify(evidence(d), TH)
+    assert f is not None and "0 store jobs fit the CPU tier (the only tier)" in f.evidence

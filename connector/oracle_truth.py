@@ -1,0 +1,172 @@
+"""Engine truth for the oracle matrix: what the engine did, never kvscope's counters.
+
+The facts, per re-asked request (read from vLLM and from the tiers themselves):
+
+* ``held``: tokens the offload tiers hold for the request's prefix right before
+  the re-ask: for each KV group, which of its chunk keys the CPU primary tier
+  (a ready row) or the fs tier (the key's file) holds; a full-attention group
+  covers its longest stored prefix, a sliding-window group the end of its
+  last stored window; vLLM's cross-group AND (each group can only shorten the
+  hit, a sliding-window hit stops one token short of the prompt) gives the
+  tokens a full restore would have given.
+* ``served``: tokens the re-ask did not recompute (vLLM's ``num_cached_tokens``:
+  the GPU prefix cache plus ``restored``, the tokens the connector loaded,
+  ``num_external_cached_tokens``).
+* ``stored_first``: tokens the tiers held for the prompt right after its first ask.
+* ``same_output``: the re-ask produced the first ask's tokens.
+* ``need``: rows a full restore of ``held`` needs resident at once (its keys in
+  every group); ``rows``: the primary tier's rows.
+* ``finished``; ``pending_at_end``: the engine still has transfer work after
+  every request finished and the engine was stepped idle.
+
+The truth class of a geometry, first rule that holds:
+
+==================  ==================================================================
+``wrong_output``     a re-ask's output differs from its first ask
+``pending_at_idle``  every request done, transfers still pending after idle steps
+``livelock``         a re-asked request is still unfinished after the step budget
+``never_stored``     a prompt with a full chunk left nothing in any tier after its ask
+``healthy``          every re-ask served at least what the tiers held (full restore)
+``veto``             short requests needing more rows than the tier has all got 0 tokens
+``truncated``        ... and at least one of them got some tokens (capped by the rows)
+``concurrency``      every short request fits the tier alone, the concurrent asks together
+                     need more rows than it has
+``short_unexplained`` a short restore none of the above explains (a bug somewhere)
+==================  ==================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from vllm.sampling_params import SamplingParams
+from vllm.v1.kv_offload.base import make_offload_key
+from vllm.v1.request import Request
+
+from kvscope.connector import compat
+
+TRUTH_CLASSES = ("healthy", "veto", "truncated", "concurrency", "livelock", "never_stored",
+                 "pending_at_idle", "wrong_output", "short_unexplained")
+
+# truth class -> the kv-diagnose verdict that must rank first
+EXPECTED_VERDICT: dict[str, str | None] = {
+    "healthy": "healthy",
+    "veto": "capacity_ceiling_veto",
+    "truncated": "capacity_ceiling_truncated",
+    "concurrency": "capacity_ceiling_concurrency",
+    "livelock": "capacity_ceiling_livelock",
+    "never_stored": "store_never_fits",
+    "pending_at_idle": "pending_at_idle",
+    "wrong_output": "stale_row_corruption",
+    "short_unexplained": None,  # no verdict names it; anything but healthy is accepted
+}
+
+
+@dataclass
+class RequestTruth:
+    held: int
+    need_keys: frozenset  # the keys a full restore of `held` needs resident at once
+    stored_first: int  # keys of the prompt (all groups) the tiers held after its first ask
+    prompt_keys: int = 0  # keys of the prompt, all groups
+    served: int = 0
+    restored: int = 0
+    finished: bool = False
+    same_output: bool = True
+
+    @property
+    def need(self) -> int:
+        return len(self.need_keys)
+
+    @property
+    def short(self) -> bool:
+        return self.finished and self.served < self.held
+
+
+def request_keys(engine, tokens: Sequence[int]) -> list[list[bytes]]:
+    """Each KV group's offload keys for ``tokens`` (one per full chunk), as vLLM
+    computes them: the request's block hashes with the group index appended."""
+    req = Request(request_id="oracle-keys", prompt_token_ids=list(tokens),
+                  sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                  block_hasher=engine._block_hasher)
+    return [[make_offload_key(h, g) for h in req.block_hashes]
+            for g in range(engine.cfg.kv_groups)]
+
+
+def tier_lookup(engine) -> Callable[[bytes], bool]:
+    """Whether any tier of ``engine`` holds a key, from the tiers' own state."""
+    manager = engine.connector.connector_scheduler.manager
+    tiers = compat.secondary_tiers(manager)
+    return lambda key: compat.primary_holds(manager, key) or any(
+        compat.secondary_holds(t, key) for t in tiers)
+
+
+def held_tokens(keys: list[list[bytes]], holds: Callable[[bytes], bool], num_tokens: int,
+                chunk: int, window_chunks: int | None) -> int:
+    """Tokens a full restore from the tiers gives: vLLM's cross-group AND over the
+    stored chunks (full groups: prefix; sliding-window group: a stored window)."""
+    stored = [[holds(k) for k in group] for group in keys]
+    swa = len(keys) - 1 if window_chunks else None
+    limit = num_tokens - (1 if window_chunks else 0)
+    while True:
+        before = limit
+        for g, flags in enumerate(stored):
+            end = min(limit // chunk, len(flags))
+            if g == swa:
+                end = _window_end(flags, end, window_chunks)
+            else:
+                end = next((i for i in range(end) if not flags[i]), end)
+            limit = min(limit, end * chunk)
+        if limit == before:
+            break
+    return limit if limit >= chunk else 0
+
+
+def _window_end(flags: list[bool], end: int, window: int) -> int:
+    """End (in chunks, <= end) of the last run of ``window`` stored chunks; a run
+    reaching chunk 0 counts whole (vLLM's sliding-window lookup)."""
+    run = 0
+    for idx in range(end - 1, -1, -1):
+        run = run + 1 if flags[idx] else 0
+        if run == window:
+            return idx + window
+    return run
+
+
+def restore_keys(keys: list[list[bytes]], held: int, chunk: int,
+                 window_chunks: int | None) -> frozenset:
+    """The keys a restore of ``held`` tokens loads: every chunk of each full group,
+    the window's chunks of a sliding-window group."""
+    n = held // chunk
+    out = set()
+    for g, group in enumerate(keys):
+        first = max(0, n - window_chunks) if window_chunks and g == len(keys) - 1 else 0
+        out.update(group[first:n])
+    return frozenset(out)
+
+
+def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple[str, str]:
+    """(truth class, why) from the facts; see the module docstring."""
+    if any(r.finished and not r.same_output for r in reqs):
+        return "wrong_output", "a re-ask's output differs from its first ask"
+    if pending_at_end and all(r.finished for r in reqs):
+        return "pending_at_idle", "transfers pending after every request finished"
+    if not all(r.finished for r in reqs):
+        return "livelock", f"{sum(not r.finished for r in reqs)} re-asked request(s) never finished"
+    if any(r.stored_first == 0 for r in reqs):
+        return "never_stored", "a prompt left no chunk in any tier after its first ask"
+    short = [r for r in reqs if r.short]
+    if not short:
+        return "healthy", "every re-ask served what the tiers held"
+    worst = min(short, key=lambda r: r.served / r.held)
+    facts = (f"served {worst.served} (restored {worst.restored}) of {worst.held} held; "
+             f"needs {worst.need} rows, tier has {rows}")
+    too_big = [r for r in short if r.need > rows]
+    if too_big:
+        if all(r.restored == 0 for r in too_big):
+            return "veto", facts
+        return "truncated", facts
+    total = len(frozenset().union(*(r.need_keys for r in reqs)))
+    if len(reqs) > 1 and total > rows:
+        return "concurrency", facts + f"; the {len(reqs)} concurrent asks need {total} together"
+    return "short_unexplained", facts
