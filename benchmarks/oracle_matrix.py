@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{g.name}: ERROR {type(e).__name__}: {e}", flush=True)
             continue
         rows.append(row)
+        if "live" not in row:  # the engine itself failed: nothing to judge
+            print(f"{g.name:48s} truth={row['truth']:16s} {row['why']}", flush=True)
+            continue
         mark = "" if row["live"]["agree"] and row["bundle"]["agree"] else "   <-- disagrees"
         print(f"{g.name:48s} truth={row['truth']:16s} live={row['live']['top']:28s} "
               f"bundle={row['bundle']['top']:28s} {row['seconds']:5.1f}s{mark}", flush=True)

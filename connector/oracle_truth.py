@@ -111,7 +111,8 @@ def held_tokens(keys: list[list[bytes]], holds: Callable[[bytes], bool], num_tok
     while True:
         before = limit
         for g, flags in enumerate(stored):
-            end = min(limit // chunk, len(flags))
+            limit = min(limit, len(flags) * chunk)
+            end = -(-limit // chunk)  # chunks looked up: a partial last one is loaded too
             if g == swa:
                 end = _window_end(flags, end, window_chunks)
             else:
@@ -137,7 +138,7 @@ def restore_keys(keys: list[list[bytes]], held: int, chunk: int,
                  window_chunks: int | None) -> frozenset:
     """The keys a restore of ``held`` tokens loads: every chunk of each full group,
     the window's chunks of a sliding-window group."""
-    n = held // chunk
+    n = -(-held // chunk)
     out = set()
     for g, group in enumerate(keys):
         first = max(0, n - window_chunks) if window_chunks and g == len(keys) - 1 else 0
