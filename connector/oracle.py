@@ -22,9 +22,9 @@ from dataclasses import asdict
 from kvscope.connector.cpu_engine import CPUEngine
 from kvscope.connector.oracle_geometry import CHUNK, Geometry
 from kvscope.connector.oracle_truth import (
-    EXPECTED_VERDICT,
     RequestTruth,
     classify,
+    expected_verdicts,
     held_tokens,
     request_keys,
     restore_keys,
@@ -78,7 +78,8 @@ def run_geometry(geom: Geometry, interval: float = SCRAPE_INTERVAL_S) -> dict:
     finally:
         engine.close()
     truth_class, why = classify(truth["requests"], geom.rows, truth["pending_at_end"])
-    expected = EXPECTED_VERDICT[truth_class]
+    expected = expected_verdicts(truth_class)
+    expected = sorted(expected) if expected is not None else None
     row = {"geometry": geom.as_dict(), "truth": truth_class, "why": why,
            "expected": expected, "requests": [_req_row(r) for r in truth["requests"]],
            "pending_at_end": truth["pending_at_end"], "steps": truth["steps"]}
@@ -102,8 +103,8 @@ def vllm_store_after_finish(exc: BaseException) -> bool:
 
 
 def _agrees(truth_class: str, top: str) -> bool:
-    expected = EXPECTED_VERDICT[truth_class]
-    return top != "healthy" if expected is None else top == expected
+    expected = expected_verdicts(truth_class)
+    return top != "healthy" if expected is None else top in expected
 
 
 def _req_row(r: RequestTruth) -> dict:
@@ -143,19 +144,28 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
             engine.run_until_done(rids, max_steps=step_budget(geom))
         except TimeoutError:
             pass
-        for rid, req, out in zip(rids, reqs, first):
+        for rid, req, out, k in zip(rids, reqs, first, keys):
             done = engine.finished.get(rid)
             if done is not None:
                 req.finished = True
                 req.served = done.num_cached_tokens
                 req.restored = done.num_external_tokens
                 req.same_output = done.output == out
+                # what the restore had to load: past the GPU prefix cache's hit
+                req.need_keys = restore_keys(k, req.held, CHUNK, window,
+                                             local=req.served - req.restored)
     else:  # the first ask itself never finished: the livelock happened there
         reqs = [RequestTruth(held=0, need_keys=frozenset(), stored_first=0, finished=False)
                 for _ in prompts]
     pending = False
     if all(r.finished for r in reqs):
         engine.drain(max_steps=IDLE_STEPS)
+        # Transfer work still pending: the engine keeps stepping, as vLLM does; only
+        # work pending past twice kv-diagnose's stuck-after threshold is stuck.
+        deadline = time.monotonic() + 2 * THRESHOLDS.pending_after_s
+        while engine.scheduler.has_requests() and time.monotonic() < deadline:
+            engine.step()
+            time.sleep(BACKGROUND_STEP_S)
         pending = engine.scheduler.has_requests()
     engine.refresh()
     return {"requests": reqs, "pending_at_end": pending, "steps": engine.steps,

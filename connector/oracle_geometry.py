@@ -7,7 +7,8 @@ same prompts again, all at once. What varies: the primary tier's rows; 1-3 KV
 groups, the last one a sliding-window group in some; chunks per prompt and a
 partial tail chunk (prompt lengths); tokens per step
 (``max_num_batched_tokens``); 1-8 concurrent requests, with or without a shared
-prefix; the CPU spec alone or tiering with the fs tier.
+prefix; the CPU spec alone or tiering with the fs tier, its I/O settled every
+step or racing the steps.
 
 ``generate(seed, count)`` is a pure function of its arguments: the same seed
 gives the same geometries on every machine.
@@ -41,6 +42,9 @@ class Geometry:
     shared_chunks: int  # leading chunks every prompt shares (0: none)
     num_gpu_blocks: int
     floods: int  # prompts asked between the two asks
+    # The fs tier's I/O threads race the steps, as beside a real engine (else the
+    # harness lets each step's tier I/O finish first: repeatable runs).
+    race_tiers: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -51,6 +55,7 @@ class Geometry:
         spec = "fs" if self.tiering else "cpu"
         swa = f"+swa{self.window_chunks}" if self.window_chunks else ""
         share = f"/shared{self.shared_chunks}" if self.shared_chunks else ""
+        spec += "~" if self.race_tiers else ""
         return (f"g{self.index:03d}-{spec}-r{self.rows}-k{self.kv_groups}{swa}-c{self.chunks}"
                 f"t{self.tail}-s{self.step_tokens}-x{self.concurrency}{share}")
 
@@ -60,7 +65,7 @@ class Geometry:
             sliding_window=self.window_chunks * CHUNK if self.window_chunks else None,
             block_size=CHUNK, num_gpu_blocks=self.num_gpu_blocks,
             max_num_batched_tokens=self.step_tokens, max_num_seqs=8,
-            max_model_len=MAX_MODEL_LEN)
+            max_model_len=MAX_MODEL_LEN, settle_tiers=not self.race_tiers)
         for k, v in over.items():
             setattr(cfg, k, v)
         return cfg
@@ -117,10 +122,12 @@ def _one(index: int, seed: int) -> Geometry:
         # The CPU tier alone: often big enough to keep the prompts through the
         # flood, so the re-ask restores from it (else the flood evicts them).
         rows = (concurrency + floods + 1) * kv_groups * chunks
+    # Its own stream: adding this dimension left every other draw as it was.
+    race = tiering and random.Random(f"{seed}:{index}:race").random() < 0.35
     return Geometry(index=index, seed=seed, tiering=tiering, rows=rows, kv_groups=kv_groups,
                     window_chunks=window, chunks=chunks, tail=tail, step_tokens=step,
                     concurrency=concurrency, shared_chunks=shared,
-                    num_gpu_blocks=num_gpu_blocks, floods=floods)
+                    num_gpu_blocks=num_gpu_blocks, floods=floods, race_tiers=race)
 
 
 def generate(seed: int, count: int) -> list[Geometry]:

@@ -14,8 +14,9 @@ The facts, per re-asked request (read from vLLM and from the tiers themselves):
   ``num_external_cached_tokens``).
 * ``stored_first``: tokens the tiers held for the prompt right after its first ask.
 * ``same_output``: the re-ask produced the first ask's tokens.
-* ``need``: rows a full restore of ``held`` needs resident at once (its keys in
-  every group); ``rows``: the primary tier's rows.
+* ``need``: rows a full restore of ``held`` needs resident at once: its keys in
+  every group past the tokens the GPU prefix cache had (``served - restored``);
+  ``rows``: the primary tier's rows.
 * ``finished``; ``pending_at_end``: the engine still has transfer work after
   every request finished and the engine was stepped idle.
 
@@ -24,14 +25,20 @@ The truth class of a geometry, first rule that holds:
 ==================  ==================================================================
 ``wrong_output``     a re-ask's output differs from its first ask
 ``pending_at_idle``  every request done, transfers still pending after idle steps
-``livelock``         a re-asked request is still unfinished after the step budget
 ``never_stored``     a prompt with a full chunk left nothing in any tier after its ask
-``healthy``          every re-ask served at least what the tiers held (full restore)
-``veto``             short requests needing more rows than the tier has all got 0 tokens
-``truncated``        ... and at least one of them got some tokens (capped by the rows)
-``concurrency``      every short request fits the tier alone, the concurrent asks together
-                     need more rows than it has
-``short_unexplained`` a short restore none of the above explains (a bug somewhere)
+``healthy``          every re-ask finished and served at least what the tiers held
+==================  ==================================================================
+
+Otherwise each request that never finished (``livelock``: still unfinished after
+the step budget) or was served less than held (short) has a form, and the class
+names every form present, joined by ``+`` (e.g. ``veto+concurrency``):
+
+==================  ==================================================================
+``livelock``         the request is still unfinished after the step budget
+``veto``             short, needs more rows than the tier has, got 0 tokens
+``truncated``        short, needs more rows than the tier has, got some tokens
+``concurrency``      short, fits the tier alone, the concurrent asks together do not
+``short_unexplained`` short, and none of the above explains it (a bug somewhere)
 ==================  ==================================================================
 """
 
@@ -46,8 +53,8 @@ from vllm.v1.request import Request
 
 from kvscope.connector import compat
 
-TRUTH_CLASSES = ("healthy", "veto", "truncated", "concurrency", "livelock", "never_stored",
-                 "pending_at_idle", "wrong_output", "short_unexplained")
+TRUTH_CLASSES = ("healthy", "wrong_output", "pending_at_idle", "never_stored", "livelock",
+                 "veto", "truncated", "concurrency", "short_unexplained")
 
 # truth class -> the kv-diagnose verdict that must rank first
 EXPECTED_VERDICT: dict[str, str | None] = {
@@ -135,39 +142,57 @@ def _window_end(flags: list[bool], end: int, window: int) -> int:
 
 
 def restore_keys(keys: list[list[bytes]], held: int, chunk: int,
-                 window_chunks: int | None) -> frozenset:
-    """The keys a restore of ``held`` tokens loads: every chunk of each full group,
-    the window's chunks of a sliding-window group."""
+                 window_chunks: int | None, local: int = 0) -> frozenset:
+    """The keys a restore of ``held`` tokens loads past ``local`` tokens the GPU prefix
+    cache already has: every chunk of each full group, the window's chunks of a
+    sliding-window group."""
     n = -(-held // chunk)
+    start = local // chunk
     out = set()
     for g, group in enumerate(keys):
-        first = max(0, n - window_chunks) if window_chunks and g == len(keys) - 1 else 0
+        first = max(start, n - window_chunks) if window_chunks and g == len(keys) - 1 else start
         out.update(group[first:n])
     return frozenset(out)
 
 
+def request_form(r: RequestTruth, rows: int, together: int, concurrent: int) -> str | None:
+    """The form of one finished request's short restore (None: not short)."""
+    if not r.short:
+        return None
+    if r.need > rows:  # can never be restored whole, whatever else runs
+        return "veto" if r.restored == 0 else "truncated"
+    if concurrent > 1 and together > rows:
+        return "concurrency"
+    return "short_unexplained"
+
+
 def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple[str, str]:
-    """(truth class, why) from the facts; see the module docstring."""
+    """(truth class, why) from the facts; see the module docstring. Where requests of
+    one geometry show different forms, the class names them all, joined by '+'."""
     if any(r.finished and not r.same_output for r in reqs):
         return "wrong_output", "a re-ask's output differs from its first ask"
     if pending_at_end and all(r.finished for r in reqs):
         return "pending_at_idle", "transfers pending after every request finished"
-    if not all(r.finished for r in reqs):
-        return "livelock", f"{sum(not r.finished for r in reqs)} re-asked request(s) never finished"
-    if any(r.stored_first == 0 for r in reqs):
+    if all(r.finished for r in reqs) and any(r.stored_first == 0 for r in reqs):
         return "never_stored", "a prompt left no chunk in any tier after its first ask"
-    short = [r for r in reqs if r.short]
-    if not short:
+    together = len(frozenset().union(*(r.need_keys for r in reqs)))
+    forms = {request_form(r, rows, together, len(reqs)) for r in reqs} - {None}
+    why = []
+    if not all(r.finished for r in reqs):
+        forms.add("livelock")
+        why.append(f"{sum(not r.finished for r in reqs)} re-asked request(s) never finished")
+    if not forms:
         return "healthy", "every re-ask served what the tiers held"
-    worst = min(short, key=lambda r: r.served / r.held)
-    facts = (f"served {worst.served} (restored {worst.restored}) of {worst.held} held; "
-             f"needs {worst.need} rows, tier has {rows}")
-    too_big = [r for r in short if r.need > rows]
-    if too_big:
-        if all(r.restored == 0 for r in too_big):
-            return "veto", facts
-        return "truncated", facts
-    total = len(frozenset().union(*(r.need_keys for r in reqs)))
-    if len(reqs) > 1 and total > rows:
-        return "concurrency", facts + f"; the {len(reqs)} concurrent asks need {total} together"
-    return "short_unexplained", facts
+    short = [r for r in reqs if r.short]
+    if short:
+        worst = min(short, key=lambda r: r.served / r.held)
+        why.append(f"served {worst.served} (restored {worst.restored}) of {worst.held} held; "
+                   f"its restore needs {worst.need} rows, the tier has {rows}; the "
+                   f"{len(reqs)} asks need {together} together")
+    return "+".join(c for c in TRUTH_CLASSES if c in forms), "; ".join(why)
+
+
+def expected_verdicts(truth: str) -> set[str] | None:
+    """The kv-diagnose verdicts that may rank first for a truth class (None: any incident)."""
+    out = {EXPECTED_VERDICT[c] for c in truth.split("+")}
+    return None if out == {None} else out - {None}

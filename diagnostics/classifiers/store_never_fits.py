@@ -16,6 +16,10 @@ from ..model import Finding, Mark
 from ..thresholds import Thresholds
 from ._common import bytes_for, n, window_word
 
+# Refused store jobs per prepared one above which stores "never fit" even though
+# some fit (see classify).
+MOSTLY_REFUSED = 5
+
 ID = "store_never_fits"
 TITLE = "Store never fits the primary tier"
 SEVERITY = 75
@@ -36,19 +40,29 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     # CPU tier alone (nothing cascades), a store job that fit. A job refused now
     # and then (rows pinned by other requests' stores) is not "never fits".
     reached = cascaded.last > 0 if tiered(ev) else prepared > 0
-    if no_space.increase <= 0 or reached:
+    # ... unless refusals outnumber fitting jobs many times over: a refused job is
+    # retried (grown) every step, so the few that fit are other requests' (the
+    # oracle matrix: 104 refused, 3 prepared, the re-asked prompts never stored).
+    mostly_refused = prepared > 0 and no_space.increase > MOSTLY_REFUSED * prepared
+    if no_space.increase <= 0 or (reached and not mostly_refused):
         return None
     rows = int(ev.primary_rows)
     w = window_word(ev)
     lines = [
         f"{n(no_space.increase)} store jobs refused for lack of space (no_space) {w}, "
         f"{n(prepared)} prepared",
-        "0 keys reached the disk tier (no completed cascade)" if tiered(ev) else
-        "0 store jobs fit the CPU tier (the only tier)",
     ]
+    if not reached:
+        lines.append("0 keys reached the disk tier (no completed cascade)" if tiered(ev) else
+                     "0 store jobs fit the CPU tier (the only tier)")
+    else:
+        lines.append(f"refused jobs outnumber prepared ones {n(round(no_space.increase / prepared))}:1: "
+                     "the prompts whose job is refused are never stored"
+                     + (f" ({n(cascaded.last)} keys reached the disk tier from the jobs "
+                        "that fit)" if tiered(ev) else ""))
     if no_space.recent > 0:
         lines.append(f"still happening: +{n(no_space.recent)} refused in the last {ev.source.recent_span:.0f} s")
-    conf = 0.9 if prepared == 0 else 0.6
+    conf = 0.9 if prepared == 0 else 0.6 if not reached else 0.5
     # One request's store job in one step covers the full chunks its prefill
     # completed in that step, in every KV group: up to
     # ceil(max_num_batched_tokens / chunk_tokens) chunks x groups rows, which

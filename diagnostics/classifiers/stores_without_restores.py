@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from ..checks import need
+from ..checks import need, tiered
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
@@ -47,6 +47,19 @@ def _stored(ev: Evidence) -> tuple[float, list[str]]:
         amount += casc
         lines.append(f"{n(casc)} keys cascaded to the disk tier {w}")
     return amount, lines
+
+
+def _turned_over(ev: Evidence) -> bool:
+    """The CPU tier alone (nothing cascades to disk) stored more keys than it has rows:
+    later stores evicted earlier ones (LRU), so a re-ask finding nothing is what a
+    tier smaller than the working set does, not a sign of mismatched keys. Keys
+    stored = GPU->CPU bytes of every rank / bytes of one row (all rank slots; rows
+    are page-rounded, so this undercounts)."""
+    if tiered(ev) or not ev.tiers.row_bytes.present or ev.tiers.row_bytes.last <= 0:
+        return False
+    b = sum(rt.bytes.get(S.Direction.GPU_TO_CPU.value).increase
+            for rt in ev.ranks.values() if S.Direction.GPU_TO_CPU.value in rt.bytes)
+    return b / ev.tiers.row_bytes.last > ev.primary_rows > 0
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
@@ -107,7 +120,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
                 "stored at all (sliding-window/other attention kinds, per-group block size) and "
                 "that its keys are computed like the stored ones."
             )
-        elif found == 0 and missed >= max(held, 1) and not ceiling_any:
+        elif found == 0 and missed >= max(held, 1) and not ceiling_any and not _turned_over(ev):
             # Without a seed change this is only a hint: a workload that never
             # repeats a prefix looks the same. So it needs volume: at least as
             # many lookups resolved as MISS as the tiers hold keys (a cold

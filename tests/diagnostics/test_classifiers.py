@@ -382,6 +382,25 @@ def test_stores_without_restores_needs_more_than_a_cold_caches_first_misses():
     assert stores_without_restores.classify(evidence(d), TH) is None
 
 
+def test_stores_without_restores_not_claimed_when_the_cpu_tier_turned_over():
+    # The CPU tier alone (no disk: evicted keys are gone) stored 3x its rows: the
+    # oracle matrix's small CPU tiers flooded by later prompts found nothing on a
+    # re-ask because LRU evicted it, with keys hashed alike (engine truth: healthy).
+    d = base(rows=8)
+    d.pop(info(rows=8))
+    d[L(S.INFO.name, kvscope_version="0.1.0", vllm_version="0.26.0", spec="CPUOffloadingSpec",
+        tiers="cpu", primary_rows="8", hash_seed="a1b2c3")] = [1, 1]
+    d[L(S.STORE_JOBS.name, result="prepared")] = [20, 24]
+    d |= rounds(miss=[40, 50]) | lookups("0", miss=[40, 50])
+    d[S.PRIMARY_ROW_BYTES.name] = [4096, 4096]
+    d[L(S.TRANSFER_BYTES.name, rank="0", direction="gpu_to_cpu")] = [0, 24 * 4096]
+    assert stores_without_restores.classify(evidence(d), TH) is None
+    # stored fewer keys than the tier has rows: nothing was evicted, the hint stands
+    d[L(S.TRANSFER_BYTES.name, rank="0", direction="gpu_to_cpu")] = [0, 6 * 4096]
+    f = stores_without_restores.classify(evidence(d), TH)
+    assert f is not None and f.title.endswith("(nothing found)")
+
+
 def test_no_stores_no_verdict():
     d = base() | rounds(miss=[40, 50]) | lookups("0", miss=[40, 50])
     assert stores_without_restores.classify(evidence(d), TH) is None
@@ -478,6 +497,20 @@ def test_a_broken_classifier_is_never_a_pass(monkeypatch):
     report = diagnose(evidence(d))
     assert report.status == "inconclusive" and report.exit_code == 3
     assert [v.id for v in report.verdicts] == ["inconclusive", "check_failed:queue_wait"]
+
+
+def test_store_never_fits_although_a_few_jobs_fit():
+    # The oracle matrix: 6 prompts whose jobs were refused every step (104 refusals)
+    # while 3 smaller jobs fit and 11 keys cascaded: those prompts were never stored.
+    d = base(rows=7)
+    d[L(S.STORE_JOBS.name, result="no_space")] = [0, 104]
+    d[L(S.STORE_JOBS.name, result="prepared")] = [0, 3]
+    d[L(S.CASCADES.name, result="completed")] = [0, 11]
+    f = store_never_fits.classify(evidence(d), TH)
+    assert f is not None
+    assert any(e.startswith("refused jobs outnumber prepared ones 35:1") for e in f.evidence)
+    d[L(S.STORE_JOBS.name, result="prepared")] = [0, 30]  # refusals now and then: fits
+    assert store_never_fits.classify(evidence(d), TH) is None
 
 
 def test_store_fits_sometimes_with_the_cpu_tier_alone():
