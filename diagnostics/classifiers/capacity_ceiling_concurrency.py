@@ -43,7 +43,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     w = window_word(ev)
     per = int(need.min)
     lines = [
-        f"{n(cut)} ended lookup rounds {w} offered less than the tiers held: a promotion found "
+        f"{n(cut)} ended lookup round{'s' if cut != 1 else ''} {w} offered less than the tiers held: a promotion found "
         "no free primary row",
         f"the cut request's held prefix needs {n(per)} rows at once: it fits the {n(rows)}-row "
         "primary tier alone",

@@ -58,7 +58,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     groups = ev.kv_group_count
     offered, held = c.ceiling_offered, c.ceiling_held
     conf = 0.75
-    lines = [f"{n(cut.increase)} ended lookup rounds {w} offered less than the tiers held: a "
+    lines = [f"{n(cut.increase)} ended lookup round{'s' if cut.increase != 1 else ''} {w} offered less than the tiers held: a "
              "promotion found no free primary row and vLLM's prefix scan stopped there"]
     if offered.present and held.present and held.last > 0:
         pinned = ""

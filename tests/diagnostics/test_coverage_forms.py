@@ -3,7 +3,15 @@ shaped like the reported GPU run (the live CPU runs are in test_scenarios.py).""
 
 from __future__ import annotations
 
-from kvscope.diagnostics.engine import diagnose
+import gzip
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from kvscope.diagnostics.engine import diagnose, diagnose_raw
+from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
 
 from .support import L, base, evidence, info
@@ -87,3 +95,41 @@ def test_not_stored_shortfalls_are_healthy():
               S.LAST_CEILING_CONCURRENT_REQUESTS, S.LAST_CEILING_CONCURRENT_ROWS):
         del d[m.name]
     assert diagnose(evidence(d)).top.id == "healthy"
+
+
+# ---- the H200 runs (benchmarks/results/truncated/: vllm.LLM, tiering + fs, 2000-token
+# prompt all on disk, 100 or 80 rows; engine truth there: 0 tokens restored, same output) ----
+H200_RUNS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                    / "truncated").glob("truncated-*.om.gz"))
+_SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+) (\S+)$')
+
+
+def _recording(path: Path) -> RawWindow:
+    """An OpenMetrics recording (one sample per line, with timestamps) as a scrape window."""
+    data: dict = defaultdict(list)
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            m = _SAMPLE.match(line.strip())
+            if m and not line.startswith("#"):
+                name, labels, value, t = m.groups()
+                data[(name, tuple(sorted(re.findall(r'(\w+)="([^"]*)"', labels or ""))))].append(
+                    (float(t), float(value)))
+    series = []
+    for (name, labels), samples in data.items():
+        lb = dict(labels)
+        target = lb.pop("instance", "recording")
+        lb.pop("job", None)
+        series.append(Series(name, tuple(sorted(lb.items())), target, tuple(sorted(samples))))
+    t0 = min(s.samples[0][0] for s in series)
+    t1 = max(s.samples[-1][0] for s in series)
+    return RawWindow(SourceInfo(kind="scrape", location=str(path), start=t0, end=t1, now=t1,
+                                lifetime=True, recent_span=2.0), tuple(series))
+
+
+@pytest.mark.parametrize("path", H200_RUNS, ids=[p.name for p in H200_RUNS])
+def test_the_h200_runs_are_named_truncated(path):
+    report = diagnose_raw(_recording(path))
+    assert report.top.id == "capacity_ceiling_truncated", [f.id for f in report.verdicts]
+    ev = report.evidence
+    assert ev.coverage.ceiling_held.last == 2000  # 125 chunks on disk, as the engine had them
+    assert ev.coverage.ceiling_rows_needed.last == 125 > ev.primary_rows
