@@ -8,8 +8,13 @@ Format, version 1: gzip-compressed UTF-8 JSON::
       "created_at": 1700000000.0,          # unix seconds
       "kvscope_version": "0.1.0",
       "source": {kind, location, start, end, now, lifetime, recent_span, selector, bundle},
-      "series": [{"name": ..., "labels": {...}, "target": ..., "samples": [[t, v], ...]}, ...]
+      "series": [{"name": ..., "labels": {...}, "target": ..., "samples": [[t, v], ...]}, ...],
+      "failures": ["cannot reach metrics endpoint at ...", ...],   # optional: targets that
+      "notes": [...]                                               # gave nothing usable
     }
+
+Reading is bounded (``limits``): at most MAX_BUNDLE_BYTES after gunzip, MAX_SERIES
+series, MAX_SAMPLES samples; non-finite window fields are refused as corrupt.
 
 Only the series kv-diagnose reads are kept (kvscope's and the few vLLM ones
 named in ``signals``). Those carry bounded labels only: no prompts, no request
@@ -20,11 +25,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import stat
+import sys
+import tempfile
 import time
 import zlib
 
 from .evidence import WANTED_SERIES
+from .limits import MAX_BUNDLE_BYTES, MAX_SAMPLES, MAX_SERIES, too_many
 from .model import DiagnoseError, RawWindow, Series, SourceInfo
 
 FORMAT = "kvscope-bundle"
@@ -54,39 +64,114 @@ def to_dict(raw: RawWindow, created_at: float | None = None) -> dict:
             for s in raw.series
             if s.name in WANTED_SERIES
         ],
+        # targets that gave nothing usable when it was recorded: still evidence
+        "failures": list(raw.failures),
+        "notes": list(raw.notes),
     }
 
 
-def write_bundle(raw: RawWindow, path: str, created_at: float | None = None) -> int:
-    """Write atomically (``path.tmp`` then rename); returns the number of series kept."""
+STDIO = "-"
+
+
+def write_bundle(raw: RawWindow, path: str, created_at: float | None = None,
+                 force: bool = False) -> int:
+    """Write the bundle; returns the number of series kept.
+
+    ``-`` writes to stdout. A file is written to a fresh temporary file beside
+    the target (``O_EXCL``, never through a symlink) and renamed over it: an
+    interrupted write leaves no half bundle, and a pre-planted ``<out>.tmp``
+    link redirects nothing. An existing target is replaced only with ``force``
+    and only if it is a regular file (or a link, which is replaced, not followed).
+    """
     doc = to_dict(raw, created_at)
-    tmp = f"{path}.tmp"
+    data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), mtime=0)
+    if path == STDIO:
+        out = sys.stdout.buffer
+        if out.isatty():
+            raise DiagnoseError("refusing to write a gzip bundle to a terminal: redirect -o - to a file or pipe")
+        out.write(data)
+        out.flush()
+        return len(doc["series"])
+    _check_target(path, force)
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
     try:
-        data = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-        with open(tmp, "wb") as f:
-            f.write(gzip.compress(data, mtime=0))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise DiagnoseError(f"cannot write bundle {path}: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return len(doc["series"])
+
+
+def _check_target(path: str, force: bool) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise DiagnoseError(f"cannot write bundle {path}: {e.strerror or e}") from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise DiagnoseError(f"refusing to write bundle {path}: it is {kind}")
+    if not force:
+        raise DiagnoseError(f"refusing to overwrite {path}: it exists (pass --force to replace it)")
+
+
+def _inflate(f, path: str) -> bytes:
+    """gunzip ``f`` up to MAX_BUNDLE_BYTES (a small bundle may inflate a thousandfold)."""
+    d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = bytearray()
+    while not d.eof:
+        chunk = f.read(1 << 16)
+        if not chunk:
+            raise DiagnoseError(f"bundle {path} is truncated or corrupt (gzip stream broken)")
+        while chunk:
+            out += d.decompress(chunk, MAX_BUNDLE_BYTES + 1 - len(out))
+            if len(out) > MAX_BUNDLE_BYTES:
+                raise DiagnoseError(
+                    f"bundle {path} inflates to more than {MAX_BUNDLE_BYTES >> 20} MiB "
+                    "(kv-diagnose's limit): not a bundle kv-diagnose record writes")
+            chunk = d.unconsumed_tail
+            if d.eof:
+                break
+    return bytes(out)
 
 
 def read_bundle(path: str) -> RawWindow:
     try:
-        with open(path, "rb") as f:
+        if path == STDIO:
+            f = sys.stdin.buffer
+            name = "<stdin>"
+        else:
+            st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                raise DiagnoseError(f"bundle {path} is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise DiagnoseError(f"bundle {path} is not a regular file")
+            f = open(path, "rb")  # noqa: SIM115  closed below
+            name = path
+        try:
             head = f.read(2)
-            f.seek(0)
             if head != b"\x1f\x8b":
-                raise DiagnoseError(f"{path} is not a kvscope bundle (not gzip data)")
-            text = gzip.decompress(f.read()).decode("utf-8")
+                raise DiagnoseError(f"{name} is not a kvscope bundle (not gzip data)")
+            text = (_inflate_after(head, f, name)).decode("utf-8")
+        finally:
+            if f is not sys.stdin.buffer:
+                f.close()
     except FileNotFoundError:
         raise DiagnoseError(f"bundle {path} does not exist") from None
-    except IsADirectoryError:
-        raise DiagnoseError(f"bundle {path} is a directory") from None
     except (EOFError, gzip.BadGzipFile, zlib.error):
         raise DiagnoseError(f"bundle {path} is truncated or corrupt (gzip stream broken)") from None
     except UnicodeDecodeError:
@@ -95,9 +180,32 @@ def read_bundle(path: str) -> RawWindow:
         raise DiagnoseError(f"cannot read bundle {path}: {e.strerror or e}") from None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise DiagnoseError(f"bundle {path} is corrupt (invalid JSON)") from None
-    return from_dict(doc, path)
+    return from_dict(doc, name)
+
+
+def _inflate_after(head: bytes, f, name: str) -> bytes:
+    """Inflate the gzip stream whose first two bytes were already read."""
+
+    class _Rest:
+        def __init__(self):
+            self.first = head
+
+        def read(self, n: int) -> bytes:
+            if self.first:
+                out, self.first = self.first, b""
+                return out
+            return f.read(n)
+
+    return _inflate(_Rest(), name)
+
+
+def _finite(x, what: str) -> float:
+    v = float(x)
+    if not math.isfinite(v):
+        raise ValueError(f"{what} is not finite")
+    return v
 
 
 def from_dict(doc, path: str = "<bundle>") -> RawWindow:
@@ -106,20 +214,35 @@ def from_dict(doc, path: str = "<bundle>") -> RawWindow:
     version = doc.get("version")
     if version != VERSION:
         raise DiagnoseError(
-            f"bundle {path} has version {version!r}; this kv-diagnose reads version {VERSION}"
+            f"bundle {path} has version {repr(version)[:20]}; this kv-diagnose reads version {VERSION}"
         )
     try:
         src = SourceInfo.from_dict(doc["source"])
+        for what in ("start", "end", "now", "recent_span"):
+            _finite(getattr(src, what), f"source.{what}")
+        if src.end < src.start or src.recent_span < 0:
+            raise ValueError("source window ends before it starts")
         src = SourceInfo(**{**src.to_dict(), "bundle": path})
-        series = tuple(
-            Series(
+        if not isinstance(doc["series"], list):
+            raise TypeError("series is not a list")
+        if len(doc["series"]) > MAX_SERIES:
+            raise too_many(f"series in bundle {path}", MAX_SERIES, "not a bundle kv-diagnose record writes")
+        series, n = [], 0
+        for s in doc["series"]:
+            n += len(s["samples"])
+            if n > MAX_SAMPLES:
+                raise too_many(f"samples in bundle {path}", MAX_SAMPLES,
+                               "not a bundle kv-diagnose record writes")
+            series.append(Series(
                 name=str(s["name"]),
                 labels=tuple(sorted((str(k), str(v)) for k, v in s["labels"].items())),
                 target=str(s["target"]),
                 samples=tuple((float(t), float(v)) for t, v in s["samples"]),
-            )
-            for s in doc["series"]
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise DiagnoseError(f"bundle {path} is corrupt (bad field: {e})") from None
-    return RawWindow(src, series)
+            ))
+        failures = tuple(str(x) for x in doc.get("failures", ()))
+        notes = tuple(str(x) for x in doc.get("notes", ()))
+    except DiagnoseError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise DiagnoseError(f"bundle {path} is corrupt (bad field: {str(e)[:120]})") from None
+    return RawWindow(src, tuple(series), failures=failures, notes=notes)

@@ -13,53 +13,34 @@ Exit codes: 0 healthy, 1 incident found, 2 could not diagnose, 3 inconclusive
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime
 
 from . import native
-from .bundle import read_bundle, write_bundle
+from .bundle import STDIO, read_bundle, write_bundle
 from .engine import diagnose_raw
 from .evidence import build_evidence
+from .limits import DEFAULT_DEADLINE_S, DEFAULT_TIMEOUT_S, Deadline
 from .model import DiagnoseError, RawWindow
+from .options import (
+    MAX_INTERVAL_S,
+    parse_duration,
+    parse_time,
+    positive_duration,
+    refuse_inapplicable,
+    window,
+)
+from .plot import check_plot_path
 from .prometheus import prometheus_window
-from .report import EXIT_CANNOT, Report, format_text
+from .report import EXIT_CANNOT, EXIT_INTERRUPTED, Report, format_text, safe
 from .scrape import scrape_window
 from .thresholds import Thresholds
 
 PROG = "kv-diagnose"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
-
-
-def parse_duration(text: str) -> float:
-    m = _DURATION.match(text or "")
-    if not m:
-        raise DiagnoseError(f"bad duration {text!r} (expected e.g. 90s, 30m, 1h, 2d)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def parse_time(text: str, now: float) -> float:
-    """Unix seconds, RFC 3339 / ISO 8601, or 'now' / 'now-30m'."""
-    t = text.strip()
-    if t == "now":
-        return now
-    if t.startswith("now-"):
-        return now - parse_duration(t[4:])
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise DiagnoseError(f"bad time {text!r} (expected unix seconds, RFC 3339 or now-30m)") from None
-    if dt.tzinfo is None:
-        raise DiagnoseError(f"time {text!r} has no timezone (add Z or +00:00)")
-    return dt.timestamp()
+__all__ = ["main", "parse_duration", "parse_time"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,21 +53,27 @@ def _add_source_args(p: argparse.ArgumentParser, bundle: bool) -> None:
     g.add_argument("--prometheus", metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
     g.add_argument("--scrape", metavar="URL", nargs="+", help="/metrics URL(s), one per process/rank")
     if bundle:
-        g.add_argument("--bundle", metavar="FILE", help="a bundle written by `kv-diagnose record`")
+        g.add_argument("--bundle", metavar="FILE",
+                       help="a bundle written by `kv-diagnose record` (- reads stdin)")
     p.add_argument("--since", metavar="DUR", help="Prometheus window ending now: 30m, 1h, ...")
     p.add_argument("--start", metavar="TIME", help="window start: unix seconds, RFC 3339, now-1h")
-    p.add_argument("--end", metavar="TIME", help="window end (default now)")
-    p.add_argument("--selector", default="", metavar="MATCHERS",
+    p.add_argument("--end", metavar="TIME", help="window end (default now; a future end is clipped to now)")
+    p.add_argument("--selector", default=None, metavar="MATCHERS",
                    help="label matchers for every query, e.g. '{model_name=\"x\"}'")
-    p.add_argument("--interval", default="1s", metavar="DUR", help="between the two scrapes (default 1s)")
-    p.add_argument("--timeout", default="10s", metavar="DUR", help="per HTTP request (default 10s)")
+    p.add_argument("--interval", default=None, metavar="DUR", help="between the two scrapes (default 1s)")
+    p.add_argument("--timeout", default=None, metavar="DUR",
+                   help=f"bound on each whole HTTP request (default {DEFAULT_TIMEOUT_S:g}s)")
+    p.add_argument("--deadline", default=None, metavar="DUR",
+                   help=f"bound on the whole run's waiting (default {DEFAULT_DEADLINE_S:g}s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_source_args(p, bundle=True)
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema_version 1)")
-    p.add_argument("--plot", metavar="PNG", help="write a timeline of the key series with the evidence marked")
+    p.add_argument("--plot", metavar="PNG",
+                   help="also write a timeline (.png, .svg or .pdf) of each finding's decisive series, "
+                        "after the report is printed")
     p.add_argument("--row-bytes", type=int, metavar="N",
                    help="bytes of one primary-tier row, to turn row counts into cpu_bytes_to_use")
     p.add_argument("--stale-after", default=None, metavar="DUR", help="step timestamp age that is stale (60s)")
@@ -100,95 +87,98 @@ def build_parser() -> argparse.ArgumentParser:
 def build_record_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} record", description="Record an incident bundle (no prompts, no block hashes).")
     _add_source_args(p, bundle=False)
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="bundle to write (.kvb)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="bundle to write (.kvb); - writes to stdout")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle file")
     return p
-
-
-def _window(args, now: float) -> tuple[float, float]:
-    end = parse_time(args.end, now) if args.end else now
-    if args.since and args.start:
-        raise DiagnoseError("give --since or --start, not both")
-    if args.since:
-        start = end - parse_duration(args.since)
-    elif args.start:
-        start = parse_time(args.start, now)
-    else:
-        raise DiagnoseError("--prometheus needs a window: --since 30m or --start/--end")
-    if end <= start:
-        raise DiagnoseError("empty window: --end must be after --start")
-    return start, end
 
 
 def load_source(args, now: float | None = None) -> RawWindow:
     now = time.time() if now is None else now
-    timeout = parse_duration(args.timeout)
-    if timeout <= 0:
-        raise DiagnoseError("--timeout must be > 0")
+    refuse_inapplicable(args)
     if getattr(args, "bundle", None):
         return read_bundle(args.bundle)
+    timeout = positive_duration(args.timeout or f"{DEFAULT_TIMEOUT_S:g}s", "--timeout")
+    deadline = Deadline(positive_duration(args.deadline or f"{DEFAULT_DEADLINE_S:g}s", "--deadline"))
     if args.scrape:
-        if args.since or args.start or args.end or args.selector:
-            raise DiagnoseError("--since/--start/--end/--selector apply to --prometheus, not --scrape")
-        return scrape_window(args.scrape, parse_duration(args.interval), timeout)
-    start, end = _window(args, now)
-    return prometheus_window(args.prometheus, start, end, args.selector, timeout)
+        interval = positive_duration(args.interval or "1s", "--interval", MAX_INTERVAL_S)
+        return scrape_window(args.scrape, interval, timeout, deadline=deadline)
+    start, end, notes = window(args, now)
+    raw = prometheus_window(args.prometheus, start, end, args.selector or "", timeout,
+                            deadline=deadline)
+    return dataclasses.replace(raw, notes=tuple(notes) + raw.notes) if notes else raw
 
 
 def _thresholds(args) -> Thresholds:
     kw = {}
-    if args.row_bytes:
+    if args.row_bytes is not None:
         if args.row_bytes <= 0:
             raise DiagnoseError("--row-bytes must be > 0")
         kw["row_bytes"] = args.row_bytes
     if args.stale_after:
-        kw["stale_after_s"] = parse_duration(args.stale_after)
+        kw["stale_after_s"] = positive_duration(args.stale_after, "--stale-after")
     if args.stuck_after:
-        kw["pending_after_s"] = parse_duration(args.stuck_after)
-        if kw["pending_after_s"] <= 0:
-            raise DiagnoseError("--stuck-after must be > 0")
+        kw["pending_after_s"] = positive_duration(args.stuck_after, "--stuck-after")
     return Thresholds(**kw)
 
 
 def _print_report(report: Report, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(report.to_json() + "\n")
-        return
-    if sys.stdout.isatty():
+    elif sys.stdout.isatty():
         from rich.console import Console
 
         from .report import render
 
-        render(report, Console(highlight=False))
+        render(report, Console(highlight=False, emoji=False))
     else:
         sys.stdout.write(format_text(report))
+    sys.stdout.flush()
+
+
+def _record(argv: list[str]) -> int:
+    args = build_record_parser().parse_args(argv)
+    if args.output != STDIO and os.path.isdir(args.output):
+        raise DiagnoseError(f"refusing to write bundle {args.output}: it is a directory")
+    raw = load_source(args)
+    build_evidence(raw)  # refuse to record a bundle nothing can be diagnosed from
+    n = write_bundle(raw, args.output, force=args.force)
+    src = raw.source
+    where = "stdout" if args.output == STDIO else args.output
+    print(f"wrote {where}: {n} series, {src.kind} {src.location}, window {src.end - src.start:.0f} s"
+          + (f"; {len(raw.failures)} target(s) unusable, listed in the bundle" if raw.failures else ""),
+          file=sys.stderr)
+    return 0
 
 
 def _run(argv: list[str]) -> int:
     if argv and argv[0] == "record":
-        args = build_record_parser().parse_args(argv[1:])
-        raw = load_source(args)
-        build_evidence(raw)  # refuse to record a bundle nothing can be diagnosed from
-        n = write_bundle(raw, args.output)
-        src = raw.source
-        print(
-            f"wrote {args.output}: {n} series, {src.kind} {src.location}, "
-            f"window {src.end - src.start:.0f} s",
-            file=sys.stderr,
-        )
-        return 0
+        return _record(argv[1:])
     args = build_parser().parse_args(argv)
     th = _thresholds(args)
+    if args.plot:
+        check_plot_path(args.plot)  # before any waiting: a typo must not cost the run
     raw = load_source(args)
     if native.applies(raw):  # a stock vLLM 0.33 without kvscope: reduced evidence
         nreport = native.diagnose_native(raw)
-        sys.stdout.write((nreport.to_json() if args.json else nreport.to_text()) + "\n")
+        text = nreport.to_json() if args.json else "\n".join(
+            safe(line) for line in nreport.to_text().splitlines())
+        sys.stdout.write(text + "\n")
+        if args.plot:
+            print(f"{PROG}: --plot: no plot from vLLM's native metrics (kvscope not installed)",
+                  file=sys.stderr)
         return nreport.exit_code
     report = diagnose_raw(raw, th)
+    # The verdict first: a plot that cannot be written must not swallow it.
+    _print_report(report, args.json)
     if args.plot:
         from .plot import write_plot
 
-        write_plot(report, args.plot)
-    _print_report(report, args.json)
+        try:
+            write_plot(report, args.plot)
+            print(f"{PROG}: plot written to {args.plot}", file=sys.stderr)
+        except DiagnoseError as e:
+            print(f"{PROG}: {e} (the report above stands)", file=sys.stderr)
     return report.exit_code
 
 
@@ -201,10 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CANNOT
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_CANNOT
+        return EXIT_INTERRUPTED
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else EXIT_CANNOT
     except BrokenPipeError:
+        return EXIT_CANNOT
+    except MemoryError:
+        print(f"{PROG}: out of memory reading the source (narrow the window or --selector)",
+              file=sys.stderr)
         return EXIT_CANNOT
     except Exception as e:
         if os.environ.get("KVSCOPE_DEBUG"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kvscope.exporters import signals as S
 
+from .limits import MAX_LABEL_CHARS
 from .model import ABSENT, DiagnoseError, Quantity, RawWindow, Series, SourceInfo
 
 # --------------------------------------------------------------------------
@@ -454,8 +455,13 @@ def build_evidence(raw: RawWindow) -> Evidence:
     by_name: dict[str, list[Series]] = defaultdict(list)
     nonfinite: set[str] = set()
     label_names: dict[str, set[str]] = defaultdict(set)
+    too_long = 0
     for s in raw.series:
         if s.name not in WANTED_SERIES:
+            continue
+        if len(s.target) > MAX_LABEL_CHARS or any(
+                len(k) > MAX_LABEL_CHARS or len(v) > MAX_LABEL_CHARS for k, v in s.labels):
+            too_long += 1
             continue
         s = _finite(s, nonfinite)
         if s.samples:
@@ -611,7 +617,10 @@ def build_evidence(raw: RawWindow) -> Evidence:
         label_names={k: frozenset(v) for k, v in label_names.items()},
         nonfinite=frozenset(nonfinite),
         failures=raw.failures,
-        notes=raw.notes,
+        notes=raw.notes + ((
+            f"{too_long} series dropped: a label value longer than {MAX_LABEL_CHARS} characters "
+            "(kvscope's labels are short; a relabel rule or another exporter made these)",)
+            if too_long else ()),
         coverage=RestoreCoverage(
             held_tokens=aggregate(get(S.RESTORE_HELD_TOKENS), src, first_seen=fs),
             short_rounds=_by_label(get(S.RESTORE_SHORT_ROUNDS), S.L_REASON, src, first_seen=fs),

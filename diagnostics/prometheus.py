@@ -13,10 +13,18 @@ import json
 import math
 import re
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 
 from . import http
 from .evidence import WANTED_SERIES
+from .limits import (
+    DEFAULT_TIMEOUT_S,
+    MAX_SAMPLES,
+    MAX_SERIES,
+    NO_DEADLINE,
+    Deadline,
+    parallel_map,
+    too_many,
+)
 from .model import DiagnoseError, RawWindow, Series, SourceInfo
 
 MAX_POINTS = 240  # per series over the window: enough for a timeline, cheap at 24 h
@@ -56,13 +64,15 @@ def step_for(start: float, end: float) -> float:
 
 
 class PrometheusClient:
-    def __init__(self, url: str, timeout: float = 10.0):
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S,
+                 deadline: Deadline = NO_DEADLINE):
         self.base = http.check_url(url, "Prometheus").rstrip("/")
         self.timeout = timeout
+        self.deadline = deadline
 
     def _api(self, path: str, params: dict) -> dict:
         url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
-        body = http.get(url, self.timeout, "Prometheus")
+        body = http.get(url, self.timeout, "Prometheus", self.deadline)
         try:
             doc = json.loads(body)
         except ValueError:
@@ -71,8 +81,11 @@ class PrometheusClient:
             ) from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
             err = doc.get("error", "unknown error") if isinstance(doc, dict) else "unexpected reply"
-            raise DiagnoseError(f"Prometheus rejected the query: {err}")
-        return doc.get("data") or {}
+            raise DiagnoseError(f"Prometheus rejected the query: {str(err)[:200]}")
+        data = doc.get("data") or {}
+        if not isinstance(data, dict):
+            raise DiagnoseError(f"{self.base}: unexpected answer from {path} (data is not an object)")
+        return data
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:
         params = {"query": expr, "timeout": f"{self.timeout:g}s"}
@@ -87,8 +100,24 @@ class PrometheusClient:
         }
         data = self._api("/api/v1/query_range", params)
         if data.get("resultType") not in (None, "matrix"):
-            raise DiagnoseError(f"{self.base}: unexpected result type {data.get('resultType')!r}")
-        return data.get("result", [])
+            raise DiagnoseError(f"{self.base}: unexpected result type {str(data.get('resultType'))[:40]!r}")
+        result = data.get("result", [])
+        if not isinstance(result, list):
+            raise DiagnoseError(f"{self.base}: unexpected answer (result is not a list)")
+        return result
+
+
+def _series(queried: str, name: str, r, url: str) -> Series | None:
+    if not isinstance(r, dict) or not isinstance(r.get("metric", {}), dict):
+        raise DiagnoseError(f"{url}: malformed series in the answer for {queried}")
+    metric = {str(k): str(v) for k, v in r.get("metric", {}).items()}
+    metric.pop("__name__", None)
+    target = metric.get("instance", "") or metric.get("job", "")
+    try:
+        samples = tuple((float(t), float(v)) for t, v in r.get("values", []))
+    except (TypeError, ValueError):
+        raise DiagnoseError(f"{url}: malformed sample values for {queried}") from None
+    return Series(name, tuple(sorted(metric.items())), target, samples) if samples else None
 
 
 def prometheus_window(
@@ -96,39 +125,48 @@ def prometheus_window(
     start: float,
     end: float,
     selector: str = "",
-    timeout: float = 10.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     names: frozenset[str] = WANTED_SERIES,
+    deadline: Deadline = NO_DEADLINE,
 ) -> RawWindow:
     if end <= start:
         raise DiagnoseError(f"empty window: end ({end:.0f}) is not after start ({start:.0f})")
     sel = normalize_selector(selector)
-    client = PrometheusClient(url, timeout)
+    client = PrometheusClient(url, timeout, deadline)
     step = step_for(start, end)
     # Probe once: a wrong URL or a dead server fails here with one clear line.
     client.query("vector(1)", at=end)
     # (name as queried, name kv-diagnose knows it by)
     queries = [(n, n) for n in sorted(names)]
     queries += [(e, n) for n in sorted(names) if (e := escaped_name(n))]
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(
-            lambda q: client.query_range(query_for(q[0], sel), start, end, step), queries))
+    results = parallel_map(
+        lambda q: client.query_range(query_for(q[0], sel), start, end, step), queries, 8, deadline)
     series: list[Series] = []
+    failures: list[str] = []
     seen: set[tuple[str, tuple]] = set()
+    n_samples = 0
     for (queried, name), result in zip(queries, results, strict=True):
+        if isinstance(result, DiagnoseError):
+            # One query that fails (a timeout on a heavy series, a 503 from one
+            # Thanos store) costs that series, not the diagnosis: the checks
+            # that need it say "could not check".
+            failures.append(f"query for {queried} failed: {result}")
+            continue
+        if isinstance(result, BaseException):
+            raise result
         for r in result:
-            metric = dict(r.get("metric", {}))
-            metric.pop("__name__", None)
-            target = metric.get("instance", "") or metric.get("job", "")
-            labels = tuple(sorted(metric.items()))
-            if (name, labels) in seen:  # stored under both spellings: the real name wins
+            s = _series(queried, name, r, url)
+            if s is None or (name, s.labels) in seen:  # stored under both spellings: the real name wins
                 continue
-            seen.add((name, labels))
-            try:
-                samples = tuple((float(t), float(v)) for t, v in r.get("values", []))
-            except (TypeError, ValueError):
-                raise DiagnoseError(f"{url}: malformed sample values for {queried}") from None
-            if samples:
-                series.append(Series(name, labels, target, samples))
+            seen.add((name, s.labels))
+            series.append(s)
+            n_samples += len(s.samples)
+            if len(series) > MAX_SERIES:
+                raise too_many("series", MAX_SERIES, "narrow it with --selector")
+            if n_samples > MAX_SAMPLES:
+                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
+    if failures and len(failures) == len(queries):
+        raise DiagnoseError(failures[0])
     src = SourceInfo(
         kind="prometheus",
         location=client.base,
@@ -139,4 +177,13 @@ def prometheus_window(
         recent_span=max(2 * step, min(300.0, (end - start) / 5)),
         selector=("{" + sel + "}") if sel else "",
     )
-    return RawWindow(src, tuple(series))
+    # Notes, not failures: a query that failed is no sign of the engine's health;
+    # the checks that need its series report them missing.
+    return RawWindow(src, tuple(series), notes=_summarise(failures))
+
+
+def _summarise(failures: list[str]) -> tuple[str, ...]:
+    """At most a few lines: 40 queries failing the same way say it once."""
+    if len(failures) <= 3:
+        return tuple(failures)
+    return (*failures[:2], f"... and {len(failures) - 2} more queries failed")

@@ -237,7 +237,7 @@ def test_bad_bundles(capsys, tmp_path, content, msg):
 
 @pytest.mark.parametrize("argv,msg", [
     ([], "one of the arguments"),
-    (["--scrape", "http://127.0.0.1:1/m", "--since", "5m"], "apply to --prometheus"),
+    (["--scrape", "http://127.0.0.1:1/m", "--since", "5m"], "applies to --prometheus"),
     (["--prometheus", "http://127.0.0.1:1"], "needs a window"),
     (["--prometheus", "http://127.0.0.1:1", "--since", "soon"], "bad duration"),
     (["--prometheus", "http://127.0.0.1:1", "--start", "yesterday"], "bad time"),

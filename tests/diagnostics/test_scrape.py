@@ -43,7 +43,7 @@ def test_parser_keeps_only_wanted_series():
 @pytest.mark.parametrize("text", [
     "kvscope_lookup_rounds_total{verdict=\"vetoed\" 3\n",
     "kvscope_lookup_rounds_total{verdict=\"vetoed\"} three\n",
-    "# TYPE kvscope_x counter\n# TYPE kvscope_x gauge\nkvscope_x 1\n{}\n",
+    "kvscope_lookup_rounds_total{verdict=\"hit\"} 1 x\n",
 ])
 def test_parser_rejects_malformed_text(text):
     with pytest.raises(DiagnoseError, match="^malformed exposition text from u: "):
@@ -91,7 +91,12 @@ def test_a_series_twice_in_one_exposition_keeps_the_first():
     assert len(counts) == 1 and [v for _, v in counts[0].samples] == [4.0, 4.0]
 
 
+def test_garbage_in_series_kv_diagnose_does_not_read_is_skipped_unparsed():
+    text = "# TYPE kvscope_x counter\n# TYPE kvscope_x gauge\nkvscope_x{ 1\n{}\nfoo bar baz\n" + GOOD
+    assert parse_exposition(text, "u", 0.0) == parse_exposition(GOOD, "u", 0.0)
+
+
 def test_malformed_endpoint():
-    with serve(lambda: b"kvscope_x{ 1\n") as url:
+    with serve(lambda: b"kvscope_lookup_rounds_total{ 1\n") as url:
         with pytest.raises(DiagnoseError, match="malformed exposition text"):
             scrape_window([url], interval=0.01)
