@@ -18,6 +18,7 @@ restore with wrong bytes changes the output, as on a GPU.
 from __future__ import annotations
 
 import contextvars
+import glob
 import hashlib
 import os
 import shutil
@@ -134,6 +135,33 @@ class CPUCopyWorker(OffloadingWorker):
             self._mmap_region = None
 
 
+# Engines of this process not yet closed: (temp dir, engine id). A process
+# stopped mid-run (SIGTERM in `kvscope demo`) sweeps exactly these, never
+# another process's files.
+_OPEN: dict[int, tuple[str, str]] = {}
+
+
+def _remove(tmp: str, engine_id: str) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    # vLLM unlinks its /dev/shm region when the creator shuts down; a region
+    # whose creator never got there (or a rank's own, "-nodeN") would stay.
+    for path in glob.glob(f"/dev/shm/vllm_offload_{glob.escape(engine_id)}*.mmap"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def sweep_leftovers() -> int:
+    """Remove the temp dirs and /dev/shm regions of engines this process did not
+    close; returns how many engines that was."""
+    left = list(_OPEN.items())
+    for key, (tmp, engine_id) in left:
+        _remove(tmp, engine_id)
+        _OPEN.pop(key, None)
+    return len(left)
+
+
 def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
     rank = _SIM_RANK.get()
     region = None
@@ -224,6 +252,8 @@ class CPUEngine:
     def __post_init__(self) -> None:
         cfg = self.cfg
         self._tmp = tempfile.mkdtemp(prefix="kvscope-engine-")
+        self.engine_id = f"kvscope-{uuid.uuid4().hex[:12]}"
+        _OPEN[id(self)] = (self._tmp, self.engine_id)
         self.fs_root = cfg.fs_root or os.path.join(self._tmp, "fs")
         model_dir = cfg.model_dir or os.path.join(self._tmp, "model")
         if not os.path.exists(os.path.join(model_dir, "config.json")):
@@ -272,7 +302,7 @@ class CPUEngine:
                   else "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
         ktc = KVTransferConfig(kv_connector=cfg.connector, kv_role="kv_both",
                                kv_connector_module_path=module,
-                               engine_id=f"kvscope-{uuid.uuid4().hex[:12]}",
+                               engine_id=self.engine_id,
                                kv_load_failure_policy=cfg.kv_load_failure_policy,
                                kv_connector_extra_config=extra)
         model_config = ModelConfig(model=model_dir, tokenizer=None, skip_tokenizer_init=True,
@@ -535,7 +565,8 @@ class CPUEngine:
             self.connector.shutdown()
         except Exception:
             pass
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        _remove(self._tmp, self.engine_id)
+        _OPEN.pop(id(self), None)
 
     def __enter__(self) -> CPUEngine:
         return self

@@ -143,6 +143,7 @@ def prometheus_window(
         lambda q: client.query_range(query_for(q[0], sel), start, end, step), queries, 8, deadline)
     series: list[Series] = []
     failures: list[str] = []
+    first_error: DiagnoseError | None = None
     seen: set[tuple[str, tuple]] = set()
     n_samples = 0
     for (queried, name), result in zip(queries, results, strict=True):
@@ -151,6 +152,7 @@ def prometheus_window(
             # Thanos store) costs that series, not the diagnosis: the checks
             # that need it say "could not check".
             failures.append(f"query for {queried} failed: {result}")
+            first_error = first_error or result
             continue
         if isinstance(result, BaseException):
             raise result
@@ -165,8 +167,8 @@ def prometheus_window(
                 raise too_many("series", MAX_SERIES, "narrow it with --selector")
             if n_samples > MAX_SAMPLES:
                 raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
-    if failures and len(failures) == len(queries):
-        raise DiagnoseError(failures[0])
+    if first_error is not None and len(failures) == len(queries):
+        raise first_error  # every query failed the same way: the selector, the server
     src = SourceInfo(
         kind="prometheus",
         location=client.base,

@@ -4,19 +4,27 @@
 on vLLM's real scheduler-side objects on CPU with the instrumented connector,
 serves the signals it produced on a local kvscope exporter, prints them, and
 runs kv-diagnose against that endpoint. Exit 0 when kv-diagnose named the
-incident the scenario reproduces, 1 otherwise.
+incident the scenario reproduces, 1 otherwise; 2 a usage error, 3 the demo
+could not run (one line on stderr: a taken port, vLLM missing, ...), 130/143
+interrupted by SIGINT/SIGTERM (the engines' temp dirs and /dev/shm regions are
+removed either way).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 DEFAULT_SCENARIO = "capacity-ceiling"
+EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_DEMO_FAILED = 0, 1, 2, 3
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
 # scenario -> the kv-diagnose verdict it must produce
 EXPECTED_VERDICT = {
@@ -67,7 +75,66 @@ def _signals_table(url: str) -> list[str]:
     return rows
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so every ``finally`` (engine close) runs."""
+
+
+@contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    def on_term(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread (an embedding app): leave it alone
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _fail(msg: str) -> int:
+    print(f"kvscope demo: {msg}", file=sys.stderr)
+    return EXIT_DEMO_FAILED
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The demo, with one-line errors and its files removed however it ends."""
+    sweep = None
+    try:
+        with _terminate_cleanly():
+            try:
+                from kvscope.connector.cpu_engine import sweep_leftovers as sweep
+            except ImportError as e:
+                return _fail(f"needs the vllm extra (pip install 'kvscope[vllm]'): {e}")
+            return _demo(args)
+    except KeyboardInterrupt:
+        print("kvscope demo: interrupted", file=sys.stderr)
+        return EXIT_SIGINT
+    except Terminated:
+        print("kvscope demo: terminated", file=sys.stderr)
+        return EXIT_SIGTERM
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return _fail(f"port {args.port} is taken (--port 0 picks a free one): {e.strerror}")
+        return _fail(f"{e.strerror or e}")
+    except Exception as e:
+        from kvscope.diagnostics import DiagnoseError
+
+        if os.environ.get("KVSCOPE_DEBUG"):
+            raise
+        if isinstance(e, DiagnoseError):
+            return _fail(f"kv-diagnose could not diagnose the scenario: {e}")
+        return _fail(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                     "(set KVSCOPE_DEBUG=1 for a traceback)")
+    finally:
+        if sweep is not None:
+            sweep()
+
+
+def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from kvscope.connector.scenarios import SCENARIOS, run_scenario, wait_until
     from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
@@ -76,7 +143,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if name not in SCENARIOS:
         print(f"kvscope demo: unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     t0 = time.monotonic()
     with run_scenario(name, exporter_port=args.port) as sc:
         print(f"== scenario {name}: {sc.description}")
@@ -108,7 +175,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ok = report.top is not None and report.top.id == EXPECTED_VERDICT.get(name)
     print(f"\n{'OK' if ok else 'UNEXPECTED'}: scenario {name} -> verdict "
           f"{report.top.id if report.top else None}")
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_UNEXPECTED
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
