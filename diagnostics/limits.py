@@ -25,7 +25,7 @@ MAX_BUNDLE_BYTES = 48 << 20
 # Series and samples kept from one source (a 24 h, 64-rank window: ~1,100
 # series x 241 points).
 MAX_SERIES = 20_000
-MAX_SAMPLES = 1_000_000
+MAX_SAMPLES = 600_000
 # One label value (kvscope's longest, kvscope_info's spec, is ~100 characters);
 # a series with a longer one is dropped with a note.
 MAX_LABEL_CHARS = 1024
@@ -34,8 +34,12 @@ DEFAULT_DEADLINE_S = 120.0
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def too_many(what: str, limit: int, hint: str) -> DiagnoseError:
-    return DiagnoseError(f"more than {limit:,} {what}: {hint}")
+class LimitExceeded(DiagnoseError):
+    """A cap was hit: the whole source is refused, not one target or query."""
+
+
+def too_many(what: str, limit: int, hint: str) -> LimitExceeded:
+    return LimitExceeded(f"more than {limit:,} {what}: {hint}")
 
 
 class Deadline:

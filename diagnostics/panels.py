@@ -191,6 +191,30 @@ def _anomaly(ev: Evidence, th: Thresholds) -> list[Panel]:
     return out + [age, _pending(ev, th)[1]]
 
 
+def _coverage(ev: Evidence, th: Thresholds) -> list[Panel]:
+    cov = ev.coverage
+    ratio = cov.ratio(ev.rounds.hit_tokens)
+    tokens = Panel(
+        "coverage", "tokens the tiers held for ended rounds vs tokens offered to load (cumulative)",
+        _line("held (a full restore)", cov.held_tokens, color="black", style="--")
+        + _line("offered", ev.rounds.hit_tokens, color="tab:green")
+        + [ln for k, q in cov.short_tokens.items() if q.max > 0 for ln in _line(f"short: {k}", q)],
+        mark_keys=frozenset({"rounds", "coverage"}),
+        note=(f"coverage {ratio:.0%} ({_n(ev.rounds.hit_tokens.increase)} of "
+              f"{_n(cov.held_tokens.increase)} held tokens offered)") if ratio is not None else "")
+    need = cov.ceiling_rows_needed
+    rows = Panel(
+        "ceiling", "rows the cut-short round needed vs primary rows",
+        _line("rows needed (latest ceiling round)", need, color="tab:red")
+        + _line("rows of concurrent restores", cov.ceiling_concurrent_rows, color="tab:orange")
+        + _rows(ev), ylabel="rows",
+        note=(f"needed {_n(need.max)} rows" + (
+            f", {_n(cov.ceiling_concurrent_rows.max)} with the concurrent restores"
+            if cov.ceiling_concurrent_rows.present else "") + f"; the tier has {_n(ev.primary_rows)}"
+              if need.present else ""))
+    return [tokens, rows]
+
+
 def _overview(ev: Evidence, th: Thresholds) -> list[Panel]:
     hits = Panel("hit_tokens", "tokens offered to load (cumulative)",
                  _line("hit tokens", ev.rounds.hit_tokens, color="tab:green"))
@@ -208,6 +232,8 @@ def _sum(qs) -> Quantity | None:
 BUILDERS: dict[str, Callable[[Evidence, Thresholds], list[Panel]]] = {
     "capacity_ceiling_veto": _veto,
     "capacity_ceiling_livelock": _livelock,
+    "capacity_ceiling_truncated": _coverage,
+    "capacity_ceiling_concurrency": _coverage,
     "stale_row_corruption": _stale_rows,
     "pending_at_idle": _pending,
     "store_never_fits": _store_never_fits,

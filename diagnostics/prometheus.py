@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import urllib.parse
 
 from . import http
@@ -22,12 +23,16 @@ from .limits import (
     MAX_SERIES,
     NO_DEADLINE,
     Deadline,
+    LimitExceeded,
     parallel_map,
     too_many,
 )
 from .model import DiagnoseError, RawWindow, Series, SourceInfo
 
 MAX_POINTS = 240  # per series over the window: enough for a timeline, cheap at 24 h
+# One query_range answer: one metric name, 240 points per series; a 64-rank
+# engine's largest is ~2 MB. Smaller than MAX_BODY_BYTES: eight are in flight.
+MAX_ANSWER_BYTES = 8 << 20
 _SELECTOR = re.compile(r"^\{(.*)\}$", re.S)
 
 
@@ -70,12 +75,14 @@ class PrometheusClient:
         self.timeout = timeout
         self.deadline = deadline
 
-    def _api(self, path: str, params: dict) -> dict:
+    def _get(self, path: str, params: dict) -> bytes:
         url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
-        body = http.get(url, self.timeout, "Prometheus", self.deadline)
+        return http.get(url, self.timeout, "Prometheus", self.deadline, MAX_ANSWER_BYTES)
+
+    def _data(self, path: str, body: bytes) -> dict:
         try:
             doc = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise DiagnoseError(
                 f"{self.base} does not look like a Prometheus API (no JSON from {path})"
             ) from None
@@ -87,24 +94,33 @@ class PrometheusClient:
             raise DiagnoseError(f"{self.base}: unexpected answer from {path} (data is not an object)")
         return data
 
+    def _api(self, path: str, params: dict) -> dict:
+        return self._data(path, self._get(path, params))
+
     def query(self, expr: str, at: float | None = None) -> list[dict]:
         params = {"query": expr, "timeout": f"{self.timeout:g}s"}
         if at is not None:
             params["time"] = f"{at:.3f}"
         return self._api("/api/v1/query", params).get("result", [])
 
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+    def fetch_range(self, expr: str, start: float, end: float, step: float) -> bytes:
         params = {
             "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}",
             "timeout": f"{self.timeout:g}s",
         }
-        data = self._api("/api/v1/query_range", params)
+        return self._get("/api/v1/query_range", params)
+
+    def parse_range(self, body: bytes) -> list:
+        data = self._data("/api/v1/query_range", body)
         if data.get("resultType") not in (None, "matrix"):
             raise DiagnoseError(f"{self.base}: unexpected result type {str(data.get('resultType'))[:40]!r}")
         result = data.get("result", [])
         if not isinstance(result, list):
             raise DiagnoseError(f"{self.base}: unexpected answer (result is not a list)")
         return result
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        return self.parse_range(self.fetch_range(expr, start, end, step))
 
 
 def _series(queried: str, name: str, r, url: str) -> Series | None:
@@ -139,13 +155,33 @@ def prometheus_window(
     # (name as queried, name kv-diagnose knows it by)
     queries = [(n, n) for n in sorted(names)]
     queries += [(e, n) for n in sorted(names) if (e := escaped_name(n))]
-    results = parallel_map(
-        lambda q: client.query_range(query_for(q[0], sel), start, end, step), queries, 8, deadline)
+    # Each answer is parsed and turned into compact Series in its worker, one at a
+    # time (a lock): at most one JSON document is alive at once, so memory is
+    # the bodies in flight plus what is kept, never eight parsed documents.
+    parse_lock = threading.Lock()
+    kept = [0, 0]  # series, samples over every answer so far
+
+    def fetch(q: tuple[str, str]) -> list[Series]:
+        queried, name = q
+        body = client.fetch_range(query_for(queried, sel), start, end, step)
+        with parse_lock:
+            out = [s for r in client.parse_range(body) if (s := _series(queried, name, r, url))]
+            kept[0] += len(out)
+            kept[1] += sum(len(s.samples) for s in out)
+            if kept[0] > MAX_SERIES:
+                raise too_many("series", MAX_SERIES, "narrow it with --selector")
+            if kept[1] > MAX_SAMPLES:
+                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
+            return out
+
+    results = parallel_map(fetch, queries, 8, deadline)
+    fatal = next((r for r in results if isinstance(r, LimitExceeded)), None)
+    if fatal is not None:
+        raise fatal
     series: list[Series] = []
     failures: list[str] = []
     first_error: DiagnoseError | None = None
     seen: set[tuple[str, tuple]] = set()
-    n_samples = 0
     for (queried, name), result in zip(queries, results, strict=True):
         if isinstance(result, DiagnoseError):
             # One query that fails (a timeout on a heavy series, a 503 from one
@@ -156,17 +192,11 @@ def prometheus_window(
             continue
         if isinstance(result, BaseException):
             raise result
-        for r in result:
-            s = _series(queried, name, r, url)
-            if s is None or (name, s.labels) in seen:  # stored under both spellings: the real name wins
+        for s in result:
+            if (name, s.labels) in seen:  # stored under both spellings: the real name wins
                 continue
             seen.add((name, s.labels))
             series.append(s)
-            n_samples += len(s.samples)
-            if len(series) > MAX_SERIES:
-                raise too_many("series", MAX_SERIES, "narrow it with --selector")
-            if n_samples > MAX_SAMPLES:
-                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
     if first_error is not None and len(failures) == len(queries):
         raise first_error  # every query failed the same way: the selector, the server
     src = SourceInfo(

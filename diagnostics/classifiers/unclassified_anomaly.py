@@ -6,7 +6,9 @@ explains it (a module that declares nothing explains the restore-path kinds,
 so a new incident class does not double-report as an anomaly). The invariants:
 
 * ``rounds``: most lookup rounds vetoed, or deferred without a single hit;
-* ``coverage``: the restore hit ratio collapsed (was high, is near zero now);
+* ``coverage``: restore coverage (tokens offered / tokens the tiers held) or,
+  without the coverage series, the restore hit ratio collapsed (was high, is
+  near zero now);
 * ``stuck_transfer``: a transfer pending far longer than any real one (age
   gauge), or, without the age gauge, pending the whole time on an idle engine.
 
@@ -64,7 +66,25 @@ def _rounds(ev: Evidence, th: Thresholds) -> list[str]:
     return []
 
 
+def _token_coverage(ev: Evidence, th: Thresholds) -> list[str]:
+    """Offered / held tokens (kvscope_restore_held_tokens_total), before vs now."""
+    held, offered = ev.coverage.held_tokens, ev.rounds.hit_tokens
+    if not (held.present and offered.present):
+        return []
+    hb, hr = held.increase - held.recent, held.recent
+    ob, orc = offered.increase - offered.recent, offered.recent
+    if hb <= 0 or hr <= 0:
+        return []
+    cb, cr = ob / hb, orc / hr
+    if cb >= th.anomaly_collapse_before and cr <= th.anomaly_collapse_after:
+        return [f"restore coverage collapsed: {cb:.0%} of {n(hb)} tokens the tiers held were "
+                f"offered before, {cr:.0%} of {n(hr)} in the last {secs(ev.source.recent_span)}"]
+    return []
+
+
 def _coverage(ev: Evidence, th: Thresholds) -> list[str]:
+    if got := _token_coverage(ev, th):
+        return got
     r = ev.rounds
     found = (S.Verdict.HIT, S.Verdict.DEFERRED, S.Verdict.VETOED)
     before = {v: r.get(v).increase - r.get(v).recent for v in found}
