@@ -34,7 +34,14 @@ import time
 import zlib
 
 from .evidence import WANTED_SERIES
-from .limits import MAX_BUNDLE_BYTES, MAX_SAMPLES, MAX_SERIES, too_many
+from .limits import (
+    MAX_BUNDLE_BYTES,
+    MAX_BUNDLE_COMMAS,
+    MAX_BUNDLE_CONTAINERS,
+    MAX_SAMPLES,
+    MAX_SERIES,
+    too_many,
+)
 from .model import DiagnoseError, RawWindow, Series, SourceInfo
 
 FORMAT = "kvscope-bundle"
@@ -129,7 +136,7 @@ def _check_target(path: str, force: bool) -> None:
         raise DiagnoseError(f"refusing to overwrite {path}: it exists (pass --force to replace it)")
 
 
-def _inflate(f, path: str) -> bytes:
+def _inflate(f, path: str) -> bytearray:
     """gunzip ``f`` up to MAX_BUNDLE_BYTES (a small bundle may inflate a thousandfold)."""
     d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     out = bytearray()
@@ -146,7 +153,7 @@ def _inflate(f, path: str) -> bytes:
             chunk = d.unconsumed_tail
             if d.eof:
                 break
-    return bytes(out)
+    return out
 
 
 def read_bundle(path: str) -> RawWindow:
@@ -166,7 +173,10 @@ def read_bundle(path: str) -> RawWindow:
             head = f.read(2)
             if head != b"\x1f\x8b":
                 raise DiagnoseError(f"{name} is not a kvscope bundle (not gzip data)")
-            text = (_inflate_after(head, f, name)).decode("utf-8")
+            data = _inflate_after(head, f, name)
+            _check_shape(data, name)
+            text = data.decode("utf-8")
+            del data
         finally:
             if f is not sys.stdin.buffer:
                 f.close()
@@ -185,7 +195,7 @@ def read_bundle(path: str) -> RawWindow:
     return from_dict(doc, name)
 
 
-def _inflate_after(head: bytes, f, name: str) -> bytes:
+def _inflate_after(head: bytes, f, name: str) -> bytearray:
     """Inflate the gzip stream whose first two bytes were already read."""
 
     class _Rest:
@@ -199,6 +209,14 @@ def _inflate_after(head: bytes, f, name: str) -> bytes:
             return f.read(n)
 
     return _inflate(_Rest(), name)
+
+
+def _check_shape(data: bytearray, path: str) -> None:
+    """Refuse, before parsing, a document that would parse into millions of objects."""
+    containers = data.count(b"[") + data.count(b"{")
+    if containers > MAX_BUNDLE_CONTAINERS or data.count(b",") > MAX_BUNDLE_COMMAS:
+        raise too_many(f"JSON values in bundle {path}", MAX_BUNDLE_COMMAS,
+                       "not a bundle kv-diagnose record writes")
 
 
 def _finite(x, what: str) -> float:

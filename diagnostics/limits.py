@@ -17,15 +17,20 @@ from typing import TypeVar
 
 from .model import DiagnoseError
 
-# One HTTP body (a /metrics exposition, one Prometheus query answer). A vLLM
-# /metrics of a 64-rank engine is a few MB.
-MAX_BODY_BYTES = 32 << 20
-# A bundle after gunzip. A 24 h, 64-rank window is ~15 MB of JSON.
-MAX_BUNDLE_BYTES = 48 << 20
+# One /metrics body. A vLLM /metrics of a 64-rank engine is a few MB; eight
+# are fetched at once.
+MAX_BODY_BYTES = 16 << 20
+# A bundle after gunzip. A 24 h, 64-rank window is ~5 MB of JSON; MAX_SAMPLES
+# samples are ~18 MB.
+MAX_BUNDLE_BYTES = 24 << 20
 # Series and samples kept from one source (a 24 h, 64-rank window: ~1,100
 # series x 241 points).
 MAX_SERIES = 20_000
 MAX_SAMPLES = 600_000
+# JSON containers ([ and {) and separators (,) a bundle may hold: counted in the
+# raw text before parsing, since parsing 24 MB of "[0,0]," builds 4 M lists.
+MAX_BUNDLE_CONTAINERS = MAX_SAMPLES + 4 * MAX_SERIES
+MAX_BUNDLE_COMMAS = 3 * MAX_SAMPLES
 # One label value (kvscope's longest, kvscope_info's spec, is ~100 characters);
 # a series with a longer one is dropped with a note.
 MAX_LABEL_CHARS = 1024
@@ -95,7 +100,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int,
             try:
                 results[i] = fn(item)
             except BaseException as e:  # noqa: BLE001  handed to the caller
-                results[i] = e
+                results[i] = e.with_traceback(None)  # its frames would keep their data alive
             done.release()
 
     for _ in range(max(1, min(workers, len(items)))):

@@ -163,15 +163,18 @@ def prometheus_window(
 
     def fetch(q: tuple[str, str]) -> list[Series]:
         queried, name = q
+        if kept[1] > MAX_SAMPLES:  # over the cap already: fetch no more
+            raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
         body = client.fetch_range(query_for(queried, sel), start, end, step)
         with parse_lock:
+            # Counted before parsing builds them: '[' opens each sample pair.
+            kept[1] += body.count(b"[")
+            if kept[1] > MAX_SAMPLES + MAX_SERIES:
+                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
             out = [s for r in client.parse_range(body) if (s := _series(queried, name, r, url))]
             kept[0] += len(out)
-            kept[1] += sum(len(s.samples) for s in out)
             if kept[0] > MAX_SERIES:
                 raise too_many("series", MAX_SERIES, "narrow it with --selector")
-            if kept[1] > MAX_SAMPLES:
-                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
             return out
 
     results = parallel_map(fetch, queries, 8, deadline)

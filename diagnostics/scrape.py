@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -58,14 +59,6 @@ def parse_exposition(text: str, target: str, ts: float) -> list[tuple[str, tuple
     return out
 
 
-def _fetch(url: str, timeout: float, deadline: Deadline) -> str:
-    body = http.get(url, timeout, "metrics endpoint", deadline)
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DiagnoseError(f"malformed exposition text from {url}: not UTF-8") from None
-
-
 def scrape_window(
     urls: Sequence[str],
     interval: float = 1.0,
@@ -83,8 +76,17 @@ def scrape_window(
     samples: dict[tuple[str, tuple, str], list[tuple[float, float]]] = {}
     times: list[float] = []
 
+    parse_lock = threading.Lock()
+
     def one(url: str) -> list[tuple[str, tuple, float]]:
-        return parse_exposition(_fetch(url, timeout, deadline), url, t)
+        body = http.get(url, timeout, "metrics endpoint", deadline)
+        with parse_lock:  # one decoded text at a time: bodies in flight are the bound
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DiagnoseError(f"malformed exposition text from {url}: not UTF-8") from None
+            del body
+            return parse_exposition(text, url, t)
 
     for i in range(2):
         if i:
@@ -94,7 +96,7 @@ def scrape_window(
         t = clock()
         times.append(t)
         live = [u for u in urls if u not in failed]
-        for url, got in zip(live, parallel_map(one, live, 16, deadline), strict=True):
+        for url, got in zip(live, parallel_map(one, live, 8, deadline), strict=True):
             if isinstance(got, DiagnoseError):
                 failed[url] = str(got)
                 continue

@@ -8,7 +8,6 @@ import gzip
 import http.server
 import json
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -166,16 +165,29 @@ def test_ctrl_c_stops_a_hung_request_at_once():
 
 # ---- bounded resources ----------------------------------------------------------
 def _child_peak_mb(argv) -> tuple[int, str, float]:
-    """Run the CLI in a child; (exit code, stderr, peak RSS of the children in MB)."""
-    p = subprocess.run([KV_DIAGNOSE, *argv],
-                       capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    """Run the CLI in a child; (exit code, stderr, that child's peak RSS in MB)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([KV_DIAGNOSE, *argv], stdout=subprocess.DEVNULL, stderr=err, text=True)
+        deadline = time.monotonic() + 120
+        while True:  # wait4: this child's own rusage, not the max over every child so far
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                raise AssertionError("kv-diagnose hung")
+            time.sleep(0.05)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return p.returncode, err.read(), usage.ru_maxrss / 1024
 
 
 def test_an_endless_body_is_refused_within_bounded_memory():
     with server(_endless) as (url, _):
         code, err, peak = _child_peak_mb(["--scrape", url, "--timeout", "60s"])
-    assert code == 2 and "sent more than 32 MiB" in err, err
+    assert code == 2 and "sent more than 16 MiB" in err, err
     assert peak < 300, f"{peak:.0f} MB"
 
 
@@ -188,7 +200,31 @@ def test_a_gzip_bomb_bundle_is_refused_within_bounded_memory(tmp_path):
             f.write(c.compress(zeros))
         f.write(c.flush())
     code, err, peak = _child_peak_mb(["--bundle", str(bomb)])
-    assert code == 2 and "inflates to more than 48 MiB" in err, err
+    assert code == 2 and "inflates to more than 24 MiB" in err, err
+    assert peak < 300, f"{peak:.0f} MB"
+
+
+def test_a_bundle_of_millions_of_tiny_samples_is_refused_before_parsing(tmp_path):
+    head = ('{"format":"kvscope-bundle","version":1,"source":{"kind":"scrape","location":"x",'
+            '"start":0,"end":1,"now":1,"lifetime":true,"recent_span":1},"series":[{"name":'
+            '"kvscope_scheduler_steps_total","labels":{},"target":"","samples":[')
+    body = head.encode() + b"[0,0]," * 3_500_000 + b"[0,0]]}]}"  # ~20 MiB inflated
+    p = tmp_path / "tiny.kvb"
+    p.write_bytes(gzip.compress(body, 1))
+    code, err, peak = _child_peak_mb(["--bundle", str(p)])
+    assert code == 2 and "JSON values in bundle" in err, err
+    assert peak < 300, f"{peak:.0f} MB"
+
+
+def test_a_prometheus_with_too_many_samples_is_refused_within_bounded_memory():
+    """Every query answers 60,000 points (1 MB each, legal alone): the total is capped."""
+    pts = ",".join(f'[{1_700_000_000 + i}.5,"1"]' for i in range(60_000))
+    big = ('{"status":"success","data":{"resultType":"matrix","result":[{"metric":'
+           '{"instance":"a"},"values":[' + pts + "]}]}}").encode()
+    with serve(lambda: big) as url:  # the probe query gets the matrix too: it only needs JSON
+        base = url.rsplit("/", 1)[0]
+        code, err, peak = _child_peak_mb(["--prometheus", base, "--since", "1h", "--timeout", "60s"])
+    assert code == 2 and "more than 600,000 samples" in err, err
     assert peak < 300, f"{peak:.0f} MB"
 
 
