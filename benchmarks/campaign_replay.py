@@ -1,7 +1,8 @@
 """Replay a GPU fault campaign's recordings in a real Prometheus, here, without a GPU.
 
 1. ``promtool tsdb create-blocks-from openmetrics`` backfills each recording
-   (``benchmarks/results/campaign/*.om.gz``, written by ``gpu_campaign.py``) into a
+   (``benchmarks/results/campaign*/*.om.gz``, written by ``gpu_campaign.py`` and
+   ``cpu_campaign.py``) into a
    fresh TSDB; a real ``prometheus`` serves it.
 2. The recording rules are backfilled the same way Prometheus evaluates them
    (``promtool tsdb create-blocks-from rules`` against that Prometheus), and it is
@@ -14,7 +15,7 @@ The campaign's runs last minutes, not the production windows (``for: 10m``), so
 the rules are generated with :data:`CAMPAIGN_CONFIG`: the same expressions, with
 windows scaled to the run (documented in ``benchmarks/README.md``).
 
-    python benchmarks/campaign_replay.py benchmarks/results/campaign   # prints alerts per phase
+    python benchmarks/campaign_replay.py [DIR ...]   # prints the alerts per phase
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,7 +39,9 @@ from kvscope.dashboards import rules as r
 from kvscope.dashboards.config import DEFAULT, Config
 
 ROOT = Path(__file__).resolve().parents[1]
-CAMPAIGN_DIR = ROOT / "benchmarks" / "results" / "campaign"
+# Two H200s through `vllm serve` (gpu_campaign.py); vLLM's scheduler on CPU (cpu_campaign.py)
+CAMPAIGN_DIRS = (ROOT / "benchmarks" / "results" / "campaign",
+                 ROOT / "benchmarks" / "results" / "campaign-cpu")
 
 CAMPAIGN_CONFIG: Config = replace(
     DEFAULT, rate_window="20s", rule_interval="5s", pending_at_idle_for="15s",
@@ -61,14 +64,14 @@ class Firing:
     active_from: float  # when its expression became true (before the window: carried over)
 
 
-def recordings(campaign_dir: Path = CAMPAIGN_DIR) -> list[Path]:
-    return sorted(campaign_dir.glob("*.om.gz"))
+def recordings(dirs: Sequence[Path] = CAMPAIGN_DIRS) -> list[Path]:
+    return sorted(p for d in dirs for p in d.glob("*.om.gz"))
 
 
-def phases(campaign_dir: Path = CAMPAIGN_DIR) -> list[dict]:
+def phases(dirs: Sequence[Path] = CAMPAIGN_DIRS) -> list[dict]:
     """Every phase of every run, with ``run`` set to the run's name."""
     out = []
-    for path in sorted(campaign_dir.glob("*.json")):
+    for path in sorted(p for d in dirs for p in d.glob("*.json")):
         run = json.loads(path.read_text())
         for phase in run.get("phases", []):
             if "start" in phase:
@@ -76,8 +79,8 @@ def phases(campaign_dir: Path = CAMPAIGN_DIR) -> list[dict]:
     return out
 
 
-def span(campaign_dir: Path = CAMPAIGN_DIR) -> tuple[float, float]:
-    ps = phases(campaign_dir)
+def span(dirs: Sequence[Path] = CAMPAIGN_DIRS) -> tuple[float, float]:
+    ps = phases(dirs)
     return min(p["start"] for p in ps), max(p["end"] for p in ps)
 
 
@@ -105,7 +108,7 @@ def recording_rules_file(cfg: Config, path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def replayed(campaign_dir: Path = CAMPAIGN_DIR, cfg: Config = CAMPAIGN_CONFIG,
+def replayed(dirs: Sequence[Path] = CAMPAIGN_DIRS, cfg: Config = CAMPAIGN_CONFIG,
              workdir: Path | None = None) -> Iterator[object]:
     """A real Prometheus over the backfilled recordings and recording rules."""
     from tests.support.prometheus import running_prometheus
@@ -115,9 +118,9 @@ def replayed(campaign_dir: Path = CAMPAIGN_DIR, cfg: Config = CAMPAIGN_CONFIG,
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
     try:
-        for rec in recordings(campaign_dir):
+        for rec in recordings(dirs):
             backfill_openmetrics(rec, data)
-        start, end = span(campaign_dir)
+        start, end = span(dirs)
         with running_prometheus(workdir=root) as prom:
             rules = recording_rules_file(cfg, root / "recording.yaml")
             _promtool("tsdb", "create-blocks-from", "rules", f"--start={int(start) - 60}",
@@ -156,15 +159,19 @@ def firing(prom, start: float, end: float, cfg: Config = CAMPAIGN_CONFIG) -> lis
 
 
 def main() -> int:
-    campaign_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else CAMPAIGN_DIR
-    with replayed(campaign_dir) as prom:
-        for phase in phases(campaign_dir):
-            fired = firing(prom, phase["start"], phase["end"])
-            names = []
-            for f in fired:
+    dirs = [Path(a) for a in sys.argv[1:]] or list(CAMPAIGN_DIRS)
+    with replayed(dirs) as prom:
+        for phase in phases(dirs):
+            if "error" in phase:
+                print(f"{phase['run']:>22} {phase['name']:<16} (server dead: {phase['error']})")
+                continue
+            started, carried = [], []
+            for f in firing(prom, phase["start"], phase["end"]):
+                names = started if f.active_from >= phase["start"] else carried
                 if f.alert not in names:
                     names.append(f.alert)
-            print(f"{phase['run']:>22} {phase['name']:<16} {names}")
+            print(f"{phase['run']:>22} {phase['name']:<16} fired {started}"
+                  + (f", still firing from before: {carried}" if carried else ""))
     return 0
 
 

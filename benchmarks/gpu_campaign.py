@@ -205,6 +205,8 @@ class Campaign:
             body(phase)
         except Exception as exc:  # record and go on with the next phase
             phase["error"] = repr(exc)
+        if "fault_on" in phase:
+            phase.setdefault("fault_off", time.time())
         faults_off(self.out)
         try:
             phase["settled"] = self.settle(60)
@@ -271,6 +273,7 @@ def run_faults(args, result: dict) -> None:
                 first = c.ask_flood(target)
                 if fault:
                     faults_on(out, fault)
+                    phase["fault_on"] = time.time()
                 c.verdict(phase, first, s.complete(target))
                 phase["diagnose"] = diagnose(s.scrape_urls())
 
@@ -278,6 +281,7 @@ def run_faults(args, result: dict) -> None:
                 target = c.new_prompt()
                 first = c.ask_flood(target) if fault == faults.STALL_READS else None
                 faults_on(out, fault)
+                phase["fault_on"] = time.time()
                 if fault == faults.STALL_READS:  # the re-ask waits for a promotion that stalls
                     phase["stalled_ask"] = s.complete(target, timeout=args.client_timeout)
                 elif fault == faults.STALL_WRITES:
@@ -288,6 +292,7 @@ def run_faults(args, result: dict) -> None:
                 phase["pending_during"] = s.pending()
                 phase["diagnose"] = diagnose(s.scrape_urls(), "--stuck-after", "10s")
                 faults_off(out)
+                phase["fault_off"] = time.time()
                 phase["settled_after_clear"] = c.settle(60)
                 if fault != faults.STALL_READS:
                     for _ in range(FLOODS):

@@ -389,7 +389,9 @@ def _series_quantity(
     if before:
         recent_smp = [before[-1]] + recent_smp
     if counter:
-        tol = 1e-6
+        # Prometheus stamps samples in milliseconds: a window start with microseconds
+        # (--since 30m) lies up to 1 ms before the first sample at it
+        tol = 1e-3
         born = src.start if target_first is None else max(src.start, target_first)
         increase = _counter_growth(smp, src.lifetime or smp[0][0] > src.start + tol)
         recent_from_zero = not before and smp[0][0] > max(recent_from, born) + tol

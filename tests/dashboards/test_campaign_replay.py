@@ -31,17 +31,35 @@ replay = pytest.importorskip("benchmarks.campaign_replay")
 
 pytestmark = pytest.mark.prometheus
 
-# (run, phase) -> (alerts the fault must fire, kv-diagnose verdict)
+# (run, phase) -> (alerts the fault must fire, kv-diagnose verdict). Runs: "faults" and
+# "stale-rows-*" on two H200s through `vllm serve`; "faults-cpu" on vLLM's scheduler on CPU.
 MISMATCH = ({r.ALERT_CHECKSUM_MISMATCH}, "stale_row_corruption")
+PENDING = ({r.ALERT_PENDING_AT_IDLE}, "pending_at_idle")
 EXPECTED = {
     ("faults", "control"): (set(), "healthy"),
     ("faults", "flip_promoted"): MISMATCH,
     ("faults", "drop_promotion"): MISMATCH,
     ("stale-rows-observe", "stale-rows-observe"): MISMATCH,
     ("stale-rows-refuse", "stale-rows-refuse"): MISMATCH,
+    ("faults-cpu", "control"): (set(), "healthy"),
+    ("faults-cpu", "flip_promoted"): MISMATCH,
+    ("faults-cpu", "drop_promotion"): MISMATCH,
+    ("faults-cpu", "stall_writes"): PENDING,
+    ("faults-cpu", "withhold_store"): PENDING,
+}
+# Recorded and shown by `campaign_replay.py`, not judged: kvscope has nothing that must fire.
+NOT_JUDGED = {
+    ("faults-cpu", "stall_reads"): "the re-ask waits for the stalled promotion, so the engine "
+    "is not idle: no kvscope alert covers it (aborting that request kills vLLM 0.26: "
+    "tests/connector/test_vllm_026_limits.py)",
+    ("faults-cpu", "dir_removed"): "no kvscope alert for a tier that lost its data; the next "
+    "store recreates the directory",
+    ("faults-cpu", "disk_full"): 'failed cascades are counted (kvscope_cascades_total'
+    '{result="failed"}), no alert or classifier reads them',
 }
 # Phases whose server was dead (vLLM 0.26 EngineCore died, README) are recorded but not judged.
-PHASES = [p for p in replay.phases() if "error" not in p]
+PHASES = [p for p in replay.phases() if "error" not in p
+          and (p["run"], p["name"]) not in NOT_JUDGED]
 IDS = [f"{p['run']}:{p['name']}" for p in PHASES]
 
 
@@ -54,26 +72,31 @@ def prom():
         yield p
 
 
-def test_every_judged_phase_has_an_expectation():
+def test_every_phase_that_ran_is_judged_or_says_why_not():
     assert PHASES, "the committed campaign has no phase that ran"
     assert {(p["run"], p["name"]) for p in PHASES} == set(EXPECTED)
+    ran = {(p["run"], p["name"]) for p in replay.phases() if "error" not in p}
+    assert set(NOT_JUDGED) <= ran
 
 
 @pytest.mark.parametrize("phase", PHASES, ids=IDS)
 def test_alerts(prom, phase):
     want, _ = EXPECTED[(phase["run"], phase["name"])]
     fired = replay.firing(prom, phase["start"], phase["end"])
-    started_here = {f.alert for f in fired if f.active_from >= phase["start"]}
-    assert started_here <= want, fired
+    started_here = [f for f in fired if f.active_from >= phase["start"]]
+    assert {f.alert for f in started_here} <= want, fired
     if not want:
         assert fired == [], fired
         return
-    # still firing at the phase's end: from this phase's own fault, since the previous
-    # phase's evidence has left the windows by then
     step = replay.seconds(replay.CAMPAIGN_CONFIG.rule_interval)
-    at_end = replay.firing(prom, phase["end"] - step, phase["end"])
-    assert want <= {f.alert for f in at_end}, at_end
-    if r.ALERT_CHECKSUM_MISMATCH in want:  # the rank whose copy was wrong: rank 1 only
+    if r.ALERT_PENDING_AT_IDLE in want:  # fires while the fault holds, and first
+        during = replay.firing(prom, phase["fault_on"], phase["fault_off"] + step)
+        assert started_here and started_here[0].alert == r.ALERT_PENDING_AT_IDLE, fired
+        assert r.ALERT_PENDING_AT_IDLE in {f.alert for f in during}, during
+    if r.ALERT_CHECKSUM_MISMATCH in want:
+        # still firing at the phase's end: from this phase's own fault, since the previous
+        # phase's evidence has left the windows by then; on the rank whose copy was wrong
+        at_end = replay.firing(prom, phase["end"] - step, phase["end"])
         ranks = {f.labels.get("rank") for f in at_end if f.alert == r.ALERT_CHECKSUM_MISMATCH}
         assert ranks == {"1"}, at_end
 
@@ -100,13 +123,36 @@ def _diagnose(*args: str) -> tuple[int, list[str]]:
 @pytest.mark.parametrize("phase", PHASES, ids=IDS)
 def test_kv_diagnose_names_the_phase(prom, phase, tmp_path):
     _, verdict = EXPECTED[(phase["run"], phase["name"])]
-    window = ["--start", f"{phase['start']:.3f}", "--end", f"{phase['end']:.3f}"]
-    code, ids = _diagnose("--prometheus", prom.url, *window)
+    # an operator asks while the incident lasts: a switched fault's window ends when it cleared
+    end = phase.get("fault_off", phase["end"]) if verdict == "pending_at_idle" else phase["end"]
+    window = ["--start", f"{phase['start']:.3f}", "--end", f"{end:.3f}"]
+    # faults held 20 s (windows scaled like CAMPAIGN_CONFIG): stuck after 10 s, not 30 s
+    stuck = ["--stuck-after", "10s"] if verdict == "pending_at_idle" else []
+    code, ids = _diagnose("--prometheus", prom.url, *window, *stuck)
     assert ids[0] == verdict and code == (0 if verdict == "healthy" else 1), ids
     bundle = tmp_path / "phase.kvb"
     rec = subprocess.run([sys.executable, "-m", "kvscope.diagnostics.cli", "record",
                           "--prometheus", prom.url, *window, "-o", str(bundle)],
                          capture_output=True, text=True, timeout=120)
     assert rec.returncode == 0, rec.stderr[-800:]
-    code, ids = _diagnose("--bundle", str(bundle))
+    code, ids = _diagnose("--bundle", str(bundle), *stuck)
     assert ids[0] == verdict, ids
+
+
+def test_kv_diagnose_does_not_count_an_earlier_incident_in_a_later_window(prom):
+    """The stalled-read phase follows the dropped-promotion phase on the same engine; no
+    checksum mismatched inside it. A window start with microseconds (what ``--since 30m``
+    computes) must not make the counter's earlier total look like growth in the window."""
+    phase = next(p for p in replay.phases() if (p["run"], p["name"]) == ("faults-cpu",
+                                                                         "stall_reads"))
+    mm = 'kvscope_row_checksums_total{outcome="mismatch"}'
+    flat = prom.query(f"max_over_time({mm}[{phase['end'] - phase['start']:.0f}s])"
+                      f" - min_over_time({mm}[{phase['end'] - phase['start']:.0f}s])",
+                      at=phase["end"])
+    assert flat and all(float(s["value"][1]) == 0 for s in flat), flat
+    assert any(float(s["value"][1]) > 0 for s in prom.query(mm, at=phase["start"]))
+    start = int(phase["start"] * 1000) / 1000 + 0.0007  # Prometheus rounds it up to the ms
+    _, ids = _diagnose("--prometheus", prom.url, "--start", repr(start),
+                       "--end", f"{phase['end']:.3f}")
+    assert "stale_row_corruption" not in ids, ids
+

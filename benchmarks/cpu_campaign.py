@@ -1,0 +1,238 @@
+"""The fault campaign on vLLM's real scheduler on CPU, seen the way an operator sees it.
+
+The GPU campaign (``gpu_campaign.py``) lost its server to a vLLM 0.26 bug before the
+pending-type faults ran. This runs every fault on the CPU harness
+(``connector/cpu_engine.py``: vLLM's Scheduler, the observed connector on both sides,
+two simulated ranks, the tiering manager with its fs tier) in real time: an engine
+loop steps while vLLM has work (as EngineCore does) and idles otherwise; vLLM's own
+PrometheusStatLogger fills the /metrics a ``vllm serve`` would expose (job ``vllm``)
+and each rank serves its kvscope endpoint (job ``kvscope-rank``); both are recorded
+every second as timestamped OpenMetrics for ``campaign_replay.py``.
+
+    python benchmarks/cpu_campaign.py --out benchmarks/results/campaign-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_campaign import fill, mount_small_tmpfs  # noqa: E402
+from openmetrics_recording import Recorder, Target  # noqa: E402
+
+from kvscope.connector import faults  # noqa: E402
+
+TOKENS = 96
+FLOODS = 3
+
+
+class LiveEngine:
+    """A CPUEngine stepped by a thread while vLLM has work, like EngineCore's busy loop."""
+
+    def __init__(self, fs_root: str) -> None:
+        from prometheus_client import REGISTRY, start_http_server
+
+        from kvscope.connector.cpu_engine import CPUEngine, EngineConfig
+        from kvscope.exporters.prometheus import start_exporter
+
+        self.e = CPUEngine(EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
+                                        max_num_batched_tokens=16, vllm_metrics=True,
+                                        fs_root=fs_root, step_time_s=0.01))
+        self.server, _ = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
+        self.ranks = [start_exporter([r.connector.kvscope_recorder], 0) for r in self.e.ranks]
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def targets(self) -> list[Target]:
+        port = self.server.server_port
+        out = [Target(f"http://127.0.0.1:{port}/metrics", "vllm", f"cpu:{port}")]
+        for ex in self.ranks:
+            out.append(Target(ex.url, "kvscope-rank", ex.url.split("/")[2]))
+        return out
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                busy = self.e.scheduler.has_requests()
+                if busy:
+                    self.e.step()
+            if not busy:
+                time.sleep(0.01)
+
+    def ask(self, tokens: list[int], max_tokens: int = 4, timeout: float = 60.0):
+        with self.lock:
+            rid = self.e.add_request(tokens, max_tokens)
+        deadline = time.time() + timeout
+        while rid not in self.e.finished:
+            if time.time() > deadline:
+                return None
+            time.sleep(0.01)
+        return self.e.finished[rid]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        for ex in self.ranks:
+            ex.close()
+        self.server.shutdown()
+        self.e.close()
+
+
+def main() -> int:
+    from kvscope.connector.cpu_engine import prompt
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--hold", type=float, default=20.0)
+    p.add_argument("--idle", type=float, default=14.0)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    switch = os.path.join(tempfile.mkdtemp(prefix="kvscope-faults-"), "fault.json")
+    os.environ[faults.ENV] = switch
+    faults.write_fault(switch, None)
+    mnt = tempfile.mkdtemp(prefix="kvscope-fs-")
+    tmpfs = mount_small_tmpfs(mnt, "8m")
+    root = os.path.join(mnt, "kv")
+    eng = LiveEngine(root)
+    seed = [10]
+    phases: list[dict] = []
+
+    def new_prompt():
+        seed[0] += 1
+        return prompt(seed[0], TOKENS)
+
+    def settle(timeout=30.0):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with eng.lock:
+                busy = eng.e.scheduler.has_requests()
+            if not busy:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def ask_flood(target):
+        first = eng.ask(target)
+        for _ in range(FLOODS):
+            eng.ask(new_prompt(), 2)
+        settle()
+        return first
+
+    def verdict(phase, first, again):
+        phase["wrong_tokens"] = (sum(a != b for a, b in zip(first.output, again.output))
+                                 if first and again else None)
+        phase["restored_tokens"] = again.num_external_tokens if again else None
+
+    def diagnose(phase, *extra):
+        r = subprocess.run([sys.executable, "-m", "kvscope.diagnostics.cli", "--scrape",
+                            eng.targets()[0].url, "--json", "--interval", "2s", *extra],
+                           capture_output=True, text=True, timeout=120)
+        try:
+            phase["diagnose"] = [v["id"] for v in json.loads(r.stdout)["verdicts"]]
+        except (ValueError, KeyError):
+            phase["diagnose"] = (r.stdout + r.stderr)[-500:]
+
+    def corrupt(phase, fault=None):
+        target = new_prompt()
+        first = ask_flood(target)
+        if fault:
+            faults.write_fault(switch, fault, 1)
+            phase["fault_on"] = time.time()
+        verdict(phase, first, eng.ask(target))
+        diagnose(phase)
+
+    def pending_fault(phase, fault):
+        target = new_prompt()
+        first = ask_flood(target) if fault == faults.STALL_READS else None
+        faults.write_fault(switch, fault, 1)
+        phase["fault_on"] = time.time()
+        if fault == faults.STALL_READS:  # the re-ask waits (aborting it kills vLLM 0.26)
+            with eng.lock:
+                rid = eng.e.add_request(target, 4)
+        else:
+            first = eng.ask(target)
+        time.sleep(args.hold)
+        diagnose(phase, "--stuck-after", "10s")
+        faults.write_fault(switch, None)
+        phase["fault_off"] = time.time()
+        if fault == faults.STALL_READS:
+            while rid not in eng.e.finished:
+                time.sleep(0.01)
+            verdict(phase, first, eng.e.finished[rid])
+        else:
+            settle()
+            for _ in range(FLOODS):
+                eng.ask(new_prompt(), 2)
+            settle()
+            verdict(phase, first, eng.ask(target))
+
+    def dir_removed(phase):
+        target = new_prompt()
+        first = ask_flood(target)
+        shutil.rmtree(root, ignore_errors=True)
+        phase["fault_on"] = time.time()
+        verdict(phase, first, eng.ask(target))
+        time.sleep(args.hold)
+        diagnose(phase)
+        phase["fault_off"] = time.time()  # the next store recreates the directory
+
+    def disk_full(phase):
+        ballast = os.path.join(mnt, "ballast")
+        phase["ballast_bytes"] = fill(ballast)
+        phase["fault_on"] = time.time()
+        target = new_prompt()
+        first = ask_flood(target)
+        verdict(phase, first, eng.ask(target))
+        time.sleep(args.hold)
+        diagnose(phase)
+        os.remove(ballast)
+        phase["fault_off"] = time.time()
+
+    plan = [("control", corrupt),
+            (faults.FLIP_PROMOTED, lambda ph: corrupt(ph, faults.FLIP_PROMOTED)),
+            (faults.DROP_PROMOTION, lambda ph: corrupt(ph, faults.DROP_PROMOTION)),
+            (faults.STALL_READS, lambda ph: pending_fault(ph, faults.STALL_READS)),
+            (faults.STALL_WRITES, lambda ph: pending_fault(ph, faults.STALL_WRITES)),
+            (faults.WITHHOLD_STORE, lambda ph: pending_fault(ph, faults.WITHHOLD_STORE)),
+            ("dir_removed", dir_removed)]
+    if tmpfs:
+        plan.append(("disk_full", disk_full))
+    try:
+        with Recorder(eng.targets()) as rec:
+            for name, body in plan:
+                phase = {"name": name, "start": time.time()}
+                print(f"== {name}", flush=True)
+                try:
+                    body(phase)
+                except Exception as exc:
+                    phase["error"] = repr(exc)
+                if "fault_on" in phase:
+                    phase.setdefault("fault_off", time.time())
+                faults.write_fault(switch, None)
+                phase["settled"] = settle()
+                time.sleep(args.idle)
+                phase["end"] = time.time()
+                phases.append(phase)
+                print(json.dumps(phase), flush=True)
+        rec.recording.write(os.path.join(args.out, "faults-cpu.om.gz"))
+        with open(os.path.join(args.out, "faults-cpu.json"), "w") as f:
+            json.dump({"harness": "cpu_engine", "tmpfs": tmpfs, "phases": phases}, f, indent=1)
+    finally:
+        eng.close()
+        if tmpfs:
+            subprocess.run(["umount", mnt], capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
