@@ -137,7 +137,7 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
             engine.drain()
         for p, k, s in zip(prompts, keys, stored_first):
             held = held_tokens(k, holds, len(p), CHUNK, window)
-            reqs.append(RequestTruth(held=held, need_keys=restore_keys(k, held, CHUNK, window),
+            reqs.append(RequestTruth(held=held, need_keys=restore_keys(k, held, CHUNK),
                                      stored_first=s, prompt_keys=sum(map(len, k))))
         rids = [engine.add_request(p, OUTPUT_TOKENS) for p in prompts]
         try:
@@ -152,7 +152,7 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
                 req.restored = done.num_external_tokens
                 req.same_output = done.output == out
                 # what the restore had to load: past the GPU prefix cache's hit
-                req.need_keys = restore_keys(k, req.held, CHUNK, window,
+                req.need_keys = restore_keys(k, req.held, CHUNK,
                                              local=req.served - req.restored)
     else:  # the first ask itself never finished: the livelock happened there
         reqs = [RequestTruth(held=0, need_keys=frozenset(), stored_first=0, finished=False)

@@ -15,8 +15,8 @@ The facts, per re-asked request (read from vLLM and from the tiers themselves):
 * ``stored_first``: tokens the tiers held for the prompt right after its first ask.
 * ``same_output``: the re-ask produced the first ask's tokens.
 * ``need``: rows a full restore of ``held`` needs resident at once: its keys in
-  every group past the tokens the GPU prefix cache had (``served - restored``);
-  ``rows``: the primary tier's rows.
+  every group (a sliding-window group's too: see ``restore_keys``) past the tokens
+  the GPU prefix cache had (``served - restored``); ``rows``: the primary tier's rows.
 * ``finished``; ``pending_at_end``: the engine still has transfer work after
   every request finished and the engine was stepped idle.
 
@@ -141,17 +141,17 @@ def _window_end(flags: list[bool], end: int, window: int) -> int:
     return run
 
 
-def restore_keys(keys: list[list[bytes]], held: int, chunk: int,
-                 window_chunks: int | None, local: int = 0) -> frozenset:
-    """The keys a restore of ``held`` tokens loads past ``local`` tokens the GPU prefix
-    cache already has: every chunk of each full group, the window's chunks of a
-    sliding-window group."""
+def restore_keys(keys: list[list[bytes]], held: int, chunk: int, local: int = 0) -> frozenset:
+    """The keys a restore of ``held`` tokens pins rows for at once, past ``local`` tokens
+    the GPU prefix cache already has: every chunk of every group. A sliding-window
+    group loads only its window, but vLLM 0.26 scans its keys from the end and a
+    promotion answers RETRY, which resets the window and keeps the scan going: while
+    its keys are on disk it promotes every one of them, like a full group."""
     n = -(-held // chunk)
     start = local // chunk
     out = set()
-    for g, group in enumerate(keys):
-        first = max(start, n - window_chunks) if window_chunks and g == len(keys) - 1 else start
-        out.update(group[first:n])
+    for group in keys:
+        out.update(group[start:n])
     return frozenset(out)
 
 
