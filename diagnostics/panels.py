@@ -115,7 +115,7 @@ def _stale_rows(ev: Evidence, th: Thresholds) -> list[Panel]:
         ref = _sum(rt.refused.values())
         refused.lines += _line(f"rank {rank}", ref, color=c)
         per_refused.append(f"rank {rank}: {_n(sum(q.increase for q in rt.refused.values()))}")
-    mism.note = "mismatched: " + "; ".join(per_rank)
+    mism.note = "mismatched: " + "; ".join(per_rank) + " | refused loads: " + "; ".join(per_refused)
     refused.note = "refused loads: " + "; ".join(per_refused)
     return [mism, refused]
 
@@ -168,10 +168,15 @@ def _stores_without_restores(ev: Evidence, th: Thresholds) -> list[Panel]:
 
 def _queue(ev: Evidence, th: Thresholds) -> list[Panel]:
     req = ev.requests
+    queued = req.get(S.RequestState.QUEUED)
+    recent = sum(q.recent for q in ev.rounds.verdicts.values())
+    note = (f"queued now: {_n(queued.last)}"
+            + (f", vLLM waiting {_n(req.vllm_waiting.last)}" if req.vllm_waiting.present else "")
+            + f"; lookup rounds in the last {ev.source.recent_span:.0f} s: {_n(recent)}")
     return [Panel("requests", "requests waiting for admission vs lookup rounds issued",
-                  _line("kvscope queued", req.get(S.RequestState.QUEUED), color="tab:red")
+                  _line("kvscope queued", queued, color="tab:red")
                   + _line("vLLM waiting", req.vllm_waiting) + _line("vLLM running", req.vllm_running),
-                  mark_keys=frozenset({"requests"})),
+                  mark_keys=frozenset({"requests"}), note=note),
             _rounds(ev, *S.Verdict)]
 
 
@@ -185,6 +190,9 @@ def _stale_telemetry(ev: Evidence, th: Thresholds) -> list[Panel]:
 
 def _anomaly(ev: Evidence, th: Thresholds) -> list[Panel]:
     out = [_rounds(ev, *S.Verdict)]
+    r = ev.rounds
+    out[0].note = (f"{_n(r.total)} rounds: " + ", ".join(
+        f"{_n(r.get(v).increase)} {v.value}" for v in S.Verdict)) if r.verdicts else ""
     age = _pending(ev, th)[0]
     age.refs.append(Ref(f"{th.anomaly_stuck_factor:g}x --stuck-after",
                         th.anomaly_stuck_factor * th.pending_after_s, "darkred"))
