@@ -47,7 +47,8 @@ CAMPAIGN_CONFIG: Config = replace(
     DEFAULT, rate_window="20s", rule_interval="5s", pending_at_idle_for="15s",
     capacity_ceiling_for="20s", checksum_mismatch_window="20s",
     stores_without_restores_window="60s", stores_without_restores_for="30s",
-    stale_stats_seconds=30, stale_stats_for="20s")
+    stale_stats_seconds=30, stale_stats_for="20s", tier_write_failures_window="20s",
+    tier_write_failures_for="10s")
 
 _UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 

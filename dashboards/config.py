@@ -75,6 +75,14 @@ class Config:
     restore_coverage_min: float = 0.5
     restore_coverage_for: str = "15m"
 
+    # ---- tier writes failing ------------------------------------------------------------------
+    # Cascades (CPU -> disk tier writes) that failed within the window, continuously for `for`:
+    # the disk tier is full, its directory or mount is gone, or it is not writable. Restores from
+    # it stop silently (what never reached disk cannot come back). One failed write is a blip;
+    # failures for 5 minutes are a broken tier.
+    tier_write_failures_window: str = "10m"
+    tier_write_failures_for: str = "5m"
+
     # ---- row checksum mismatch ---------------------------------------------------------------
     # A mismatch means a rank read bytes for a promoted row that differ from what was written:
     # the load was refused (vLLM recomputed), but the tier is corrupt or mis-addressed. One is
@@ -130,7 +138,8 @@ class Config:
             "rate_window", "rule_interval", "pending_at_idle_for", "capacity_ceiling_for",
             "restore_coverage_for",
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
-            "stores_without_restores_for", "stale_stats_for",
+            "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",
+            "tier_write_failures_for",
         ):
             value = getattr(self, name)
             if not _DURATION.match(value):

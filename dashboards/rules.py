@@ -20,6 +20,7 @@ ALERT_CHECKSUM_MISMATCH = "KVOffloadRowChecksumMismatch"
 ALERT_STORES_WITHOUT_RESTORES = "KVOffloadStoresWithoutRestores"
 ALERT_STATS_STALE = "KVOffloadStatsStale"
 ALERT_RESTORE_COVERAGE = "KVOffloadRestoreCoverageCollapsed"
+ALERT_TIER_WRITES_FAILING = "KVOffloadTierWritesFailing"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -28,6 +29,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_STORES_WITHOUT_RESTORES,
     ALERT_STATS_STALE,
     ALERT_RESTORE_COVERAGE,
+    ALERT_TIER_WRITES_FAILING,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -232,6 +234,13 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # ... while the disk tier holds data (something was ever cascaded to it)
         f"and on ({by}) sum by ({by}) ({s.CASCADES.name}{sel(eq(s.L_RESULT, completed))}) > 0"
     )
+    failed = f"{s.CASCADES.name}{sel(eq(s.L_RESULT, s.CascadeResult.FAILED.value))}"
+    fw = cfg.tier_write_failures_window
+    tier_writes_failing = (
+        f"sum by ({by}) (increase({failed}[{fw}])) > 0\n"
+        # a failed-cascade series born within the window with a value > 0
+        f"or sum by ({by}) ({failed} > 0 unless {failed} offset {fw})"
+    )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -288,6 +297,14 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"tiers held for more than {cfg.restore_coverage_for} (threshold "
             f"{cfg.restore_coverage_min:.0%}) while the disk tier holds data: restores are cut "
             f"at the primary tier's row ceiling or vetoed, the rest is recomputed.",
+        ),
+        _alert(
+            cfg, ALERT_TIER_WRITES_FAILING, tier_writes_failing, cfg.tier_write_failures_for,
+            cfg.severity_warning,
+            "Writes to the KV offload disk tier are failing.",
+            f"{_WHO} failed {{{{ printf \"%.0f\" $value }}}} cascade write(s) to its secondary "
+            f"tier in the last {fw}, for more than {cfg.tier_write_failures_for}: the tier is "
+            f"full, gone or not writable; what does not reach it cannot be restored.",
         ),
     ]
 
