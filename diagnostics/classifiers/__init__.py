@@ -19,6 +19,7 @@ from . import (
     stale_telemetry,
     store_never_fits,
     stores_without_restores,
+    tier_writes_failing,
     unclassified_anomaly,
     unreachable_targets,
 )
@@ -32,6 +33,7 @@ CLASSIFIERS = (
     capacity_ceiling_truncated,
     capacity_ceiling_concurrency,
     store_never_fits,
+    tier_writes_failing,
     pending_at_idle,
     stores_without_restores,
     queue_wait,

@@ -46,8 +46,7 @@ EXPECTED = {
     ("faults-cpu", "drop_promotion"): MISMATCH,
     ("faults-cpu", "stall_writes"): PENDING,
     ("faults-cpu", "withhold_store"): PENDING,
-    # kv-diagnose has no verdict for failing tier writes (it says healthy): not judged there
-    ("faults-cpu", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, None),
+    ("faults-cpu", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, "tier_writes_failing"),
 }
 # Recorded and shown by `campaign_replay.py`, not judged: kvscope has nothing that must fire.
 NOT_JUDGED = {

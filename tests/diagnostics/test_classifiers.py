@@ -17,7 +17,7 @@ from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.thresholds import Thresholds
 from kvscope.exporters import signals as S
 
-from .support import T0, L, base, evidence, info
+from .support import T0, L, base, declared, evidence, info
 
 TH = Thresholds()
 
@@ -527,3 +527,31 @@ def test_store_fits_sometimes_with_the_cpu_tier_alone():
     d[L(S.STORE_JOBS.name, result="prepared")] = [0, 0]
     f = store_never_fits.classify(evidence(d), TH)
     assert f is not None and "0 store jobs fit the CPU tier (the only tier)" in f.evidence
+
+
+def test_tier_writes_failing_when_cascades_fail():
+    from kvscope.diagnostics.classifiers import tier_writes_failing
+
+    d = base() | declared()
+    d[L(S.CASCADES.name, result="started")] = [10, 40]
+    d[L(S.CASCADES.name, result="failed")] = [0, 30]  # a full disk: every write since failed
+    d[L(S.CASCADES.name, result="completed")] = [10, 10]
+    f = tier_writes_failing.classify(evidence(d, lifetime=False), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert f.evidence[0].startswith("30 cascade writes to the disk tier failed")
+    assert "df -h" in f.next_step
+    assert diagnose(evidence(d, lifetime=False)).top.id == "tier_writes_failing"
+
+
+def test_tier_writes_failing_quiet_when_writes_succeed_or_cpu_only():
+    from kvscope.diagnostics.classifiers import tier_writes_failing
+
+    d = base() | declared()
+    d[L(S.CASCADES.name, result="completed")] = [10, 40]
+    assert tier_writes_failing.classify(evidence(d, lifetime=False), TH) is None
+    cpu_only = {k: v for k, v in (base() | declared()).items()
+                if not (isinstance(k, tuple) and k[0] == S.INFO.name)}
+    cpu_only[L(S.INFO.name, kvscope_version="0.1.0", vllm_version="0.26.0",
+               spec="CPUOffloadingSpec", tiers="cpu", primary_rows="8", hash_seed="a")] = [1, 1]
+    cpu_only[L(S.CASCADES.name, result="failed")] = [0, 3]  # never exported without a tier
+    assert tier_writes_failing.classify(evidence(cpu_only, lifetime=False), TH) is None

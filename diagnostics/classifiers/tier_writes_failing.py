@@ -1,0 +1,56 @@
+"""Tier writes failing: cascades to the disk tier fail (full, gone, not writable).
+
+vLLM's fs tier reports a cascade failed when a block write raises (``ENOSPC``, a
+removed directory or mount, I/O errors). Serving goes on with the right tokens,
+but what does not reach the tier cannot come back from it: restores decay
+while every other counter looks healthy.
+"""
+
+from __future__ import annotations
+
+from kvscope.exporters import signals as S
+
+from ..checks import tiered
+from ..evidence import Evidence
+from ..model import Finding, Mark
+from ..thresholds import Thresholds
+from ._common import n, window_word
+
+ID = "tier_writes_failing"
+TITLE = "Writes to the disk tier are failing"
+SEVERITY = 60
+CHECK = "cascade writes to the disk tier failing (tier full, gone or not writable)"
+EXPLAINS = frozenset({"coverage"})  # what never reached disk cannot be restored
+
+
+def needs(ev: Evidence) -> tuple:
+    """Cascades exist only with a secondary tier."""
+    return (S.CASCADES,) if tiered(ev) else ()
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    failed = ev.tiers.cascade(S.CascadeResult.FAILED)
+    if not tiered(ev) or failed.increase <= 0:
+        return None
+    done = ev.tiers.cascade(S.CascadeResult.COMPLETED).increase
+    promoted = ev.tiers.promotion(S.PromotionResult.COMPLETED).increase
+    w = window_word(ev)
+    lines = [f"{n(failed.increase)} cascade writes to the disk tier failed {w}, {n(done)} completed"]
+    if failed.recent > 0:
+        lines.append(f"still happening: +{n(failed.recent)} failed in the last "
+                     f"{ev.source.recent_span:.0f} s")
+    lines.append(f"{n(promoted)} promotions completed {w} (restores from the disk tier)")
+    marks = [Mark("stores", failed.samples[-1][0], "cascades failed")] if failed.samples else []
+    return Finding(
+        id=ID,
+        title=TITLE,
+        confidence=0.85 if done == 0 else 0.6,
+        evidence=lines,
+        next_step=(
+            "Check the disk tier's filesystem on the engine host: free space (df -h <root_dir>), "
+            "the directory and its mount, write permission; vLLM logs each failed block write "
+            "('block I/O failed: [Errno ...]'). Writes resume once the tier is writable (vLLM "
+            "recreates missing directories); only prefixes stored after that can be restored."),
+        severity=SEVERITY,
+        marks=marks,
+    )
