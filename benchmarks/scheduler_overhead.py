@@ -1,11 +1,15 @@
 """Scheduler step time: ObservedOffloadingConnector vs the stock OffloadingConnector.
 
-    python benchmarks/scheduler_overhead.py [--requests 1000] [--rounds 3]
+    python benchmarks/scheduler_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
+    python benchmarks/scheduler_overhead.py --profile F [--profile-connector NAME]
 
 Runs the same workload on vLLM's real Scheduler on CPU (kvscope.connector.cpu_engine)
 with each connector, alternating, and compares the wall time spent inside
 Scheduler.schedule() + Scheduler.update_from_output() (every connector call of
-the scheduler side happens there). Results: benchmarks/results/scheduler_overhead.md.
+the scheduler side happens there). ``--profile F`` cProfiles only those two calls
+(the engine thread's scheduler step; the CPU harness's fake forward pass is left
+out) into F and writes the top entries as text to F.txt. Results:
+benchmarks/results/scheduler_overhead_*.jsonl and scheduler_profile_*.txt.
 """
 
 from __future__ import annotations
@@ -28,26 +32,22 @@ def run(connector: str, n_requests: int, tiering: bool, profile: str | None = No
     with CPUEngine(cfg) as e:
         shared = prompt(0, 64)  # a shared prefix, so lookups find something
         rids = [e.add_request(shared + prompt(i, 32), 8) for i in range(n_requests)]
-        prof = None
         if profile:
-            import cProfile
-            prof = cProfile.Profile()
-            prof.enable()
+            _profile_scheduler_calls(e.scheduler, profile)
         t0 = time.perf_counter()
         e.run_until_done(rids, max_steps=100_000)
         wall = time.perf_counter() - t0
-        if prof:
-            prof.disable()
-            prof.dump_stats(profile)
+        if profile:
+            _write_profile(e.scheduler, profile)
         return {"connector": connector, "steps": e.steps, "scheduler_s": e.scheduler_seconds,
                 "wall_s": wall, "per_step_us": 1e6 * e.scheduler_seconds / e.steps}
 
 
 def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
-    """Time SchedulerObserver._coverage (once per ended lookup round) inside observed runs."""
-    from kvscope.connector import scheduler_side as ss
+    """Time RoundVerdicts._coverage (once per ended lookup round) inside observed runs."""
+    from kvscope.connector import round_verdicts as rv
 
-    judge, spent = ss.SchedulerObserver._coverage, [0, 0.0]
+    judge, spent = rv.RoundVerdicts._coverage, [0, 0.0]
 
     def timed(self, *a, **kw):
         t0 = time.thread_time()
@@ -57,7 +57,7 @@ def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
             spent[0] += 1
             spent[1] += time.thread_time() - t0
 
-    ss.SchedulerObserver._coverage = timed
+    rv.RoundVerdicts._coverage = timed
     for _ in range(rounds):
         spent[:] = [0, 0.0]
         r = run("ObservedOffloadingConnector", n_requests, tiering)
@@ -68,20 +68,56 @@ def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
               flush=True)
 
 
+def _profile_scheduler_calls(scheduler, path: str) -> None:
+    """Profile inside Scheduler.schedule / update_from_output only (what the ratio times)."""
+    import cProfile
+
+    prof = scheduler._bench_profile = cProfile.Profile()
+    for name in ("schedule", "update_from_output"):
+        inner = getattr(scheduler, name)
+
+        def profiled(*a, _inner=inner, **kw):
+            prof.enable()
+            try:
+                return _inner(*a, **kw)
+            finally:
+                prof.disable()
+
+        setattr(scheduler, name, profiled)
+
+
+def _write_profile(scheduler, path: str) -> None:
+    import io
+    import pstats
+
+    prof = scheduler._bench_profile
+    prof.dump_stats(path)
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out).strip_dirs()
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(
+        "observed|scheduler_side|recorder|coverage|compat|offloading|lookup_rounds|"
+        "round_verdicts|tier_taps|integrity|request_states|step_gauges", 40)
+    with open(path + ".txt", "w") as f:
+        f.write(out.getvalue())
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-tiering", action="store_true")
-    p.add_argument("--profile", help="cProfile the observed run into this file")
+    p.add_argument("--profile", help="cProfile one run's scheduler calls into this file (+ .txt)")
     p.add_argument("--coverage-cost", action="store_true",
                    help="observed runs only: thread CPU time spent judging restore coverage")
+    p.add_argument("--profile-connector", default="ObservedOffloadingConnector",
+                   choices=["ObservedOffloadingConnector", "OffloadingConnector"])
     args = p.parse_args()
     if args.coverage_cost:
         coverage_cost(args.requests, not args.no_tiering, args.rounds)
         return
     if args.profile:
-        print(json.dumps(run("ObservedOffloadingConnector", args.requests,
+        print(json.dumps(run(args.profile_connector, args.requests,
                              not args.no_tiering, args.profile)))
         return
     runs: dict[str, list[dict]] = {"OffloadingConnector": [], "ObservedOffloadingConnector": []}

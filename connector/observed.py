@@ -35,7 +35,7 @@ from vllm.v1.kv_offload.base import (
 from kvscope.connector import compat, faults
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
 from kvscope.connector.compat import load_failures
-from kvscope.connector.scheduler_side import SchedulerObserver, bracket
+from kvscope.connector.scheduler_side import SchedulerObserver
 from kvscope.connector.worker_side import WorkerProxy
 from kvscope.exporters import signals
 from kvscope.exporters.otel import get_tracer
@@ -199,10 +199,13 @@ class ObservedOffloadingConnector(OffloadingConnector):
             self._kvscope_observer.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        return bracket(self._kvscope_observer,
-                       lambda: super(ObservedOffloadingConnector, self)
-                       .get_num_new_matched_tokens(request, num_computed_tokens), request,
-                       num_computed_tokens)
+        observer = self._kvscope_observer
+        if observer is None:
+            return super().get_num_new_matched_tokens(request, num_computed_tokens)
+        observer.begin_round()  # the lookups this call makes form one round
+        result = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        observer.end_round(request, result[0], num_computed_tokens)
+        return result
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         out = super().update_state_after_alloc(request, blocks, num_external_tokens)
@@ -242,7 +245,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
             delta = rec.take_delta()
             if delta.is_empty():
                 return stats
-            ours = OffloadingConnectorStats()
+            # Into vLLM's own (fresh) stats object when there is one: no aggregate().
+            ours = stats if isinstance(stats, OffloadingConnectorStats) else (
+                OffloadingConnectorStats())
             for (metric, labels), value in delta.counters.items():
                 ours.increase_counter(metric.name, value, labels)
             for (metric, labels), value in delta.gauges.items():
@@ -250,7 +255,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
             for (metric, labels), values in delta.observations.items():
                 for v in values:
                     ours.observe_histogram(metric.name, v, labels)
-            return ours if stats is None else stats.aggregate(ours)
+            return ours if stats is None or ours is stats else stats.aggregate(ours)
         except Exception as exc:
             rec.error(ErrorSite.STATS, exc)
             return stats

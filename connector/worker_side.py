@@ -30,6 +30,7 @@ from opentelemetry.trace import Tracer
 from kvscope.connector import compat
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
 from kvscope.connector.compat import load_failures
+from kvscope.connector.integrity import mismatched_rows
 from kvscope.connector.scheduler_side import TIMESTAMP_RESOLUTION_S
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
@@ -188,13 +189,9 @@ class WorkerProxy:
         try:
             if g is None or buf is None:
                 raise RuntimeError("no shared region mapped on this rank")
-            mismatched = 0
             view = memoryview(buf)
             try:
-                for row, digests in expected.items():
-                    off = g.slot_offset(int(row), self.rank)
-                    if self._digest(view[off:off + g.slot_size]) != digests[self.rank]:
-                        mismatched += 1
+                mismatched = mismatched_rows(view, g, self.rank, expected, self._digest)
             finally:
                 view.release()
         except Exception as exc:

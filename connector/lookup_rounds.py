@@ -1,0 +1,205 @@
+"""Lookup rounds: what vLLM's manager answered per key, judged once per round.
+
+The hot path (once per key looked up) is two list appends made by the manager
+proxy: no hashing, no labels, no recorder calls, nothing that grows with the
+number of requests. A round (one ``get_num_new_matched_tokens`` call) is a slice
+of those per-step lists; its verdict, pending keys and where each group's scan
+stopped are decoded when it ends, with C-level list operations. The per-group
+``kvscope_lookups_total`` counts are aggregated once per step (:meth:`flush`).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from typing import Any
+
+from kvscope.connector import compat
+from kvscope.connector.coverage import MissCause
+from kvscope.exporters import signals
+from kvscope.exporters.signals import Verdict
+
+_SUFFIX = operator.itemgetter(slice(-compat.GROUP_SUFFIX_BYTES, None))
+_MISS, _HIT = compat.MISS, compat.HIT
+_RETRY, _HIT_PENDING = compat.RETRY, compat.HIT_PENDING
+# Label values keyed by id(): vLLM's LookupResult is an Enum, whose hash is Python code.
+_RESULT_VALUE = {id(v): s.value for v, s in compat.LOOKUP_RESULT.items()}
+_RESULTS = tuple(signals.LookupResult)
+
+
+class LookupLog:
+    """Per-step slots for raw lookup events, and the open round's place in them."""
+
+    __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "_labels",
+                 "start", "_quarantined_start", "_refusals_start", "_evictions_start",
+                 "_started_ns")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []
+        self.results: list[Any] = []
+        self.quarantined: list[int] = []  # indexes kvscope answered MISS itself
+        self.refusals: list[tuple[int, int]] = []  # (index of the lookup in progress, keys)
+        # (index of the lookup in progress, keys a started promotion evicted)
+        self.evictions: list[tuple[int, Any]] = []
+        self._labels: dict[tuple[bytes, int], tuple[str, str]] = {}
+        self.start = -1  # index where the open round began; -1: no round open
+        self._quarantined_start = 0
+        self._refusals_start = 0
+        self._evictions_start = 0
+        self._started_ns = 0
+
+    # ---- rare paths (called by the proxy / the primary-tier tap) --------------------
+    def add_quarantined(self, key: bytes) -> None:
+        self.quarantined.append(len(self.results))
+        self.keys.append(key)
+        self.results.append(_MISS)
+
+    def add_refusal(self, n_keys: int) -> None:
+        """A promotion found no primary row during the lookup in progress."""
+        self.refusals.append((len(self.results), n_keys))
+
+    def add_evictions(self, keys: Any) -> None:
+        """A promotion started during the open round evicted these keys' rows."""
+        if self.start >= 0:
+            self.evictions.append((len(self.results), keys))
+
+    # ---- rounds -----------------------------------------------------------------------
+    def begin(self, started_ns: int = 0) -> None:
+        """``started_ns``: wall-clock start for the round's span (0 when not tracing)."""
+        self._started_ns = started_ns
+        self.start = len(self.results)
+        self._quarantined_start = len(self.quarantined)
+        self._refusals_start = len(self.refusals)
+        self._evictions_start = len(self.evictions)
+
+    def end(self) -> Round | None:
+        start, self.start = self.start, -1
+        if start < 0:
+            return None
+        evictions = self.evictions[self._evictions_start:]
+        del self.evictions[self._evictions_start:]
+        return Round(self, start, self.quarantined[self._quarantined_start:],
+                     self.refusals[self._refusals_start:], evictions, self._started_ns)
+
+    # ---- once per step ----------------------------------------------------------------
+    def flush(self, rec: Any) -> None:
+        """Count the step's lookups per (group, result) and empty the slots."""
+        keys, results = self.keys, self.results
+        end = self.start if self.start >= 0 else len(results)  # an open round stays
+        if end:
+            counts = Counter(zip(map(_SUFFIX, keys[:end]), map(id, results[:end])))
+            labels = self._labels
+            for pair, n in counts.items():
+                lv = labels.get(pair)
+                if lv is None:
+                    lv = labels[pair] = (str(int.from_bytes(pair[0], "big")),
+                                         _RESULT_VALUE[pair[1]])
+                rec.inc(signals.LOOKUPS, lv, n)
+        del keys[:end]
+        del results[:end]
+        if self.start >= 0:
+            self.quarantined = [i - end for i in self.quarantined[self._quarantined_start:]]
+            self.refusals = [(i - end, n) for i, n in self.refusals[self._refusals_start:]]
+            self.evictions = [(i - end, k) for i, k in self.evictions[self._evictions_start:]]
+            self.start = self._quarantined_start = self._refusals_start = 0
+            self._evictions_start = 0
+        else:
+            self.quarantined.clear()
+            self.refusals.clear()
+            self.evictions.clear()
+
+
+class Round:
+    """One ended round, decoded from its slice of the log (once per round)."""
+
+    __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "started_ns")
+
+    def __init__(self, log: LookupLog, start: int, quarantined: list[int],
+                 refusals: list[tuple[int, int]], evictions: list[tuple[int, Any]],
+                 started_ns: int = 0) -> None:
+        self.started_ns = started_ns
+        self.evictions = [(i - start, keys) for i, keys in evictions]
+        self.results = log.results[start:]
+        self.keys = log.keys[start:]
+        self.quarantined = [i - start for i in quarantined]
+        self.refusals = [(i - start, n) for i, n in refusals]
+
+    @property
+    def no_row(self) -> int:
+        """Keys whose promotion was refused this round: the primary tier was full."""
+        return sum(n for _, n in self.refusals)
+
+    def found(self, end: int | None = None) -> set[bytes]:
+        """Keys some tier holds (looked up, not answered MISS), among the first ``end``."""
+        keys, results = self.keys, self.results
+        n = len(results) if end is None else end
+        return {keys[i] for i in range(n) if results[i] is not _MISS}
+
+    def at_row_ceiling(self, rows_total: int) -> bool:
+        """The keys this round found reached the row count and its promotions ran
+        out of rows: refused for want of a free row (0.26, ``no_row``) or evicting
+        rows the round itself found (0.33: lookups no longer touch rows, so a full
+        tier evicts instead of refusing). Async-lookup RETRYs alone can also reach
+        the row count (a working set exactly the tier's size)."""
+        if rows_total <= 0 or len(self.found()) < rows_total:
+            return False
+        return self.no_row > 0 or self.self_evicted() > 0
+
+    def self_evicted(self) -> int:
+        """Rows this round found that its own promotions evicted again."""
+        return sum(sum(k in found for k in keys) for i, keys in self.evictions
+                   for found in (self.found(i),))
+
+    @property
+    def pending_keys(self) -> int:
+        r = self.results
+        return r.count(_RETRY) + r.count(_HIT_PENDING)
+
+    def verdict(self, num_tokens: int | None) -> Verdict:
+        if num_tokens is None:
+            return Verdict.DEFERRED
+        if num_tokens > 0:
+            return Verdict.HIT
+        found = len(self.results) - self.results.count(_MISS)
+        return Verdict.VETOED if found else Verdict.MISS
+
+    def scanned(self) -> set[bytes]:
+        """Group suffixes looked up this round."""
+        return set(map(_SUFFIX, self.keys))
+
+    def first_miss(self) -> dict[bytes, tuple[bytes, MissCause]]:
+        """Group suffix -> (first key answered MISS, why): where each group's scan stopped.
+
+        A miss is REFUSED when a promotion was refused since the previous miss of
+        the round (the refusal happens inside the lookup that then answers MISS).
+        """
+        out: dict[bytes, tuple[bytes, MissCause]] = {}
+        results, keys = self.results, self.keys
+        quarantined = set(self.quarantined)
+        refusals = [i for i, _ in self.refusals]
+        prev, i = -1, -1
+        while True:
+            try:
+                i = results.index(_MISS, i + 1)
+            except ValueError:
+                return out
+            if i in quarantined:
+                cause = MissCause.QUARANTINED
+            elif any(prev < r <= i for r in refusals):
+                cause = MissCause.REFUSED
+            else:
+                cause = MissCause.ABSENT
+            prev = i
+            suffix = keys[i][-compat.GROUP_SUFFIX_BYTES:]
+            if suffix not in out:
+                out[suffix] = (keys[i], cause)
+
+    def per_group(self) -> dict[int, list[int]]:
+        """Group -> counts ordered as signals.LookupResult (spans only)."""
+        order = {v: i for i, v in enumerate(r.value for r in _RESULTS)}
+        out: dict[int, list[int]] = {}
+        for (suffix, rid), n in Counter(zip(map(_SUFFIX, self.keys),
+                                            map(id, self.results))).items():
+            counts = out.setdefault(int.from_bytes(suffix, "big"), [0] * len(_RESULTS))
+            counts[order[_RESULT_VALUE[rid]]] += n
+        return out

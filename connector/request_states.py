@@ -1,0 +1,100 @@
+"""Requests as the connector sees them: queued, deferred, loading, running.
+
+Counts are kept incrementally, so the ``kvscope_requests{state}`` gauges never
+scan all requests. States are small ints (an Enum's hash is Python code) and the
+per-step update touches only requests that can change state without a connector
+call telling us: deferred ones not asked again (queued behind capacity), loading
+ones vLLM scheduled (their load finished), preempted ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvscope.exporters.signals import RequestState
+
+QUEUED, DEFERRED, LOADING, RUNNING = range(4)
+STATES: tuple[RequestState, ...] = (RequestState.QUEUED, RequestState.DEFERRED,
+                                    RequestState.LOADING, RequestState.RUNNING)
+_RESTORING = (DEFERRED, LOADING)
+
+
+class RequestStates:
+    def __init__(self, chunk_tokens: list[int]) -> None:
+        self.state: dict[str, int] = {}
+        self.counts = [0, 0, 0, 0]  # indexed like STATES
+        self.deferred: set[str] = set()
+        self.loading: set[str] = set()
+        self.looked_up: set[str] = set()  # requests with a lookup round this step
+        # request -> chunk keys its whole prefix covers (once per request)
+        self.need: dict[str, int] = {}
+        self._chunk_tokens = chunk_tokens  # tokens per chunk of each KV group
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def set(self, rid: str, new: int, known_only: bool = False) -> None:
+        state = self.state
+        old = state.get(rid)
+        if old == new or (known_only and old is None):
+            return
+        counts = self.counts
+        if old is not None:
+            counts[old] -= 1
+            if old == DEFERRED:
+                self.deferred.discard(rid)
+            elif old == LOADING:
+                self.loading.discard(rid)
+        state[rid] = new
+        counts[new] += 1
+        if new == DEFERRED:
+            self.deferred.add(rid)
+        elif new == LOADING:
+            self.loading.add(rid)
+
+    # ---- connector calls ---------------------------------------------------------------
+    def on_new(self, rid: str) -> None:
+        self.set(rid, QUEUED)
+
+    def on_round(self, request: Any, deferred: bool) -> None:
+        rid = getattr(request, "request_id", "")
+        if rid not in self.need:
+            self.need[rid] = self.request_keys(request)
+        self.looked_up.add(rid)
+        self.set(rid, DEFERRED if deferred else QUEUED, known_only=True)
+
+    def request_keys(self, request: Any) -> int:
+        """Chunk keys (over all groups) a request's whole prefix covers."""
+        tokens = int(getattr(request, "num_tokens", 0) or 0)
+        return sum(tokens // t for t in self._chunk_tokens)
+
+    def after_alloc(self, rid: str, num_external_tokens: int) -> None:
+        self.set(rid, LOADING if num_external_tokens else RUNNING, known_only=True)
+
+    def on_finished(self, rid: str) -> None:
+        old = self.state.pop(rid, None)
+        if old is not None:
+            self.counts[old] -= 1
+            self.deferred.discard(rid)
+            self.loading.discard(rid)
+        self.need.pop(rid, None)
+
+    def on_step(self, scheduler_output: Any) -> None:
+        # A deferred request is asked again every step it can be admitted; one
+        # not asked this step sits behind capacity (queued), not behind us.
+        looked_up = self.looked_up
+        if self.deferred:
+            for rid in [r for r in self.deferred if r not in looked_up]:
+                self.set(rid, QUEUED)
+        looked_up.clear()
+        if self.loading:  # a loading request vLLM schedules has its KV: running
+            scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+            for rid in [r for r in self.loading if r in scheduled]:
+                self.set(rid, RUNNING)
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            self.set(rid, QUEUED, known_only=True)
+
+    # ---- readers -------------------------------------------------------------------------
+    def restoring_others(self, rid: str) -> list[str]:
+        """Requests other than ``rid`` waiting on a restore (rare: row-ceiling rounds)."""
+        return [r for r, st in self.state.items() if st in _RESTORING and r != rid]

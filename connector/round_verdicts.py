@@ -1,0 +1,140 @@
+"""What one ended lookup round means: verdict, row ceiling, restore coverage, span.
+
+Called once per ``get_num_new_matched_tokens`` call (never per key). The common
+verdicts (hit, miss) cost a few counter increments and one coverage judgement;
+vetoed and deferred rounds also read the primary tier's row count (the row
+ceiling is when a round's pending keys reach it while promotions found no row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import Tracer
+
+from kvscope.connector import compat
+from kvscope.connector.coverage import Coverage, group_suffixes, judge
+from kvscope.connector.lookup_rounds import _RESULTS, Round
+from kvscope.connector.request_states import RequestStates
+from kvscope.exporters import signals
+from kvscope.exporters.otel import request_id_hash
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import ErrorSite, ShortReason, Verdict
+
+_VERDICT_LABELS = {v: (v.value,) for v in Verdict}
+_REASON_LABELS = {r: (r.value,) for r in ShortReason}
+_NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
+
+
+class RoundVerdicts:
+    def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
+                 primary: Any, requests: RequestStates) -> None:
+        self.rec = recorder
+        self.tracer = tracer
+        self.tracing = False  # set by the coordinator (re-checked periodically)
+        self.cs = connector_scheduler
+        self.primary = primary
+        self.requests = requests
+        # (key suffix, tokens per chunk, sliding window) per KV group
+        self.groups = group_suffixes(compat.lookup_groups(connector_scheduler))
+        self._guard = recorder.guard(ErrorSite.ROUND)
+
+    def declare(self) -> None:
+        rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
+        rec.declare(signals.LOOKUP_ROUNDS, *one(Verdict))
+        rec.declare(signals.ROUNDS_AT_ROW_CEILING,
+                    (Verdict.VETOED.value,), (Verdict.DEFERRED.value,))
+        rec.declare(signals.HIT_TOKENS)
+        rec.declare(signals.RESTORE_HELD_TOKENS)
+        rec.declare(signals.RESTORE_SHORT_ROUNDS, *one(ShortReason))
+        rec.declare(signals.RESTORE_SHORT_TOKENS, *one(ShortReason))
+
+    def record(self, rnd: Round, request: Any, num_tokens: int | None,
+               num_computed: int) -> None:
+        rec = self.rec
+        cov = None
+        with self._guard:
+            verdict = rnd.verdict(num_tokens)
+            if verdict is not Verdict.DEFERRED:
+                with self._guard:  # its own guard: the verdict still counts
+                    cov = self._coverage(rnd, verdict, request, num_tokens or 0, num_computed)
+            labels = _VERDICT_LABELS[verdict]
+            rec.inc(signals.LOOKUP_ROUNDS, labels)
+            at_ceiling = False
+            pending = rows_total = 0
+            if verdict is Verdict.VETOED or verdict is Verdict.DEFERRED:
+                pending = rnd.pending_keys
+                rows_total = compat.row_states(self.primary)[0]
+                rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
+                rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
+                rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
+                        self.requests.request_keys(request))
+                at_ceiling = rnd.at_row_ceiling(rows_total)
+                if at_ceiling:
+                    rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
+            elif verdict is Verdict.HIT:
+                rec.inc(signals.HIT_TOKENS, (), num_tokens)
+            self.requests.on_round(request, verdict is Verdict.DEFERRED)
+            if self.tracing:
+                self._span(rnd, verdict, request, num_tokens, pending, rows_total,
+                           at_ceiling, cov)
+
+    def _coverage(self, rnd: Round, verdict: Verdict, request: Any, offered: int,
+                  num_computed: int) -> Coverage | None:
+        """Held vs offered tokens of an ended round, recorded."""
+        req_id = getattr(request, "request_id", "")
+        keys = compat.request_offload_keys(self.cs, req_id)
+        if not keys:
+            return None
+        cov = judge(first_miss=rnd.first_miss(), scanned=rnd.scanned(),
+                    verdict=verdict, offered=offered, num_computed=num_computed,
+                    groups=self.groups, keys_by_group=keys, manager=self.cs.manager)
+        if cov is None:
+            return None
+        rec = self.rec
+        if cov.held > 0:
+            rec.inc(signals.RESTORE_HELD_TOKENS, (), cov.held)
+            rec.observe(signals.RESTORE_COVERAGE, (), cov.offered / cov.held)
+        if cov.reason is None:
+            return cov
+        label = _REASON_LABELS[cov.reason]
+        rec.inc(signals.RESTORE_SHORT_ROUNDS, label)
+        if cov.held > cov.offered:
+            rec.inc(signals.RESTORE_SHORT_TOKENS, label, cov.held - cov.offered)
+        if cov.want > cov.held:
+            rec.inc(signals.RESTORE_SHORT_TOKENS, _NOT_STORED, cov.want - cov.held)
+        if cov.refused and cov.held > cov.offered:  # rare: the row ceiling cut this restore
+            others = self.requests.restoring_others(req_id)
+            need = self.requests.need
+            rec.set(signals.LAST_CEILING_OFFERED_TOKENS, (), cov.offered)
+            rec.set(signals.LAST_CEILING_HELD_TOKENS, (), cov.held)
+            rec.set(signals.LAST_CEILING_ROWS_NEEDED, (), cov.rows_needed)
+            rec.set(signals.LAST_CEILING_CONCURRENT_REQUESTS, (), 1 + len(others))
+            rec.set(signals.LAST_CEILING_CONCURRENT_ROWS, (),
+                    cov.rows_needed + sum(need.get(r, 0) for r in others))
+        return cov
+
+    def _span(self, rnd: Round, verdict: Verdict, request: Any, num_tokens: int | None,
+              pending: int, rows_total: int, at_ceiling: bool, cov: Coverage | None) -> None:
+        span = self.tracer.start_span(signals.SPAN_LOOKUP_ROUND, start_time=rnd.started_ns)
+        if span.is_recording():
+            if not rows_total:
+                rows_total = compat.row_states(self.primary)[0]
+                pending = rnd.pending_keys
+            per_group = rnd.per_group()
+            groups = range(max(per_group, default=-1) + 1)
+            for i, res in enumerate(_RESULTS):
+                span.set_attribute(signals.A_GROUP_RESULT_PREFIX + res.value,
+                                   [per_group.get(g, [0] * len(_RESULTS))[i] for g in groups])
+            span.set_attribute(signals.A_VERDICT, verdict.value)
+            span.set_attribute(signals.A_REQUEST_ID_HASH,
+                               request_id_hash(getattr(request, "request_id", "")))
+            span.set_attribute(signals.A_HIT_TOKENS, num_tokens or 0)
+            span.set_attribute(signals.A_PENDING_KEYS, pending)
+            span.set_attribute(signals.A_PRIMARY_ROWS, rows_total)
+            span.set_attribute(signals.A_AT_ROW_CEILING, at_ceiling)
+            if cov is not None:
+                span.set_attribute(signals.A_HELD_TOKENS, cov.held)
+                if cov.reason is not None:
+                    span.set_attribute(signals.A_SHORT_REASON, cov.reason.value)
+        span.end()

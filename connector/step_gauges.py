@@ -1,0 +1,98 @@
+"""Snapshot gauges of the scheduler side: rows, pending transfers, requests, info.
+
+Gauges are what a scrape (seconds apart) reads, so the coordinator refreshes
+them at most every ``GAUGE_REFRESH_S`` while the engine is busy (and on every
+step of an idle one): their cost is off the per-step path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvscope import __version__
+from kvscope.connector import compat
+from kvscope.connector.integrity import PromotedRows
+from kvscope.connector.request_states import STATES, RequestStates
+from kvscope.connector.tier_taps import TierTaps
+from kvscope.exporters import signals
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import PendingKind, RowState
+
+_ROW_LABELS = tuple((s.value,) for s in (RowState.TOTAL, RowState.OCCUPIED, RowState.IN_FLIGHT))
+_STATE_LABELS = tuple((s.value,) for s in STATES)
+_LOAD, _STORE = (PendingKind.LOAD.value,), (PendingKind.STORE.value,)
+_PROMOTION, _CASCADE = (PendingKind.PROMOTION.value,), (PendingKind.CASCADE.value,)
+
+
+class StepGauges:
+    def __init__(self, *, recorder: Recorder, connector_scheduler: Any, taps: TierTaps,
+                 requests: RequestStates, rows: PromotedRows, spec: Any, vllm_config: Any,
+                 kv_cache_config: Any, checksum_policy: str) -> None:
+        self.rec = recorder
+        self.cs = connector_scheduler
+        self.taps = taps
+        self.requests = requests
+        self.rows = rows
+        self.spec = spec
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
+        self.checksum_policy = checksum_policy
+        self.refreshed_at = 0.0
+        self._job_first_seen: dict[int, float] = {}
+        self._static_done = False
+        self._fingerprint_src: object = None
+
+    def refresh(self) -> None:
+        rec = self.rec
+        now = self.refreshed_at = time.monotonic()
+        total, occupied, in_flight = compat.row_states(self.taps.primary)
+        for labels, n in zip(_ROW_LABELS, (total, occupied, in_flight)):
+            rec.set(signals.PRIMARY_ROWS, labels, n)
+
+        loads: list[float] = []
+        stores: list[float] = []
+        live = set()
+        first_seen = self._job_first_seen
+        for jid, is_store in compat.connector_jobs(self.cs):
+            live.add(jid)
+            (stores if is_store else loads).append(first_seen.setdefault(jid, now))
+        for jid in [j for j in first_seen if j not in live]:
+            del first_seen[jid]
+        for labels, times in ((_LOAD, loads), (_STORE, stores),
+                              (_PROMOTION, [j.started for j in self.taps.promotions.values()]),
+                              (_CASCADE, [j.started for j in self.taps.cascades.values()])):
+            rec.set(signals.PENDING_TRANSFERS, labels, len(times))
+            rec.set(signals.OLDEST_PENDING_TRANSFER, labels, now - min(times) if times else 0.0)
+
+        for labels, n in zip(_STATE_LABELS, self.requests.counts):
+            rec.set(signals.REQUESTS, labels, n)
+        rec.set(signals.REQUESTS_IN_FLIGHT, (), len(self.requests))
+        rec.set(signals.QUARANTINED_KEYS, (), len(self.rows.quarantine))
+        self._update_info(total)
+
+    def _update_info(self, rows_total: int) -> None:
+        from vllm.v1.core import kv_cache_utils
+
+        src = getattr(kv_cache_utils, "NONE_HASH", None)
+        if self._static_done and src is self._fingerprint_src:
+            return
+        self._fingerprint_src = src
+        tiers = "+".join(["cpu", *(compat.tier_type(t) for t in self.taps.tiers)])
+        tpb = compat.group_tokens_per_block(self.spec)
+        chunk_tokens = (tpb[0] if tpb else 0) * compat.blocks_per_chunk(self.spec)
+        batched = getattr(getattr(self.vllm_config, "scheduler_config", None),
+                          "max_num_batched_tokens", "")
+        self.rec.replace_gauge(signals.INFO, {(
+            __version__, compat.VLLM_VERSION, type(self.spec).__name__, tiers,
+            str(rows_total), compat.hash_fingerprint(self.vllm_config), self.checksum_policy,
+            str(chunk_tokens), str(batched)): 1.0})
+        geometry = self.rows.geometry
+        if geometry is not None:
+            self.rec.set(signals.PRIMARY_ROW_BYTES, (), geometry.row_stride)
+        if not self._static_done:
+            kinds = compat.kv_group_kinds(self.kv_cache_config)
+            self.rec.replace_gauge(signals.KV_GROUP_INFO, {
+                (str(g), kind, str(tpb[g] if g < len(tpb) else 0)): 1.0
+                for g, kind in enumerate(kinds)})
+            self._static_done = True

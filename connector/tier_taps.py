@@ -1,0 +1,150 @@
+"""Taps on the tier instances of a tiering manager: promotions, cascades, refusals.
+
+Instance-attribute shadowing: each tap forwards the call unchanged and records
+what passed through (per tier job, never per key looked up). Promotions are
+secondary -> primary tier jobs, cascades primary -> secondary; a promotion the
+primary tier refuses for want of a free row is handed to the lookup log (it
+decides why the round's scan stopped) and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from opentelemetry.trace import Tracer
+
+from kvscope.connector import compat
+from kvscope.connector.integrity import PromotedRows
+from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.exporters import signals
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import CascadeResult, Direction, ErrorSite, PromotionResult
+
+_STARTED = (PromotionResult.STARTED.value,)
+_NO_ROW = (PromotionResult.NO_ROW.value,)
+_CASCADE_STARTED = (CascadeResult.STARTED.value,)
+_DISK_TO_CPU = (signals.RANK_MANAGER, Direction.DISK_TO_CPU.value)
+_CPU_TO_DISK = (signals.RANK_MANAGER, Direction.CPU_TO_DISK.value)
+
+
+class TierJob:
+    """A submitted tier job; its rows and keys are decoded when it completes."""
+
+    __slots__ = ("started", "job", "tier")
+
+    def __init__(self, started: float, job: Any, tier: str) -> None:
+        self.started = started
+        self.job = job
+        self.tier = tier
+
+
+class TierTaps:
+    def __init__(self, *, recorder: Recorder, tracer: Tracer, manager: Any, log: LookupLog,
+                 rows: PromotedRows, row_bytes: int) -> None:
+        self.rec = recorder
+        self.tracer = tracer
+        self.tracing = False  # set by the coordinator (re-checked periodically)
+        self.log = log
+        self.rows = rows
+        self.row_bytes = row_bytes
+        self.primary = compat.primary_tier(manager)
+        self.tiers = compat.secondary_tiers(manager)
+        self.promotions: dict[int, TierJob] = {}
+        self.cascades: dict[int, TierJob] = {}
+        self._guard = recorder.guard(ErrorSite.TIER)
+        with self._guard:
+            for tier in self.tiers:
+                self._tap_tier(tier)
+            self._tap_primary()
+
+    def declare(self) -> None:
+        if self.tiers:
+            one = lambda enum: [(v.value,) for v in enum]  # noqa: E731
+            self.rec.declare(signals.PROMOTIONS, *one(PromotionResult))
+            self.rec.declare(signals.CASCADES, *one(CascadeResult))
+            self.rec.declare(signals.TRANSFER_BYTES, _DISK_TO_CPU, _CPU_TO_DISK)
+
+    def _tap_primary(self) -> None:
+        primary = self.primary
+        original = getattr(primary, "prepare_write", None)
+        if original is None or getattr(original, compat.WRAPPED_MARK, False) or not self.tiers:
+            return
+        rec, log, rows, guard = self.rec, self.log, self.rows, self._guard
+
+        def prepare_write(keys, req_context, *a, **kw):
+            out = original(keys, req_context, *a, **kw)
+            with guard:
+                if out is None:
+                    rec.inc(signals.PROMOTIONS, _NO_ROW, len(keys))
+                    log.add_refusal(len(keys))
+                else:
+                    rec.inc(signals.PROMOTIONS, _STARTED, len(out.keys_to_store))
+                    if out.evicted_keys:
+                        log.add_evictions(out.evicted_keys)
+                    rows.forget(out.evicted_keys)
+                    rows.forget(out.keys_to_store)
+            return out
+
+        setattr(prepare_write, compat.WRAPPED_MARK, True)
+        primary.prepare_write = prepare_write
+
+    def _tap_tier(self, tier: Any) -> None:
+        if getattr(tier, compat.WRAPPED_MARK, False):
+            return
+        name = compat.tier_type(tier)
+        submit_load, submit_store = tier.submit_load, tier.submit_store
+        get_finished_jobs = tier.get_finished_jobs
+        guard, rec = self._guard, self.rec
+
+        def tap_submit_load(job, *a, **kw):
+            with guard:
+                self.promotions[job.job_id] = TierJob(time.monotonic(), job, name)
+            return submit_load(job, *a, **kw)
+
+        def tap_submit_store(job, *a, **kw):
+            with guard:
+                self.cascades[job.job_id] = TierJob(time.monotonic(), job, name)
+                rec.inc(signals.CASCADES, _CASCADE_STARTED, len(compat.job_keys(job)))
+            return submit_store(job, *a, **kw)
+
+        def tap_get_finished_jobs(*a, **kw):
+            results = list(get_finished_jobs(*a, **kw))
+            if results:
+                with guard:
+                    for res in results:
+                        self._on_job_done(res.job_id, bool(res.success))
+            return results
+
+        tier.submit_load = tap_submit_load
+        tier.submit_store = tap_submit_store
+        tier.get_finished_jobs = tap_get_finished_jobs
+        setattr(tier, compat.WRAPPED_MARK, True)
+
+    def _on_job_done(self, job_id: int, success: bool) -> None:
+        now = time.monotonic()
+        tj = self.promotions.pop(job_id, None)
+        if tj is not None:
+            keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
+            result = PromotionResult.COMPLETED if success else PromotionResult.FAILED
+            self.rec.inc(signals.PROMOTIONS, (result.value,), len(keys))
+            labels = _DISK_TO_CPU
+            if success:
+                self.rows.digest_promoted(keys, rows)
+            if self.tracing:
+                with self.tracer.start_as_current_span(signals.SPAN_PROMOTION) as span:
+                    span.set_attribute(signals.A_TIER, tj.tier)
+                    span.set_attribute(signals.A_ROW_COUNT, len(rows))
+                    span.set_attribute(signals.A_SUCCESS, success)
+                    span.set_attribute(signals.A_DURATION_S, now - tj.started)
+        else:
+            tj = self.cascades.pop(job_id, None)
+            if tj is None:
+                return
+            keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
+            result = CascadeResult.COMPLETED if success else CascadeResult.FAILED
+            self.rec.inc(signals.CASCADES, (result.value,), len(keys))
+            labels = _CPU_TO_DISK
+        if success:
+            self.rec.inc(signals.TRANSFER_BYTES, labels, len(rows) * self.row_bytes)
+            self.rec.observe(signals.TRANSFER_SECONDS, labels, now - tj.started)
