@@ -213,6 +213,7 @@ class EngineConfig:
     checksum_policy: str = "refuse"
     kv_load_failure_policy: str = "recompute"
     exporter_port: int | None = None
+    kvscope_options: dict[str, Any] = field(default_factory=dict)  # more kvscope settings
     connector: str = "ObservedOffloadingConnector"  # or "OffloadingConnector" (stock)
     hash_seed: str | None = "0"  # PYTHONHASHSEED for NONE_HASH; None = random
     fs_root: str | None = None
@@ -291,7 +292,7 @@ class CPUEngine:
             "cpu_bytes_to_use": cfg.rows * row_bytes,
             "block_size": cfg.block_size,
             "kvscope": {"checksum_policy": cfg.checksum_policy,
-                        "exporter_port": cfg.exporter_port},
+                        "exporter_port": cfg.exporter_port, **cfg.kvscope_options},
         }
         if cfg.connector != "ObservedOffloadingConnector":
             extra.pop("kvscope")

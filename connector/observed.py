@@ -62,6 +62,10 @@ class Settings:
     # kv_load_failure_policy="recompute" so refused loads are recomputed.
     checksum_policy: str = ChecksumPolicy.REFUSE
     checksum_algorithm: str = DEFAULT_ALGORITHM
+    # Spans go to the tracer provider the application installed (vLLM's
+    # --otlp-traces-endpoint). True: when there is none, kvscope installs an
+    # OTLP/HTTP exporter itself (needs kvscope[otlp]; OTEL_EXPORTER_OTLP_* env).
+    otlp_traces: bool = False
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
@@ -93,7 +97,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
         self.kvscope_settings = Settings.from_extra_config(extra)
         self.kvscope_recorder: Recorder = type(self).recorder_factory()
         self.kvscope_exporter: Exporter | None = None
-        self._kvscope_tracer = get_tracer(type(self).tracer_provider)
+        self._kvscope_tracer = get_tracer(type(self).tracer_provider,
+                                          install_otlp=self.kvscope_settings.otlp_traces)
         self._kvscope_observer: SchedulerObserver | None = None
         rec = self.kvscope_recorder
         with rec.guard(ErrorSite.MANAGER):

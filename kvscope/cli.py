@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import logging
 import os
 import signal
 import sys
@@ -134,10 +135,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
             sweep()
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _quiet_vllm() -> None:
+    """The CLI's own lines only: vLLM's info logs and torch's no-CUDA notice stay out."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    _quiet_vllm()
+    try:
+        from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
+    except ImportError as exc:
+        return _needs_extra("diagnostics", exc)
     from kvscope.connector.scenarios import SCENARIOS, run_scenario, wait_until
-    from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
 
     name = args.scenario
     if name not in SCENARIOS:
@@ -179,6 +189,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
+    _quiet_vllm()
     from kvscope.connector.scenarios import SCENARIOS
 
     for name, fn in SCENARIOS.items():
@@ -200,10 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     sc = sub.add_parser("scenarios", help="list the demo scenarios")
     sc.set_defaults(func=cmd_scenarios)
-    from kvscope.dashboards import cli as dashboards_cli
-
-    dashboards_cli.add_subcommands(sub)
+    try:
+        from kvscope.dashboards import cli as dashboards_cli
+    except ImportError as exc:  # the dashboards extra is not installed
+        for name in ("dashboards", "rules"):
+            missing = sub.add_parser(name, help="(needs pip install 'kvscope[dashboards]')")
+            missing.set_defaults(func=lambda _args, exc=exc: _needs_extra("dashboards", exc))
+    else:
+        dashboards_cli.add_subcommands(sub)
     return p
+
+
+def _needs_extra(extra: str, exc: ImportError) -> int:
+    print(f"kvscope: this command needs pip install 'kvscope[{extra}]' ({exc})", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
