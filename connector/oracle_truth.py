@@ -25,15 +25,17 @@ The truth class of a geometry, first rule that holds:
 ==================  ==================================================================
 ``wrong_output``     a re-ask's output differs from its first ask
 ``pending_at_idle``  every request done, transfers still pending after idle steps
-``never_stored``     a prompt with a full chunk left nothing in any tier after its ask
-``healthy``          every re-ask finished and served at least what the tiers held
+``healthy``          every prompt was stored, every re-ask finished and served at
+                     least what the tiers held
 ==================  ==================================================================
 
-Otherwise each request that never finished (``livelock``: still unfinished after
-the step budget) or was served less than held (short) has a form, and the class
-names every form present, joined by ``+`` (e.g. ``veto+concurrency``):
+Otherwise each request whose prompt was never stored, that never finished or that
+was served less than held (short) has a form, and the class names every form
+present, joined by ``+`` (e.g. ``veto+concurrency``):
 
 ==================  ==================================================================
+``never_stored``     its prompt (a full chunk at least) left nothing in any tier after
+                     its first ask
 ``livelock``         the request is still unfinished after the step budget
 ``veto``             short, needs more rows than the tier has, got 0 tokens
 ``truncated``        short, needs more rows than the tier has, got some tokens
@@ -173,14 +175,17 @@ def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple
         return "wrong_output", "a re-ask's output differs from its first ask"
     if pending_at_end and all(r.finished for r in reqs):
         return "pending_at_idle", "transfers pending after every request finished"
-    if all(r.finished for r in reqs) and any(r.stored_first == 0 for r in reqs):
-        return "never_stored", "a prompt left no chunk in any tier after its first ask"
     together = len(frozenset().union(*(r.need_keys for r in reqs)))
-    forms = {request_form(r, rows, together, len(reqs)) for r in reqs} - {None}
+    never = [r for r in reqs if r.stored_first == 0 and r.prompt_keys > 0]
+    stuck = [r for r in reqs if not r.finished and r not in never]
+    forms = {request_form(r, rows, together, len(reqs)) for r in reqs if r not in never} - {None}
     why = []
-    if not all(r.finished for r in reqs):
+    if never:
+        forms.add("never_stored")
+        why.append(f"{len(never)} prompt(s) left no chunk in any tier after the first ask")
+    if stuck:
         forms.add("livelock")
-        why.append(f"{sum(not r.finished for r in reqs)} re-asked request(s) never finished")
+        why.append(f"{len(stuck)} re-asked request(s) never finished")
     if not forms:
         return "healthy", "every re-ask served what the tiers held"
     short = [r for r in reqs if r.short]
