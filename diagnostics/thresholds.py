@@ -46,6 +46,11 @@ class Thresholds:
     # at least anomaly_collapse_before earlier, at most anomaly_collapse_after now
     anomaly_collapse_before: float = 0.5
     anomaly_collapse_after: float = 0.1
+    # tokens offered / tokens the tiers held for ended rounds: below this, held
+    # prefixes were recomputed for a reason no class named (the dashboards'
+    # Config.restore_coverage_min). Healthy engines sit at ~1 (vLLM's load cap
+    # costs the last token of a fully held prompt).
+    anomaly_coverage_min: float = 0.5
 
     # Bytes of one primary-tier row (all rank slots), if the operator knows it;
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.

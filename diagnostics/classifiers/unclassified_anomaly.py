@@ -6,9 +6,9 @@ explains it (a module that declares nothing explains the restore-path kinds,
 so a new incident class does not double-report as an anomaly). The invariants:
 
 * ``rounds``: most lookup rounds vetoed, or deferred without a single hit;
-* ``coverage``: restore coverage (tokens offered / tokens the tiers held) or,
-  without the coverage series, the restore hit ratio collapsed (was high, is
-  near zero now);
+* ``coverage``: restore coverage (tokens offered / tokens the tiers held) below
+  half over the window or collapsed (was high, is near zero now); without the
+  coverage series, the restore hit ratio collapsed;
 * ``stuck_transfer``: a transfer pending far longer than any real one (age
   gauge), or, without the age gauge, pending the whole time on an idle engine.
 
@@ -29,7 +29,7 @@ ID = "unclassified_anomaly"
 TITLE = "Unclassified anomaly (an invariant broke; no known incident class explains it)"
 SEVERITY = 65
 CHECK = ("invariants no incident may break unexplained: most rounds vetoed or deferred, "
-         "restore hit ratio collapsed, a transfer pending far longer than any real one")
+         "restore coverage low or collapsed, a transfer pending far longer than any real one")
 NEEDS = ()
 AFTER = True
 DEFAULT_EXPLAINS = frozenset({"rounds", "coverage"})
@@ -82,8 +82,23 @@ def _token_coverage(ev: Evidence, th: Thresholds) -> list[str]:
     return []
 
 
+def _low_coverage(ev: Evidence, th: Thresholds) -> list[str]:
+    """Over the window, far fewer tokens offered than the tiers held."""
+    held, offered = ev.coverage.held_tokens, ev.rounds.hit_tokens
+    if not (held.present and offered.present) or held.increase <= 0:
+        return []
+    ratio = offered.increase / held.increase
+    if ratio >= th.anomaly_coverage_min:
+        return []
+    why = ", ".join(f"{k} {n(q.increase)}" for k, q in sorted(ev.coverage.short_tokens.items())
+                    if q.increase > 0 and k != S.ShortReason.NOT_STORED.value)
+    return [f"restore coverage {ratio:.0%}: {n(offered.increase)} of {n(held.increase)} tokens the "
+            f"tiers held were offered to load {window_word(ev)}"
+            + (f" (held tokens not offered, by reason: {why})" if why else "")]
+
+
 def _coverage(ev: Evidence, th: Thresholds) -> list[str]:
-    if got := _token_coverage(ev, th):
+    if got := _token_coverage(ev, th) or _low_coverage(ev, th):
         return got
     r = ev.rounds
     found = (S.Verdict.HIT, S.Verdict.DEFERRED, S.Verdict.VETOED)

@@ -134,3 +134,24 @@ def test_unreachable_target_is_evidence_and_the_rest_is_diagnosed():
     assert report.exit_code == 1 and report.top.id == "targets_unreachable"
     assert "rank endpoint http://127.0.0.1:1/metrics unreachable" in report.top.evidence[0]
     assert report.to_dict()["failures"] == list(raw.failures)
+
+
+def test_low_restore_coverage_no_class_explains_is_an_anomaly():
+    """What the oracle matrix saw as 'healthy' for some concurrency geometries: the
+    tiers held 384 tokens, 128 were offered (row ceiling), no class named it."""
+    d = _quiet() | {
+        S.RESTORE_HELD_TOKENS.name: [0, 384], S.HIT_TOKENS.name: [0, 128],
+        L(S.RESTORE_SHORT_TOKENS.name, reason="row_ceiling"): [0, 256],
+        L(S.RESTORE_SHORT_TOKENS.name, reason="not_stored"): [0, 900],
+    }
+    report = diagnose(evidence(d))
+    assert report.exit_code == 1
+    anomaly = next(v for v in report.verdicts if v.id == "unclassified_anomaly")
+    assert anomaly.evidence[0].startswith("restore coverage 33%: 128 of 384 tokens the tiers held")
+    assert "row_ceiling 256" in anomaly.evidence[0] and "not_stored" not in anomaly.evidence[0]
+
+
+def test_full_coverage_but_the_load_cap_token_is_healthy():
+    d = _quiet() | {S.RESTORE_HELD_TOKENS.name: [0, 1536], S.HIT_TOKENS.name: [0, 1528],
+                    L(S.RESTORE_SHORT_TOKENS.name, reason="load_cap"): [0, 8]}
+    assert diagnose(evidence(d)).status == "healthy"
