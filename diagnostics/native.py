@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 
 from kvscope.exporters import signals as S
 
-from .model import RawWindow, Series
+from .evidence import _counter_growth
+from .model import RawWindow, Series, SourceInfo
 
 EXIT_HEALTHY, EXIT_INCIDENT, EXIT_INCONCLUSIVE = 0, 1, 3
+# Chunk lookups, in primary tiers' worth, after which "nothing found anywhere" is suspicious.
+SILENT_LOOKUP_FACTOR = 2
 REDUCED = "reduced evidence: vLLM's native metrics only (kvscope not installed)"
 INSTALL = ("install kvscope's ObservedOffloadingConnector (kv_connector_module_path="
            "kvscope.connector) on this engine to confirm")
@@ -59,22 +62,19 @@ class NativeFacts:
     requests_waiting: float = 0.0
 
 
-def _amount(s: Series, lifetime: bool) -> float:
+def _amount(s: Series, src: SourceInfo) -> float:
+    """A counter's total (a scrape) or its increase over the window, as the observed path
+    counts it: resets from zero, and a series first sampled after the window began (vLLM
+    creates a labelled counter at its first increment) counted from zero."""
     if not s.samples:
         return 0.0
-    if lifetime:
-        return float(s.samples[-1][1])
-    # increase over the window, counter resets counted from zero
-    total, prev = 0.0, s.samples[0][1]
-    for _, v in s.samples[1:]:
-        total += v - prev if v >= prev else v
-        prev = v
-    return total
+    born_inside = src.lifetime or s.samples[0][0] > src.start + 1e-6
+    return _counter_growth(s.samples, born_inside)
 
 
 def collect(raw: RawWindow) -> NativeFacts:
     f = NativeFacts()
-    life = raw.source.lifetime
+    src = raw.source
     sums: dict[str, float] = defaultdict(float)
     for s in raw.series:
         if not s.samples:
@@ -82,24 +82,24 @@ def collect(raw: RawWindow) -> NativeFacts:
         last = float(s.samples[-1][1])
         tier = s.label(S.VLLM_TIER_LABEL)
         if s.name == S.VLLM_TIERING_CHUNK_QUERIES:
-            f.tier_queries[tier] = f.tier_queries.get(tier, 0.0) + _amount(s, life)
+            f.tier_queries[tier] = f.tier_queries.get(tier, 0.0) + _amount(s, src)
         elif s.name == S.VLLM_TIERING_CHUNK_HITS:
-            f.tier_hits[tier] = f.tier_hits.get(tier, 0.0) + _amount(s, life)
+            f.tier_hits[tier] = f.tier_hits.get(tier, 0.0) + _amount(s, src)
         elif s.name == S.VLLM_OFFLOAD_CONFIG_INFO:
             chunks = s.label("cpu_num_chunks")
             if chunks.isdigit():
                 f.primary_chunks += int(chunks)
         elif s.name == S.VLLM_OFFLOAD_TOTAL_BYTES:
             key = "restored" if s.label("transfer_type") == "CPU_to_GPU" else "stored"
-            sums[key] += _amount(s, life)
+            sums[key] += _amount(s, src)
         elif s.name == S.VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE:
-            src = s.label("source")
-            f.cached_by_source[src] = f.cached_by_source.get(src, 0.0) + _amount(s, life)
+            where = s.label("source")
+            f.cached_by_source[where] = f.cached_by_source.get(where, 0.0) + _amount(s, src)
         elif s.name in (S.VLLM_TIERING_ACTIVE_PROMOTIONS, S.VLLM_TIERING_ACTIVE_CASCADES,
                         S.VLLM_REQUESTS_RUNNING, S.VLLM_REQUESTS_WAITING):
             sums[s.name] += last
         else:
-            sums[s.name] += _amount(s, life)
+            sums[s.name] += _amount(s, src)
     f.disk_write_bytes = sums[S.VLLM_TIERING_WRITE_BYTES]
     f.disk_read_bytes = sums[S.VLLM_TIERING_READ_BYTES]
     f.promotion_alloc_failures = sums[S.VLLM_TIERING_PROMOTION_ALLOC_FAILURES]
@@ -125,6 +125,10 @@ class NativeFinding:
     next_step: str
     would_add: str  # what the observed connector would show to confirm or refute
     kind: str = "incident"  # incident (suspected) | healthy | inconclusive
+
+
+def _primary_queries(f: NativeFacts) -> float:
+    return sum(v for t, v in f.tier_queries.items() if t.endswith(":primary"))
 
 
 def _secondary_hits(f: NativeFacts) -> float:
@@ -176,14 +180,23 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             "Check the secondary tier's storage and its logs, or " + INSTALL + ".",
             "kvscope_promotions_total{result=\"failed\"} / kvscope_cascades_total{result="
             "\"failed\"} with per-job spans (kvscope.promotion)"))
-    if not out and f.stored_bytes > 0 and f.external_queries > 0 and not restored \
-            and disk_hits == 0 and f.promotion_alloc_failures == 0:
+    lookups = _primary_queries(f)
+    found = sum(f.tier_hits.values())
+    # Nothing found anywhere is what any fresh engine shows until its traffic repeats a
+    # prefix: only a volume of lookups makes it a suspicion. The engine must have looked
+    # up SILENT_LOOKUP_FACTOR primary tiers' worth of chunks (cpu_num_chunks) and found
+    # none: a workload that repeats any prefix (a system prompt) would have hit by then.
+    if not out and f.stored_bytes > 0 and not restored and found == 0 \
+            and f.promotion_alloc_failures == 0 and f.primary_chunks > 0 \
+            and lookups >= SILENT_LOOKUP_FACTOR * f.primary_chunks:
         out.append(NativeFinding(
             "stores_without_restores_suspected",
             "Suspected stores without restores: KV is stored, no lookup finds it",
-            [*base, "0 secondary-tier hits, 0 tokens restored while stores land"],
-            "Check PYTHONHASHSEED is set and equal across restarts and processes (prefix "
-            "hashes), or " + INSTALL + ".",
+            [*base, f"{lookups:g} chunk lookups ({lookups / f.primary_chunks:.1f}x the primary "
+                    "tier's chunks), 0 found in any tier, 0 tokens restored while stores land"],
+            "If this workload repeats prefixes, keys stored are not the keys looked up: check "
+            "PYTHONHASHSEED is set and equal across restarts and processes (prefix hashes), or "
+            + INSTALL + ".",
             "kvscope_info{hash_seed} per process and kvscope_lookups_total{group,result}: "
             "whether the keys differ or one KV group misses"))
     if out:
@@ -196,7 +209,9 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             kind="healthy")]
     return [NativeFinding(
         "inconclusive", "Not enough traffic in vLLM's native offload metrics to tell",
-        [*base], INSTALL[0].upper() + INSTALL[1:] + ".",
+        [*base, f"{_primary_queries(f):g} chunk lookups, nothing restored: fewer than "
+                f"{SILENT_LOOKUP_FACTOR}x the primary tier's {f.primary_chunks} chunks, as any "
+                "fresh engine shows; stuck GPU<->CPU transfers are not in vLLM's metrics"], INSTALL[0].upper() + INSTALL[1:] + ".",
         "lookup rounds and their verdicts", kind="inconclusive")]
 
 

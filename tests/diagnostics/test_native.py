@@ -84,6 +84,62 @@ def test_healthy_on_stock_vllm(capsys):
     assert report["reduced_evidence"] is True
 
 
+def test_pending_at_idle_suspected_from_a_stalled_tier(capsys):
+    """Disk-tier reads block (tests/diagnostics/native/runs.py tier-stall): the client aborts
+    the request that waits, the engine idles with the promotion in flight."""
+    path = NATIVE / "vllm-0.33.0-tier-stall.prom"
+    facts = _facts(path)
+    assert facts["request_waited_20_steps"] and facts["request_aborted"]
+    assert facts["block_files_made_fifos"] > 0
+    code, report = _diagnose(path, capsys)
+    assert code == 1
+    assert [v["id"] for v in report["verdicts"]] == ["pending_at_idle_suspected"]
+    top = report["verdicts"][0]
+    assert any("1 promotion and 0 cascade jobs active" in e for e in top["evidence"])
+    assert "kvscope_pending_transfers" in top["would_add"]
+
+
+def test_tier_job_failures_from_a_broken_disk_tier(capsys):
+    """Block files truncated (promotions fail), then the tier's directory replaced by a file
+    (cascades fail); the engine recomputed, same output, nothing restored."""
+    path = NATIVE / "vllm-0.33.0-tier-failures.prom"
+    facts = _facts(path)
+    assert facts["files_truncated"] > 0 and facts["fs_root_replaced_by_file"]
+    assert facts["same_output"] and facts["restored_tokens"] == 0
+    code, report = _diagnose(path, capsys)
+    assert code == 1
+    assert [v["id"] for v in report["verdicts"]] == ["tier_job_failures"]
+    failures = [e for e in report["verdicts"][0]["evidence"] if "job failures" in e]
+    assert failures and "0 promotion" not in failures[0] and " 0 cascade" not in failures[0]
+
+
+def test_stores_without_restores_suspected_after_a_restart(capsys):
+    """Four prompts on disk, a restart with another PYTHONHASHSEED, the four re-asked: the
+    engine restored nothing although the disk held them."""
+    path = NATIVE / "vllm-0.33.0-restart-without-seed.prom"
+    facts = _facts(path)
+    assert facts["disk_files_before_restart"] > 0
+    assert facts["restored_tokens"] == [0] * facts["prompts_reasked"]
+    code, report = _diagnose(path, capsys)
+    assert code == 1
+    assert [v["id"] for v in report["verdicts"]] == ["stores_without_restores_suspected"]
+    top = report["verdicts"][0]
+    assert "PYTHONHASHSEED" in top["next_step"] and "hash_seed" in top["would_add"]
+
+
+def test_inconclusive_where_vllm_cannot_see_the_incident(capsys):
+    """A GPU->CPU store that never completes (the pending-at-idle scenario, stock connector):
+    vLLM's metrics show one short request and nothing restored, as any fresh engine does.
+    kv-diagnose says it cannot tell (exit 3), not healthy and not a made-up class."""
+    path = NATIVE / "vllm-0.33.0-pending-at-idle.prom"
+    facts = _facts(path)
+    assert facts["request_done"] and facts["has_pending_work"]  # the stuck store, per the engine
+    code, report = _diagnose(path, capsys)
+    assert code == 3
+    assert [v["id"] for v in report["verdicts"]] == ["inconclusive"]
+    assert any("not in vLLM's metrics" in e for e in report["verdicts"][0]["evidence"])
+
+
 def test_text_report_says_reduced_evidence(capsys):
     with serving(NATIVE / "vllm-0.33.0-capacity-ceiling.prom") as url:
         assert main(["--scrape", url, "--interval", "0.05"]) == 1
@@ -92,7 +148,8 @@ def test_text_report_says_reduced_evidence(capsys):
     assert "Suspected capacity ceiling" in text and "kvscope would add:" in text
 
 
-@pytest.mark.parametrize("name", ["capacity-ceiling", "healthy"])
+@pytest.mark.parametrize("name", ["capacity-ceiling", "healthy", "pending-at-idle",
+                                  "restart-without-seed", "tier-failures", "tier-stall"])
 def test_fixture_is_a_real_vllm_033_scrape(name):
     text = (NATIVE / f"vllm-0.33.0-{name}.prom").read_text()
     assert text.startswith("# kvscope capture: vLLM 0.33.0, stock OffloadingConnector")
