@@ -7,6 +7,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from kvscope.exporters import signals as s
 
 from . import common as c
+from . import native
 from .config import DEFAULT, Config
 
 R = c.RATE_INTERVAL
@@ -223,7 +224,7 @@ def restore_vs_recompute(cfg: Config):
 
 
 def build(cfg: Config = DEFAULT) -> db.Dashboard:
-    return (
+    dash = (
         c.dashboard(
             cfg, cfg.overview_uid, TITLE,
             "vLLM KV-cache offloading (kvscope): lookups, hit ratios, transfers and tiers.",
@@ -247,4 +248,8 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_panel(store_jobs(cfg))
         .with_row(db.Row("Latency"))
         .with_panel(restore_vs_recompute(cfg))
+        .with_row(db.Row(native.ROW_TITLE))
     )
+    for panel in native.panels(cfg):
+        dash = dash.with_panel(panel)
+    return dash

@@ -470,6 +470,8 @@ VLLM_EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
 VLLM_EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits_total"
 VLLM_OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
 VLLM_OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+# The first vLLM release that exports the native tiering series below (0.26 has none of them).
+VLLM_NATIVE_SINCE = "0.33.0"
 # vLLM 0.33's native tiering metrics (label ``tier``: "0:primary", "1:fs", ...), read by
 # kv-diagnose's reduced-evidence path on an engine without kvscope (diagnostics/native.py).
 VLLM_TIER_LABEL = "tier"
@@ -483,6 +485,9 @@ VLLM_TIERING_CASCADE_JOB_FAILURES = "vllm:kv_offload_tiering_cascade_job_failure
 VLLM_TIERING_ACTIVE_PROMOTIONS = "vllm:kv_offload_tiering_active_promotion_jobs"
 VLLM_TIERING_ACTIVE_CASCADES = "vllm:kv_offload_tiering_active_cascade_jobs"
 VLLM_TIERING_PROMOTION_LATENCY_COUNT = "vllm:kv_offload_tiering_promotion_latency_seconds_count"
+# share of the primary tier's chunks held by promotions (write) / cascades (read), per tier
+VLLM_TIERING_PRIMARY_WRITE_USAGE = "vllm:kv_offload_tiering_primary_write_usage_perc"
+VLLM_TIERING_PRIMARY_READ_USAGE = "vllm:kv_offload_tiering_primary_read_usage_perc"
 VLLM_OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
 VLLM_OFFLOAD_TOTAL_BYTES = "vllm:kv_offload_total_bytes_total"  # label transfer_type
 VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # label source
