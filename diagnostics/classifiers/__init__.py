@@ -14,6 +14,7 @@ from . import (
     capacity_ceiling_truncated,
     capacity_ceiling_veto,
     pending_at_idle,
+    promotion_stalled,
     queue_wait,
     stale_rows,
     stale_telemetry,
@@ -35,6 +36,7 @@ CLASSIFIERS = (
     store_never_fits,
     tier_writes_failing,
     pending_at_idle,
+    promotion_stalled,
     stores_without_restores,
     queue_wait,
     unclassified_anomaly,  # AFTER: last

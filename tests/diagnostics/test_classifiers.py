@@ -555,3 +555,31 @@ def test_tier_writes_failing_quiet_when_writes_succeed_or_cpu_only():
                spec="CPUOffloadingSpec", tiers="cpu", primary_rows="8", hash_seed="a")] = [1, 1]
     cpu_only[L(S.CASCADES.name, result="failed")] = [0, 3]  # never exported without a tier
     assert tier_writes_failing.classify(evidence(cpu_only, lifetime=False), TH) is None
+
+
+def _stalled(deferred_requests: int, age: float) -> dict:
+    d = base() | declared()
+    d[L(S.PENDING_TRANSFERS.name, kind="promotion")] = [1, 1]
+    d[L(S.OLDEST_PENDING_TRANSFER.name, kind="promotion")] = [age - 10, age]
+    d[L(S.REQUESTS.name, state="deferred")] = [deferred_requests, deferred_requests]
+    d[S.REQUESTS_IN_FLIGHT.name] = [deferred_requests, deferred_requests]
+    d[L(S.LOOKUP_ROUNDS.name, verdict="deferred")] = [0, 500]
+    d[L(S.PROMOTIONS.name, result="started")] = [6, 6]
+    return d
+
+
+def test_promotion_stalled_when_a_request_waits_on_an_old_promotion():
+    from kvscope.diagnostics.classifiers import promotion_stalled
+
+    f = promotion_stalled.classify(evidence(_stalled(1, 45.0), lifetime=False), TH)
+    assert f is not None
+    assert f.evidence[0].startswith("1 promotion pending, oldest 45")
+    assert "500 lookup rounds deferred" in f.evidence[2]
+    assert diagnose(evidence(_stalled(1, 45.0), lifetime=False)).top.id == "promotion_stalled"
+
+
+def test_promotion_stalled_quiet_when_young_or_nobody_waits():
+    from kvscope.diagnostics.classifiers import promotion_stalled
+
+    assert promotion_stalled.classify(evidence(_stalled(1, 12.0), lifetime=False), TH) is None
+    assert promotion_stalled.classify(evidence(_stalled(0, 45.0), lifetime=False), TH) is None
