@@ -109,13 +109,25 @@ def test_alerts(prom, phase):
 
 
 def test_every_dashboard_query_returns_data(prom):
+    """Every panel and recording rule, except those reading vLLM series that vLLM 0.26 (the
+    version the campaign ran) does not export at all (the panels for vLLM >= 0.33's own
+    offload metrics)."""
     start, end = replay.span()
+    span = f"{end - start + 60:.0f}s"
+    absent = {name for name in qc.KNOWN_VLLM
+              if not prom.query(f'count(last_over_time({{__name__="{name}"}}[{span}]))',
+                                at=end + 30)}
     empty = []
     for q in queries(replay.CAMPAIGN_CONFIG):
-        if q.kind in ("panel", "record") and not prom.query_range(qc.substitute(q.expr),
-                                                                  start, end, 5):
+        if q.kind not in ("panel", "record"):
+            continue
+        names = {sel.split("{")[0] for sel in qc.selectors(q.expr)}
+        if names & absent:
+            continue
+        if not prom.query_range(qc.substitute(q.expr), start, end, 5):
             empty.append(f"{q.source}: {q.name}")
     assert not empty, empty
+    assert absent < qc.KNOWN_VLLM  # vLLM's request gauges and TTFT were recorded
 
 
 def _diagnose(*args: str) -> tuple[int, list[str]]:
