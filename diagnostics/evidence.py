@@ -643,11 +643,18 @@ def _finite(s: Series, nonfinite: set[str]) -> Series:
     """``s`` without NaN/±Inf samples, in time order. A non-finite value is no
     number to judge by: the series is named in ``nonfinite`` and the checks that
     need it report it instead of reading it as zero (or as a pass)."""
+    if not s.samples:
+        return s
+    ts, vs = zip(*s.samples)
+    # Fast path (C loops): a finite sum means every value is finite (a huge
+    # finite sum that overflows only sends it down the exact path below).
+    if math.isfinite(sum(vs)) and math.isfinite(sum(ts)):
+        if list(ts) == sorted(ts):
+            return s
+        return Series(s.name, s.labels, s.target, tuple(sorted(s.samples, key=lambda p: p[0])))
     ok = [(t, v) for t, v in s.samples if math.isfinite(t) and math.isfinite(v)]
     if len(ok) != len(s.samples):
         nonfinite.add(s.name)
-    elif all(a[0] <= b[0] for a, b in zip(ok, ok[1:], strict=False)):
-        return s
     ok.sort(key=lambda p: p[0])
     return Series(s.name, s.labels, s.target, tuple(ok))
 
