@@ -19,11 +19,12 @@ from kvscope.connector.request_states import RequestStates
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash
 from kvscope.exporters.recorder import Recorder
-from kvscope.exporters.signals import ErrorSite, ShortReason, Verdict
+from kvscope.exporters.signals import CeilingForm, ErrorSite, ShortReason, Verdict
 
 _VERDICT_LABELS = {v: (v.value,) for v in Verdict}
 _REASON_LABELS = {r: (r.value,) for r in ShortReason}
 _NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
+_FORM_LABELS = {f: (f.value,) for f in CeilingForm}
 
 
 class RoundVerdicts:
@@ -48,6 +49,7 @@ class RoundVerdicts:
         rec.declare(signals.RESTORE_HELD_TOKENS)
         rec.declare(signals.RESTORE_SHORT_ROUNDS, *one(ShortReason))
         rec.declare(signals.RESTORE_SHORT_TOKENS, *one(ShortReason))
+        rec.declare(signals.RESTORE_CEILING_ROUNDS, *one(CeilingForm))
 
     def record(self, rnd: Round, request: Any, num_tokens: int | None,
                num_computed: int) -> None:
@@ -112,6 +114,12 @@ class RoundVerdicts:
             rec.set(signals.LAST_CEILING_CONCURRENT_REQUESTS, (), 1 + len(others))
             rec.set(signals.LAST_CEILING_CONCURRENT_ROWS, (),
                     cov.rows_needed + sum(need.get(r, 0) for r in others))
+            # Counted, not only a gauge: an earlier cut round's form must survive later
+            # rounds. A prefix that fits the rows alone yet found none free was cut by rows
+            # other work pinned (concurrent restores, in-flight stores).
+            fits = cov.rows_needed <= compat.row_states(self.primary)[0]
+            rec.inc(signals.RESTORE_CEILING_ROUNDS,
+                    _FORM_LABELS[CeilingForm.CONCURRENT if fits else CeilingForm.ALONE])
         return cov
 
     def _span(self, rnd: Round, verdict: Verdict, request: Any, num_tokens: int | None,

@@ -244,6 +244,7 @@ class RestoreCoverage:
     held_tokens: Quantity = ABSENT
     short_rounds: dict[str, Quantity] = field(default_factory=dict)  # ShortReason value
     short_tokens: dict[str, Quantity] = field(default_factory=dict)  # ShortReason value
+    ceiling_rounds: dict[str, Quantity] = field(default_factory=dict)  # CeilingForm value
     ceiling_offered: Quantity = ABSENT
     ceiling_held: Quantity = ABSENT
     ceiling_rows_needed: Quantity = ABSENT
@@ -255,6 +256,9 @@ class RestoreCoverage:
 
     def tokens(self, reason: S.ShortReason) -> Quantity:
         return _q(self.short_tokens, reason.value)
+
+    def ceiling(self, form: S.CeilingForm) -> Quantity:
+        return _q(self.ceiling_rounds, form.value)
 
     def ratio(self, offered: Quantity) -> float | None:
         """Tokens offered / tokens held over the window (``offered``: kvscope_hit_tokens_total)."""
@@ -627,6 +631,8 @@ def build_evidence(raw: RawWindow) -> Evidence:
             held_tokens=aggregate(get(S.RESTORE_HELD_TOKENS), src, first_seen=fs),
             short_rounds=_by_label(get(S.RESTORE_SHORT_ROUNDS), S.L_REASON, src, first_seen=fs),
             short_tokens=_by_label(get(S.RESTORE_SHORT_TOKENS), S.L_REASON, src, first_seen=fs),
+            ceiling_rounds=_by_label(get(S.RESTORE_CEILING_ROUNDS), S.L_FORM, src,
+                                     first_seen=fs),
             ceiling_offered=aggregate(get(S.LAST_CEILING_OFFERED_TOKENS), src, "max", first_seen=fs),
             ceiling_held=aggregate(get(S.LAST_CEILING_HELD_TOKENS), src, "max", first_seen=fs),
             ceiling_rows_needed=aggregate(get(S.LAST_CEILING_ROWS_NEEDED), src, "max",

@@ -65,6 +65,7 @@ L_RANK = "rank"
 L_DIRECTION = "direction"
 L_OUTCOME = "outcome"
 L_REASON = "reason"
+L_FORM = "form"
 L_TIER = "tier"
 L_TOKENS_PER_BLOCK = "tokens_per_block"
 L_KVSCOPE_VERSION = "kvscope_version"
@@ -174,6 +175,14 @@ class ShortReason(str, Enum):
     GROUP_VETO = "group_veto"  # another KV group missed, and the cross-group AND gave 0
     LOAD_CAP = "load_cap"  # vLLM loaded less than every group holds (its own load limits)
     OTHER = "other"  # e.g. keys kvscope answers MISS for (quarantined after a refused load)
+
+
+class CeilingForm(str, Enum):
+    """``form`` of ``kvscope_restore_ceiling_rounds_total``: whether the cut request's held
+    prefix could fit the primary tier on its own."""
+
+    ALONE = "alone"  # it needs more rows at once than the tier has: truncated whatever else runs
+    CONCURRENT = "concurrent"  # it fits alone; rows pinned by other work at the time cut it
 
 
 # Reasons where the tiers held more than was offered (everything but not_stored).
@@ -365,6 +374,13 @@ RESTORE_COVERAGE = Metric(
     "offered / tokens held (1 = a full restore).",
     buckets=COVERAGE_BUCKETS,
 )
+RESTORE_CEILING_ROUNDS = Metric(
+    "kvscope_restore_ceiling_rounds_total", Kind.COUNTER, Side.SCHEDULER,
+    "Ended lookup rounds a promotion without a free primary row cut short while the tiers "
+    "held more, by form: alone (the held prefix needs more rows than the tier has: the "
+    "truncated form) or concurrent (it fits alone; other work pinned the rows).",
+    (L_FORM,), label_values={L_FORM: _values(CeilingForm)},
+)
 LAST_CEILING_OFFERED_TOKENS = Metric(
     "kvscope_last_ceiling_round_offered_tokens", Kind.GAUGE, Side.SCHEDULER,
     "Tokens offered by the latest ended round cut short by a promotion that found no free "
@@ -439,7 +455,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
     TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
     RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_COVERAGE,
-    LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
+    RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
     LAST_CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
 )
 WORKER_METRICS: tuple[Metric, ...] = (

@@ -31,25 +31,36 @@ EXPLAINS = frozenset({"rounds", "coverage"})
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     c = ev.coverage
     rows = ev.primary_rows
-    cut = (c.rounds(S.ShortReason.ROW_CEILING).increase
-           + c.rounds(S.ShortReason.GROUP_VETO).increase)
     need, together = c.ceiling_rows_needed, c.ceiling_concurrent_rows
     reqs = c.ceiling_concurrent_requests
-    if cut <= 0 or rows <= 0 or not (need.present and together.present and reqs.present):
-        return None
-    # Fits alone (some cut round's prefix needs no more rows than exist), not together.
-    if need.min > rows or together.max <= rows or reqs.max < 2:
+    if c.ceiling_rounds:
+        # Rounds cut at the row ceiling whose held prefix fits the tier alone (judged by
+        # the connector when each was cut): rows pinned by other work took its place.
+        cut = c.ceiling(S.CeilingForm.CONCURRENT).increase
+    else:  # an exporter without kvscope_restore_ceiling_rounds_total: the latest cut round
+        cut = (c.rounds(S.ShortReason.ROW_CEILING).increase
+               + c.rounds(S.ShortReason.GROUP_VETO).increase)
+        if not (need.present and together.present and reqs.present) or (
+                need.min > rows or together.max <= rows or reqs.max < 2):
+            return None
+    if cut <= 0 or rows <= 0:
         return None
     w = window_word(ev)
-    per = int(need.min)
     lines = [
-        f"{n(cut)} ended lookup round{'s' if cut != 1 else ''} {w} offered less than the tiers held: a promotion found "
-        "no free primary row",
-        f"the cut request's held prefix needs {n(per)} rows at once: it fits the {n(rows)}-row "
-        "primary tier alone",
-        f"{n(reqs.max)} requests were restoring at once, needing about {n(together.max)} rows "
-        f"together (> {n(rows)})",
+        f"{n(cut)} ended lookup round{'s' if cut != 1 else ''} {w} offered less than the tiers "
+        "held: a promotion found no free primary row although the request's held prefix fits "
+        "the primary tier alone",
     ]
+    per = int(need.min) if need.present and 0 < need.min <= rows else 0
+    if per:
+        lines.append(f"the cut request's held prefix needs {n(per)} rows at once: it fits the "
+                     f"{n(rows)}-row primary tier alone")
+    if reqs.present and reqs.max >= 2 and together.present:
+        lines.append(f"up to {n(reqs.max)} requests were restoring at once, needing about "
+                     f"{n(together.max)} rows together (primary tier: {n(rows)})")
+    else:
+        lines.append("the rows were pinned by other work at the time (other restores or "
+                     "in-flight stores)")
     if c.ceiling_offered.present and c.ceiling_held.present and c.ceiling_held.last > 0:
         lines.append(f"latest cut round: {n(c.ceiling_offered.last)} tokens offered of "
                      f"{n(c.ceiling_held.last)} held")
@@ -59,13 +70,14 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         conf += 0.05
         lines.append(f"{n(ev.tiers.promotion(S.PromotionResult.NO_ROW).increase)} promotions "
                      "found no free row")
-    want = math.ceil(together.max * (1 + th.row_margin) - 1e-9)
+    target = together.max if together.present and together.max > rows else rows + max(per, 1)
+    want = math.ceil(target * (1 + th.row_margin) - 1e-9)
     fit = max(int(rows // per), 1) if per > 0 else 1
-    step = (f"Grow the CPU primary tier to ≥ {want} rows (now {n(rows)}; {n(reqs.max)} concurrent "
-            f"restores need ≈{n(together.max)} rows together; + {th.row_margin:.0%} margin)"
+    step = (f"Grow the CPU primary tier to ≥ {want} rows (now {n(rows)}; concurrent restores "
+            f"need ≈{n(target)} rows together; + {th.row_margin:.0%} margin)"
             + bytes_for(want, ev, th)
-            + f". Or admit at most {fit} such long-prefix request{'s' if fit != 1 else ''} at "
-            f"once ({n(rows)} rows / {per} per request).")
+            + (f". Or admit at most {fit} such long-prefix request{'s' if fit != 1 else ''} at "
+               f"once ({n(rows)} rows / {per} per request)." if per else "."))
     marks = []
     if c.ceiling_concurrent_rows.samples:
         marks.append(Mark("rounds", c.ceiling_concurrent_rows.samples[-1][0],

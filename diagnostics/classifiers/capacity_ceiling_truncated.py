@@ -46,12 +46,17 @@ def coverage_lines(ev: Evidence) -> list[str]:
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     c = ev.coverage
-    cut = c.rounds(S.ShortReason.ROW_CEILING)
     rows = ev.primary_rows
     need = c.ceiling_rows_needed
-    # The request's held prefix needs more rows at once than the tier has: it can
-    # never be restored whole, whatever else runs.
-    if cut.increase <= 0 or rows <= 0 or not need.present or need.max <= rows:
+    if c.ceiling_rounds:
+        # Rounds whose held prefix needs more rows at once than the tier has (judged by
+        # the connector when each was cut): never restored whole, whatever else runs.
+        cut = c.ceiling(S.CeilingForm.ALONE)
+    else:  # an exporter without kvscope_restore_ceiling_rounds_total: the latest cut round
+        cut = c.rounds(S.ShortReason.ROW_CEILING)
+        if not need.present or need.max <= rows:
+            return None
+    if cut.increase <= 0 or rows <= 0:
         return None
     w = window_word(ev)
     chunk = ev.info_int("chunk_tokens")
@@ -70,17 +75,22 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
                 conf += 0.1
         lines.append(f"latest such round: {n(offered.last)} tokens offered of {n(held.last)} held "
                      f"({offered.last / held.last:.0%}){pinned}")
-    lines.append(f"a full restore of that prefix needs {n(need.max)} rows at once (chunk keys "
-                 f"over {groups} KV group{'s' if groups != 1 else ''}); the primary tier has "
-                 f"{n(rows)}")
+    if need.present and need.max > rows:
+        lines.append(f"a full restore of that prefix needs {n(need.max)} rows at once (chunk "
+                     f"keys over {groups} KV group{'s' if groups != 1 else ''}); the primary "
+                     f"tier has {n(rows)}")
+    else:
+        lines.append(f"a full restore of the cut prefix needs more rows at once than the "
+                     f"{n(rows)} the primary tier has")
     lines += coverage_lines(ev)
     disk = ev.tiers.cascade(S.CascadeResult.COMPLETED)
     if disk.present and disk.last > 0:
         conf += 0.05
         lines.append(f"the disk tier has data: {n(disk.last)} keys cascaded to it")
-    want = math.ceil(need.max * (1 + th.row_margin) - 1e-9)
+    pins = need.max if need.present and need.max > rows else rows + 1
+    want = math.ceil(pins * (1 + th.row_margin) - 1e-9)
     step = (f"Grow the CPU primary tier to ≥ {want} rows (now {n(rows)}; a full restore of the "
-            f"longest held prefix pins {n(need.max)} rows at once; + {th.row_margin:.0%} margin)"
+            f"longest held prefix pins {n(pins)} rows at once; + {th.row_margin:.0%} margin)"
             + bytes_for(want, ev, th)
             + ". Until then every restore of such a prefix stops at the row count and the rest "
             "is recomputed; or shorten the shared prefix / offload fewer KV groups.")

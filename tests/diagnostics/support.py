@@ -98,6 +98,8 @@ def declared(rank: str = "0", group: str = "0") -> dict:
     for x in S.ShortReason:
         d[L(S.RESTORE_SHORT_ROUNDS.name, reason=x.value)] = [0, 0]
         d[L(S.RESTORE_SHORT_TOKENS.name, reason=x.value)] = [0, 0]
+    for x in S.CeilingForm:
+        d[L(S.RESTORE_CEILING_ROUNDS.name, form=x.value)] = [0, 0]
     for o in S.ChecksumOutcome:
         d[L(S.ROW_CHECKSUMS.name, rank=rank, outcome=o.value)] = [0, 0]
     for x in S.RefusalReason:

@@ -19,7 +19,7 @@ from .support import L, base, evidence, info
 ROWS = 100  # the H200 report: a 2,000-token prompt (125 chunks of 16), fewer rows than chunks
 
 
-def _gpu_report(**over) -> dict:
+def _gpu_report(over: dict | None = None) -> dict:
     """1 hit round restoring exactly rows x 16 tokens, 27 deferred, 0 at the row ceiling."""
     d = base(rows=ROWS)
     del d[info(rows=ROWS)]
@@ -38,7 +38,8 @@ def _gpu_report(**over) -> dict:
     d[S.LAST_CEILING_ROWS_NEEDED.name] = [125, 125]
     d[S.LAST_CEILING_CONCURRENT_REQUESTS.name] = [1, 1]
     d[S.LAST_CEILING_CONCURRENT_ROWS.name] = [125, 125]
-    d.update(over)
+    d[L(S.RESTORE_CEILING_ROUNDS.name, form="alone")] = [0, 1]  # 125 rows needed > 100
+    d.update(over or {})
     return d
 
 
@@ -61,6 +62,7 @@ def test_a_restore_that_got_everything_held_is_healthy():
     d[S.HIT_TOKENS.name] = [0, 2000]
     d[L(S.RESTORE_SHORT_ROUNDS.name, reason="row_ceiling")] = [0, 0]
     d[L(S.RESTORE_SHORT_TOKENS.name, reason="row_ceiling")] = [0, 0]
+    d[L(S.RESTORE_CEILING_ROUNDS.name, form="alone")] = [0, 0]
     for m in (S.LAST_CEILING_OFFERED_TOKENS, S.LAST_CEILING_HELD_TOKENS, S.LAST_CEILING_ROWS_NEEDED,
               S.LAST_CEILING_CONCURRENT_REQUESTS, S.LAST_CEILING_CONCURRENT_ROWS):
         del d[m.name]
@@ -69,12 +71,14 @@ def test_a_restore_that_got_everything_held_is_healthy():
 
 
 def test_prefixes_that_fit_alone_but_not_together_are_the_concurrency_form():
-    d = _gpu_report(**{
+    d = _gpu_report({
         S.LAST_CEILING_OFFERED_TOKENS.name: [0, 0],
         S.LAST_CEILING_HELD_TOKENS.name: [960, 960],
         S.LAST_CEILING_ROWS_NEEDED.name: [60, 60],
         S.LAST_CEILING_CONCURRENT_REQUESTS.name: [3, 3],
         S.LAST_CEILING_CONCURRENT_ROWS.name: [180, 180],
+        L(S.RESTORE_CEILING_ROUNDS.name, form="alone"): [0, 0],
+        L(S.RESTORE_CEILING_ROUNDS.name, form="concurrent"): [0, 1],  # 60 rows needed <= 100
     })
     report = diagnose(evidence(d))
     top = report.top
@@ -85,12 +89,40 @@ def test_prefixes_that_fit_alone_but_not_together_are_the_concurrency_form():
     assert "≥ 225 rows" in top.next_step, top.next_step
 
 
+def test_an_earlier_concurrent_cut_is_not_lost_to_a_later_lone_round():
+    """The form is counted per cut round: the latest round's gauges (one request left
+    restoring) no longer show the concurrency an earlier cut round saw."""
+    d = _gpu_report({
+        S.LAST_CEILING_OFFERED_TOKENS.name: [0, 0],
+        S.LAST_CEILING_HELD_TOKENS.name: [960, 960],
+        S.LAST_CEILING_ROWS_NEEDED.name: [60, 60],
+        S.LAST_CEILING_CONCURRENT_REQUESTS.name: [1, 1],
+        S.LAST_CEILING_CONCURRENT_ROWS.name: [60, 60],
+        L(S.RESTORE_CEILING_ROUNDS.name, form="alone"): [0, 0],
+        L(S.RESTORE_CEILING_ROUNDS.name, form="concurrent"): [0, 2],
+    })
+    report = diagnose(evidence(d))
+    assert report.top.id == "capacity_ceiling_concurrency", [f.id for f in report.verdicts]
+    assert report.exit_code == 1
+
+
+def test_recordings_without_the_form_counter_use_the_latest_cut_round():
+    """Recordings from exporters before kvscope_restore_ceiling_rounds_total (the H200
+    runs) are still judged, from the latest cut round's gauges."""
+    d = _gpu_report()
+    for k in [k for k in d if not isinstance(k, str) and k[0] == S.RESTORE_CEILING_ROUNDS.name]:
+        del d[k]
+    report = diagnose(evidence(d, declare=False))
+    assert report.top.id == "capacity_ceiling_truncated", [f.id for f in report.verdicts]
+
+
 def test_not_stored_shortfalls_are_healthy():
     d = _gpu_report()
     d[S.HIT_TOKENS.name] = [0, 1600]
     d[S.RESTORE_HELD_TOKENS.name] = [0, 1600]
     d[L(S.RESTORE_SHORT_ROUNDS.name, reason="row_ceiling")] = [0, 0]
     d[L(S.RESTORE_SHORT_ROUNDS.name, reason="not_stored")] = [0, 1]
+    d[L(S.RESTORE_CEILING_ROUNDS.name, form="alone")] = [0, 0]
     for m in (S.LAST_CEILING_OFFERED_TOKENS, S.LAST_CEILING_HELD_TOKENS, S.LAST_CEILING_ROWS_NEEDED,
               S.LAST_CEILING_CONCURRENT_REQUESTS, S.LAST_CEILING_CONCURRENT_ROWS):
         del d[m.name]

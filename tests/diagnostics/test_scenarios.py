@@ -206,7 +206,8 @@ def test_scenario_scraped_live(name):
         _settle(name, sc.metrics_url, sc_mod.wait_until)
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
             FIXTURES.mkdir(exist_ok=True)
-            write_bundle(scrape_window([sc.metrics_url], 1.0), str(FIXTURES / f"{name}.kvb"))
+            write_bundle(scrape_window([sc.metrics_url], 1.0), str(FIXTURES / f"{name}.kvb"),
+                         force=True)
             assert name != "livelock" or _livelocked(sc), "escaped while recording: record again"
         report = diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH)
         expected = _expected(name, sc)
