@@ -36,24 +36,13 @@ SUBSET = {
     5: "concurrency", 35: "concurrency",
     28: "veto",
 }
-# Disagreements the matrix found that kv-diagnose does not fix yet (reported; not
-# strict: which rounds end at the ceiling depends on thread timing).
-KNOWN_MISSES = {
-    5: "concurrency form unseen: the latest row-ceiling round had 1 concurrent request "
-       "(kvscope_last_ceiling_round_concurrent_requests), the earlier concurrent one is gone",
-    35: "judged healthy: both requests vetoed at the row ceiling, but the latest such round "
-        "saw 1 concurrent request (16 rows <= 17; the other's recompute stores held rows, not "
-        "counted) and no vetoed request covers more keys than rows",
-}
 GEOMETRIES = generate(SEED, max(SUBSET) + 1)
 REGISTERED = {mod.ID for mod in classifiers.CLASSIFIERS} | {"healthy"}
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("index", sorted(SUBSET), ids=lambda i: GEOMETRIES[i].name)
-def test_oracle_geometry(index, request):
-    if index in KNOWN_MISSES:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN_MISSES[index], strict=False))
+def test_oracle_geometry(index):
     row = run_geometry(GEOMETRIES[index])
     # The subset is chosen to cover every class: the engine must still do what it did.
     assert row["truth"] == SUBSET[index], row
