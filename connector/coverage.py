@@ -26,7 +26,7 @@ class MissCause(Enum):
     QUARANTINED = 2  # kvscope answered MISS (a rank refused these bytes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ is slower
 class Coverage:
     offered: int  # tokens vLLM was offered to load
     held: int  # tokens of the prefix the tiers held (cross-group AND), >= offered
@@ -42,6 +42,10 @@ def group_suffixes(groups: list[tuple[int, bool]]) -> list[tuple[bytes, int, boo
             for g, (tpc, sw) in enumerate(groups)]
 
 
+_REFUSED, _QUARANTINED = MissCause.REFUSED, MissCause.QUARANTINED
+_VETOED = Verdict.VETOED
+
+
 def _index(keys: list[bytes], key: bytes, start: int) -> int:
     try:
         return keys.index(key, start)
@@ -54,44 +58,69 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
           groups: list[tuple[bytes, int, bool]], keys_by_group: list[list[bytes]],
           manager: Any) -> Coverage | None:
     """``first_miss``: group suffix -> (first key answered MISS, why); ``scanned``: group
-    suffixes looked up this round; ``groups``: (key suffix, tokens per chunk, sliding window)
-    of each KV group (:func:`group_suffixes`)."""
-    pairs = [(suffix, tpc, sw, keys) for (suffix, tpc, sw), keys
-             in zip(groups, keys_by_group, strict=False) if tpc > 0]
-    if not pairs:
-        return None
-    refused = any(c is MissCause.REFUSED for _, c in first_miss.values())
-    want_end = min(len(keys) * tpc for _, tpc, _, keys in pairs)
-    held_end = want_end
+    suffixes looked up this round (read only when a refusal cut it); ``groups``: (key
+    suffix, tokens per chunk, sliding window) of each KV group (:func:`group_suffixes`).
+
+    Once per ended round: plain loops, no generators (this runs on vLLM's scheduler thread).
+    """
+    refused = False
+    for _, cause in first_miss.values():
+        if cause is _REFUSED:
+            refused = True
+            break
+    want_end = held_end = -1  # -1: no group yet
     quarantined = sw_miss = False
-    for suffix, tpc, sw, keys in pairs:
-        start = min(num_computed // tpc, len(keys))
+    starts: list[tuple[int, int]] = []  # (tokens per chunk, first chunk not computed)
+    for (suffix, tpc, sw), keys in zip(groups, keys_by_group, strict=False):
+        if tpc <= 0:
+            continue
+        n = len(keys)
+        if want_end < 0 or n * tpc < want_end:
+            want_end = n * tpc
+        start = num_computed // tpc
+        if start > n:
+            start = n
+        starts.append((tpc, start))
         miss = first_miss.get(suffix)
         if miss is None:
             # Scanned without a MISS: held to its end. Not scanned: vLLM returned
             # before reaching it; only worth probing when a refusal cut the round.
-            end = len(keys)
+            end = n
             if refused and suffix not in scanned:
                 end = start + compat.held_prefix(manager, keys[start:])
         else:
             key, cause = miss
             end = _index(keys, key, start)
-            if cause is MissCause.REFUSED:
+            if cause is _REFUSED:
                 end += compat.held_prefix(manager, keys[end:])
-            quarantined |= cause is MissCause.QUARANTINED
+            elif cause is _QUARANTINED:
+                quarantined = True
         if sw:  # a window, not a prefix: it vetoes, it does not bound the held prefix
-            sw_miss |= miss is not None
+            sw_miss = sw_miss or miss is not None
             continue
-        held_end = min(held_end, end * tpc)
-    want = max(want_end - num_computed, 0)
-    held = max(min(held_end, want_end) - num_computed, offered, 0)
-    rows_needed = sum(max(held_end // tpc - min(num_computed // tpc, len(keys)), 0)
-                      for _, tpc, _, keys in pairs)
+        if held_end < 0 or end * tpc < held_end:
+            held_end = end * tpc
+    if want_end < 0:
+        return None
+    if held_end < 0 or held_end > want_end:
+        held_end = want_end
+    want = want_end - num_computed
+    if want < 0:
+        want = 0
+    held = held_end - num_computed
+    if held < offered:
+        held = offered
+    if held < 0:
+        held = 0
+    rows_needed = 0
+    for tpc, start in starts:
+        if held_end // tpc > start:
+            rows_needed += held_end // tpc - start
     if offered >= want:
         reason = None
     elif held <= offered:
         reason = ShortReason.NOT_STORED
-    elif verdict is Verdict.VETOED or (sw_miss and offered == 0):
+    elif verdict is _VETOED or (sw_miss and offered == 0):
         reason = ShortReason.GROUP_VETO
     elif refused:
         reason = ShortReason.ROW_CEILING

@@ -25,6 +25,9 @@ _RETRY, _HIT_PENDING = compat.RETRY, compat.HIT_PENDING
 # Label values keyed by id(): vLLM's LookupResult is an Enum, whose hash is Python code.
 _RESULT_VALUE = {id(v): s.value for v, s in compat.LOOKUP_RESULT.items()}
 _RESULTS = tuple(signals.LookupResult)
+# (verdict, label tuple): no Enum hash or .value (Python code in 3.11) per round
+_HIT_V, _MISS_V, _VETOED, _DEFERRED = ((v, (v.value,)) for v in (
+    Verdict.HIT, Verdict.MISS, Verdict.VETOED, Verdict.DEFERRED))
 
 
 class LookupLog:
@@ -155,13 +158,14 @@ class Round:
         r = self.results
         return r.count(_RETRY) + r.count(_HIT_PENDING)
 
-    def verdict(self, num_tokens: int | None) -> Verdict:
+    def verdict(self, num_tokens: int | None) -> tuple[Verdict, tuple[str]]:
+        """(verdict, its label tuple)."""
         if num_tokens is None:
-            return Verdict.DEFERRED
+            return _DEFERRED
         if num_tokens > 0:
-            return Verdict.HIT
+            return _HIT_V
         found = len(self.results) - self.results.count(_MISS)
-        return Verdict.VETOED if found else Verdict.MISS
+        return _VETOED if found else _MISS_V
 
     def scanned(self) -> set[bytes]:
         """Group suffixes looked up this round."""
@@ -173,26 +177,27 @@ class Round:
         A miss is REFUSED when a promotion was refused since the previous miss of
         the round (the refusal happens inside the lookup that then answers MISS).
         """
+        results = self.results
+        n = results.count(_MISS)  # identity compares in C; no exception at the end
+        if not n:
+            return {}
+        keys, quarantined, refusals = self.keys, self.quarantined, self.refusals
         out: dict[bytes, tuple[bytes, MissCause]] = {}
-        results, keys = self.results, self.keys
-        quarantined = set(self.quarantined)
-        refusals = [i for i, _ in self.refusals]
-        prev, i = -1, -1
-        while True:
-            try:
-                i = results.index(_MISS, i + 1)
-            except ValueError:
-                return out
-            if i in quarantined:
+        prev = i = -1
+        for _ in range(n):
+            i = results.index(_MISS, i + 1)
+            if quarantined and i in quarantined:
                 cause = MissCause.QUARANTINED
-            elif any(prev < r <= i for r in refusals):
+            elif refusals and any(prev < r <= i for r, _ in refusals):
                 cause = MissCause.REFUSED
             else:
                 cause = MissCause.ABSENT
             prev = i
-            suffix = keys[i][-compat.GROUP_SUFFIX_BYTES:]
+            key = keys[i]
+            suffix = key[-compat.GROUP_SUFFIX_BYTES:]
             if suffix not in out:
-                out[suffix] = (keys[i], cause)
+                out[suffix] = (key, cause)
+        return out
 
     def per_group(self) -> dict[int, list[int]]:
         """Group -> counts ordered as signals.LookupResult (spans only)."""

@@ -54,7 +54,11 @@ class RequestStates:
 
     # ---- connector calls ---------------------------------------------------------------
     def on_new(self, rid: str) -> None:
-        self.set(rid, QUEUED)
+        if rid in self.state:
+            self.set(rid, QUEUED)
+        else:  # the common case, inlined: once per request
+            self.state[rid] = QUEUED
+            self.counts[QUEUED] += 1
 
     def on_round(self, request: Any, deferred: bool) -> None:
         rid = getattr(request, "request_id", "")
@@ -66,17 +70,31 @@ class RequestStates:
     def request_keys(self, request: Any) -> int:
         """Chunk keys (over all groups) a request's whole prefix covers."""
         tokens = int(getattr(request, "num_tokens", 0) or 0)
-        return sum(tokens // t for t in self._chunk_tokens)
+        n = 0
+        for t in self._chunk_tokens:
+            n += tokens // t
+        return n
 
     def after_alloc(self, rid: str, num_external_tokens: int) -> None:
-        self.set(rid, LOADING if num_external_tokens else RUNNING, known_only=True)
+        if num_external_tokens:
+            self.set(rid, LOADING, known_only=True)
+            return
+        old = self.state.get(rid)  # queued -> running, inlined: once per request
+        if old == QUEUED:
+            self.state[rid] = RUNNING
+            self.counts[QUEUED] -= 1
+            self.counts[RUNNING] += 1
+        elif old is not None:
+            self.set(rid, RUNNING)
 
     def on_finished(self, rid: str) -> None:
         old = self.state.pop(rid, None)
         if old is not None:
             self.counts[old] -= 1
-            self.deferred.discard(rid)
-            self.loading.discard(rid)
+            if old == DEFERRED:
+                self.deferred.discard(rid)
+            elif old == LOADING:
+                self.loading.discard(rid)
         self.need.pop(rid, None)
 
     def on_step(self, scheduler_output: Any) -> None:

@@ -1,9 +1,9 @@
 """What one ended lookup round means: verdict, row ceiling, restore coverage, span.
 
 Called once per ``get_num_new_matched_tokens`` call (never per key). The common
-verdicts (hit, miss) cost a few counter increments and one coverage judgement;
-vetoed and deferred rounds also read the primary tier's row count (the row
-ceiling is when a round's pending keys reach it while promotions found no row).
+verdicts (hit, miss) cost a coverage judgement and a few sums that :meth:`flush`
+hands to the recorder once per step; vetoed and deferred rounds also read the
+primary tier's row count (the row ceiling's tells).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from kvscope.exporters.otel import request_id_hash
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CeilingForm, ErrorSite, ShortReason, Verdict
 
-_VERDICT_LABELS = {v: (v.value,) for v in Verdict}
+_HIT, _VETOED, _DEFERRED = Verdict.HIT, Verdict.VETOED, Verdict.DEFERRED
+_NOTHING: frozenset[bytes] = frozenset()
 _REASON_LABELS = {r: (r.value,) for r in ShortReason}
 _NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
 _FORM_LABELS = {f: (f.value,) for f in CeilingForm}
@@ -38,7 +39,11 @@ class RoundVerdicts:
         self.requests = requests
         # (key suffix, tokens per chunk, sliding window) per KV group
         self.groups = group_suffixes(compat.lookup_groups(connector_scheduler))
-        self._guard = recorder.guard(ErrorSite.ROUND)
+        # Per-step sums of the common path, handed to the recorder by flush()
+        self._rounds: dict[tuple[str], int] = {}  # verdict label -> rounds
+        self._hit_tokens = 0
+        self._held_tokens = 0
+        self._coverages: list[float] = []
 
     def declare(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -53,18 +58,21 @@ class RoundVerdicts:
 
     def record(self, rnd: Round, request: Any, num_tokens: int | None,
                num_computed: int) -> None:
-        rec = self.rec
-        cov = None
-        with self._guard:
-            verdict = rnd.verdict(num_tokens)
-            if verdict is not Verdict.DEFERRED:
-                with self._guard:  # its own guard: the verdict still counts
+        try:
+            verdict, labels = rnd.verdict(num_tokens)
+            cov = None
+            if verdict is not _DEFERRED:
+                try:  # its own guard: the verdict still counts
                     cov = self._coverage(rnd, verdict, request, num_tokens or 0, num_computed)
-            labels = _VERDICT_LABELS[verdict]
-            rec.inc(signals.LOOKUP_ROUNDS, labels)
+                except Exception as exc:
+                    self.rec.error(ErrorSite.ROUND, exc)
+            self._rounds[labels] = self._rounds.get(labels, 0) + 1
             at_ceiling = False
             pending = rows_total = 0
-            if verdict is Verdict.VETOED or verdict is Verdict.DEFERRED:
+            if verdict is _HIT:
+                self._hit_tokens += num_tokens
+            elif verdict is _VETOED or verdict is _DEFERRED:  # rarer: the row ceiling's tells
+                rec = self.rec
                 pending = rnd.pending_keys
                 rows_total = compat.row_states(self.primary)[0]
                 rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
@@ -74,12 +82,29 @@ class RoundVerdicts:
                 at_ceiling = rnd.at_row_ceiling(rows_total)
                 if at_ceiling:
                     rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
-            elif verdict is Verdict.HIT:
-                rec.inc(signals.HIT_TOKENS, (), num_tokens)
-            self.requests.on_round(request, verdict is Verdict.DEFERRED)
+            self.requests.on_round(request, verdict is _DEFERRED)
             if self.tracing:
                 self._span(rnd, verdict, request, num_tokens, pending, rows_total,
                            at_ceiling, cov)
+        except Exception as exc:
+            self.rec.error(ErrorSite.ROUND, exc)
+
+    def flush(self) -> None:
+        """Once per step: what the step's rounds added up to, into the recorder."""
+        rec = self.rec
+        if self._rounds:
+            for labels, n in self._rounds.items():
+                rec.inc(signals.LOOKUP_ROUNDS, labels, n)
+            self._rounds.clear()
+        if self._hit_tokens:
+            rec.inc(signals.HIT_TOKENS, (), self._hit_tokens)
+            self._hit_tokens = 0
+        if self._held_tokens:
+            rec.inc(signals.RESTORE_HELD_TOKENS, (), self._held_tokens)
+            self._held_tokens = 0
+        if self._coverages:
+            rec.observe_many(signals.RESTORE_COVERAGE, (), self._coverages)
+            self._coverages = []
 
     def _coverage(self, rnd: Round, verdict: Verdict, request: Any, offered: int,
                   num_computed: int) -> Coverage | None:
@@ -88,17 +113,23 @@ class RoundVerdicts:
         keys = compat.request_offload_keys(self.cs, req_id)
         if not keys:
             return None
-        cov = judge(first_miss=rnd.first_miss(), scanned=rnd.scanned(),
+        if offered and not rnd.refusals:
+            full = self._full_restore(offered, num_computed, keys)
+            if full is not None:  # the healthy case: no judging needed
+                return full
+        # which groups were scanned matters only past a refused promotion
+        cov = judge(first_miss=rnd.first_miss(),
+                    scanned=rnd.scanned() if rnd.refusals else _NOTHING,
                     verdict=verdict, offered=offered, num_computed=num_computed,
                     groups=self.groups, keys_by_group=keys, manager=self.cs.manager)
         if cov is None:
             return None
-        rec = self.rec
         if cov.held > 0:
-            rec.inc(signals.RESTORE_HELD_TOKENS, (), cov.held)
-            rec.observe(signals.RESTORE_COVERAGE, (), cov.offered / cov.held)
+            self._held_tokens += cov.held
+            self._coverages.append(cov.offered / cov.held)
         if cov.reason is None:
             return cov
+        rec = self.rec
         label = _REASON_LABELS[cov.reason]
         rec.inc(signals.RESTORE_SHORT_ROUNDS, label)
         if cov.held > cov.offered:
@@ -121,6 +152,24 @@ class RoundVerdicts:
             rec.inc(signals.RESTORE_CEILING_ROUNDS,
                     _FORM_LABELS[CeilingForm.CONCURRENT if fits else CeilingForm.ALONE])
         return cov
+
+    def _full_restore(self, offered: int, num_computed: int,
+                      keys: list[list[bytes]]) -> Coverage | None:
+        """Coverage of a round that offered the request's whole loadable prefix, or None.
+
+        judge() gives the same there (held = offered >= want, no reason), so the
+        healthy restore skips it: the tiers' contents past the offer do not matter.
+        ``rows_needed`` is left 0: it is read only for a round a refusal cut.
+        """
+        want_end = -1
+        for (_, tpc, _), group_keys in zip(self.groups, keys, strict=False):
+            if tpc > 0 and (want_end < 0 or len(group_keys) * tpc < want_end):
+                want_end = len(group_keys) * tpc
+        if want_end < 0 or offered < want_end - num_computed:
+            return None
+        self._held_tokens += offered
+        self._coverages.append(1.0)
+        return Coverage(offered, offered, max(want_end - num_computed, 0), None, False, 0)
 
     def _span(self, rnd: Round, verdict: Verdict, request: Any, num_tokens: int | None,
               pending: int, rows_total: int, at_ceiling: bool, cov: Coverage | None) -> None:

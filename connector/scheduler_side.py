@@ -16,6 +16,7 @@ and never reaches vLLM. The rooms:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -44,9 +45,10 @@ _PREPARED = (StoreJobResult.PREPARED.value,)
 class ManagerProxy:
     """Stands in for the OffloadingManager the connector scheduler talks to.
 
-    Every method forwards to the real manager; ``lookup``, ``prepare_load`` and
-    ``prepare_store`` also record. Attributes not defined here (``primary_tier``,
-    ``secondary_tiers``, 0.33's ``lock``, ...) resolve on the real manager.
+    Every method forwards to the real manager; ``lookup`` (an instance attribute,
+    see :func:`_lookup_tap`), ``prepare_load`` and ``prepare_store`` also record.
+    Attributes not defined here (``primary_tier``, ``secondary_tiers``, 0.33's
+    ``lock``, ...) resolve on the real manager.
     """
 
     def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
@@ -54,11 +56,7 @@ class ManagerProxy:
         set_(self, "_inner", inner)
         set_(self, "_obs", observer)
         set_(self, compat.WRAPPED_MARK, True)
-        # Hot path state, bound once: the lookup log's slots and the quarantine.
-        set_(self, "_log", observer.log)
-        set_(self, "_add_key", observer.log.keys.append)
-        set_(self, "_add_result", observer.log.results.append)
-        set_(self, "_quarantine", observer.rows.quarantine)
+        set_(self, "lookup", _lookup_tap(inner.lookup, observer.log, observer.rows.quarantine))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:
@@ -73,16 +71,6 @@ class ManagerProxy:
         self.__dict__.pop(name, None)  # a kept bound method must not shadow the new value
         setattr(self._inner, name, value)
 
-    def lookup(self, key, req_context, *args, **kwargs):
-        # Once per key looked up: two appends, nothing else.
-        if self._quarantine and key in self._quarantine:  # a rank refused these bytes
-            self._log.add_quarantined(key)
-            return compat.MISS
-        result = self._inner.lookup(key, req_context, *args, **kwargs)
-        self._add_key(key)
-        self._add_result(result)
-        return result
-
     def prepare_load(self, keys, req_context, *args, **kwargs):
         spec = self._inner.prepare_load(keys, req_context, *args, **kwargs)
         self._obs.rows.on_prepare_load(keys, spec)
@@ -92,6 +80,27 @@ class ManagerProxy:
         out = self._inner.prepare_store(keys, req_context, *args, **kwargs)
         self._obs.on_prepare_store(out)
         return out
+
+
+def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
+                quarantine: dict[bytes, None]) -> Callable[..., Any]:
+    """The proxy's ``lookup`` (once per key looked up): a plain function over closure
+    variables (no bound method, no attribute lookups), two appends, nothing else."""
+    add_key, add_result, miss = log.keys.append, log.results.append, compat.MISS
+
+    def lookup(key, req_context=None, *args, **kwargs):
+        if quarantine and key in quarantine:  # a rank refused these bytes: recompute
+            log.add_quarantined(key)
+            return miss
+        if args or kwargs:
+            result = inner_lookup(key, req_context, *args, **kwargs)
+        else:
+            result = inner_lookup(key, req_context)
+        add_key(key)
+        add_result(result)
+        return result
+
+    return lookup
 
 
 class SchedulerObserver:
@@ -136,6 +145,9 @@ class SchedulerObserver:
         self._stamped = 0.0
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
+        self._stats_guard = recorder.guard(ErrorSite.STATS)
+        self._lookup_guard = recorder.guard(ErrorSite.LOOKUP)
+        self._round_guard = recorder.guard(ErrorSite.ROUND)
         self._declare_series()
 
     # The checksum room's state, under the names faults.py and tests use.
@@ -167,8 +179,10 @@ class SchedulerObserver:
                 self.rec.inc(signals.STORE_JOBS, _NO_SPACE)
             elif out.keys_to_store:
                 self.rec.inc(signals.STORE_JOBS, _PREPARED)
-                self.rows.forget(out.evicted_keys)
-                self.rows.forget(out.keys_to_store)
+                rows = self.rows
+                if rows.expected or rows.quarantine:  # digests exist only with tiering
+                    rows.forget(out.evicted_keys)
+                    rows.forget(out.keys_to_store)
         except Exception as exc:
             self.rec.error(ErrorSite.MANAGER, exc)
 
@@ -219,8 +233,7 @@ class SchedulerObserver:
     # ---- once per step ---------------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
         rec = self.rec
-        with rec.guard(ErrorSite.LOOKUP):
-            self.log.flush(rec)
+        self._flush_rooms()
         with self._step_guard:
             self.requests.on_step(scheduler_output)
             # Gauges are snapshots for scrapes (seconds apart): refresh them at most
@@ -235,12 +248,20 @@ class SchedulerObserver:
                 self._stamped = now
                 rec.set(signals.LAST_STEP_TIMESTAMP, (), now)
                 self._set_tracing(tracing_enabled(self.tracer))  # a provider may appear later
-        with rec.guard(ErrorSite.STATS):
+        with self._stats_guard:
             rec.flush()
+
+    def _flush_rooms(self) -> None:
+        """The step's lookups and round sums into the recorder (once per step)."""
+        with self._lookup_guard:
+            self.log.flush(self.rec)
+        with self._round_guard:
+            self.verdicts.flush()
 
     def refresh(self) -> None:
         """Recompute the gauges and flush now (an idle engine, a harness, a test)."""
+        self._flush_rooms()
         with self._step_guard:
             self.gauges.refresh()
-        with self.rec.guard(ErrorSite.STATS):
+        with self._stats_guard:
             self.rec.flush()

@@ -103,6 +103,10 @@ class Recorder:
     def observe(self, metric: Metric, labels: Labels, value: float) -> None:
         self._pending_obs[(metric, labels)].append(value)
 
+    def observe_many(self, metric: Metric, labels: Labels, values: list[float]) -> None:
+        """Several observations at once (a room's per-step batch)."""
+        self._pending_obs[(metric, labels)].extend(values)
+
     def set(self, metric: Metric, labels: Labels, value: float) -> None:
         key = (metric, labels)
         if self._gauges.get(key) != value or key not in self._gauges:
