@@ -338,7 +338,9 @@ class KvscopePromMetrics(OffloadPromMetrics):
         data = transfer_stats_data.get("data", {})
         theirs = {k: v for k, v in data.items() if not k.startswith(signals.PREFIX)}
         ours = {k: v for k, v in data.items() if k in self._kvscope_names}
-        super().observe({"types": types, "data": theirs}, engine_idx)
+        # vLLM's own keys beside types/data (0.33's "info": vllm:kv_offload_config_info) pass
+        # through untouched; only kvscope's series are split off
+        super().observe({**transfer_stats_data, "types": types, "data": theirs}, engine_idx)
         if ours:
             try:
                 super().observe({"types": types, "data": ours}, engine_idx)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from kvscope.connector.compat import versions
 from kvscope.dashboards import rules as r
 from kvscope.exporters import signals as s
 from tests.dashboards import live
@@ -159,3 +160,37 @@ def test_ongoing_scenarios_keep_stepping(reality):
         assert scenarios.wait_until(lambda e=run.engine, n=before: e.steps > n, timeout=10), name
         rate = prom.query(f"rate({s.SCHEDULER_STEPS.name}{{{within}}}[1m])")
         assert rate and float(rate[0]["value"][1]) > 0, (name, rate)
+
+
+
+# vLLM's native tiering series every tiered engine exports from its first lookup on (hit and
+# failure counters appear only once something hits or fails: not on this engine).
+NATIVE_ALWAYS = (s.VLLM_OFFLOAD_CONFIG_INFO, s.VLLM_TIERING_CHUNK_QUERIES,
+                 s.VLLM_TIERING_ACTIVE_PROMOTIONS, s.VLLM_TIERING_ACTIVE_CASCADES,
+                 s.VLLM_TIERING_PRIMARY_WRITE_USAGE, s.VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE)
+
+
+def test_native_series_follow_the_vllm_version(reality):
+    """The overview's native row (dashboards/native.py) reads series only vLLM >= 0.33
+    exports: there (kvscope installed) they are on vLLM's /metrics beside kvscope's,
+    vllm:kv_offload_config_info included, and the row shows the engine; vLLM 0.26 exports
+    none of them, the row stays empty. (test_queries_native.py runs every native panel
+    against real 0.33 engines with hits and failures.)"""
+    from kvscope.dashboards import native
+
+    prom, targets = reality
+    within, _run = targets[VLLM_ID]
+    titles = {p.build().title for p in native.panels(live.DEFAULT)}
+    panel_queries = [q for q in live.committed_queries()
+                     if q.kind == "panel" and q.name.rsplit(" [", 1)[0] in titles]
+    read = {n for q in panel_queries for n in qc.VLLM_NAME.findall(q.expr)}
+    present = {n for n in read | set(NATIVE_ALWAYS) if prom.query(f"{n}{{{within}}}")}
+    if not versions.at_least(s.VLLM_NATIVE_SINCE):
+        assert present == set(), sorted(present)
+        return
+    assert set(NATIVE_ALWAYS) <= present, sorted(set(NATIVE_ALWAYS) - present)
+    shown = {q.name.rsplit(" [", 1)[0] for q in panel_queries
+             if prom.query(qc.scope(qc.substitute(q.expr), within))}
+    blank_here = {native.tier_chunk_hit_ratio(live.DEFAULT).build().title,  # no hit yet
+                  native.tier_job_failures(live.DEFAULT).build().title}  # nothing failed
+    assert shown == titles - blank_here, sorted(shown ^ (titles - blank_here))
