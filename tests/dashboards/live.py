@@ -64,7 +64,7 @@ class Target:
         return f'instance="{self.instance}"'
 
 
-SLOTS = 16
+SLOTS = 24
 
 
 @dataclasses.dataclass
