@@ -18,23 +18,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
-    OffloadingConnectorStats,
-    OffloadPromMetrics,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
-    OffloadingConnector,
-)
-from vllm.v1.kv_offload.base import (
-    OffloadingCounterMetadata,
-    OffloadingGaugeMetadata,
-    OffloadingHistogramMetadata,
-)
-
 from kvscope.connector import compat, faults
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
 from kvscope.connector.compat import load_failures
+from kvscope.connector.compat.vllm_api import (
+    KVConnectorRole,
+    OffloadingConnector,
+    OffloadingConnectorStats,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingHistogramMetadata,
+    OffloadPromMetrics,
+    bound_load_jobs,
+    declare_offload_metric,
+)
 from kvscope.connector.scheduler_side import SchedulerObserver
 from kvscope.connector.worker_side import WorkerProxy
 from kvscope.exporters import signals
@@ -171,7 +168,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
     def start_load_kv(self, forward_context, **kwargs):
         w = self.kvscope_worker
         if w is not None:  # which request each load job serves (request-level refusals)
-            w.note_load_jobs(getattr(self._connector_metadata, "load_jobs", None))
+            w.note_load_jobs(bound_load_jobs(self))
         return super().start_load_kv(forward_context, **kwargs)
 
     def get_finished(self, finished_req_ids):
@@ -316,21 +313,7 @@ class KvscopePromMetrics(OffloadPromMetrics):
                 logger.warning("kvscope: cannot register %s on vLLM's registry: %r", m.name, exc)
 
     def _declare(self, m: signals.Metric) -> None:
-        md = _metadata(m)
-        try:
-            metric = self._create_metric(m.base, md)
-        except ValueError:
-            # vLLM re-creates its stat logger in one process (tests, restarts of
-            # the logger) and unregisters only "vllm:" collectors; drop our stale
-            # ones from the default registry and try once more.
-            from prometheus_client import REGISTRY
-
-            for collector, names in list(REGISTRY._collector_to_names.items()):
-                if m.base in names or m.name in names:
-                    REGISTRY.unregister(collector)
-            metric = self._create_metric(m.base, md)
-        self._offloading_metric_metadata[m.name] = md
-        self._offloading_metric_defs[m.name] = metric
+        declare_offload_metric(self, m.name, m.base, _metadata(m))
         self._kvscope_names.add(m.name)
 
     def observe(self, transfer_stats_data, engine_idx: int = 0):

@@ -52,11 +52,12 @@ class ManagerProxy:
     """
 
     def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
-        set_ = object.__setattr__
-        set_(self, "_inner", inner)
-        set_(self, "_obs", observer)
-        set_(self, compat.WRAPPED_MARK, True)
-        set_(self, "lookup", _lookup_tap(inner.lookup, observer.log, observer.rows.quarantine))
+        # object.__setattr__: this class's own __setattr__ forwards to the manager
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_obs", observer)
+        object.__setattr__(self, compat.WRAPPED_MARK, True)
+        object.__setattr__(self, "lookup", _lookup_tap(inner.lookup, observer.log,
+                                                       observer.rows.quarantine))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:

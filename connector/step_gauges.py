@@ -12,6 +12,7 @@ from typing import Any
 
 from kvscope import __version__
 from kvscope.connector import compat
+from kvscope.connector.compat import vllm_api
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.request_states import STATES, RequestStates
 from kvscope.connector.tier_taps import TierTaps
@@ -72,9 +73,7 @@ class StepGauges:
         self._update_info(total)
 
     def _update_info(self, rows_total: int) -> None:
-        from vllm.v1.core import kv_cache_utils
-
-        src = getattr(kv_cache_utils, "NONE_HASH", None)
+        src = vllm_api.none_hash()
         if self._static_done and src is self._fingerprint_src:
             return
         self._fingerprint_src = src

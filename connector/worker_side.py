@@ -116,7 +116,7 @@ class WorkerProxy:
                     span.set_attribute(signals.A_JOB_ID, int(res.job_id))
                     span.set_attribute(signals.A_DURATION_S, float(seconds))
         if self._refused:  # correctness path: outside any telemetry guard
-            from vllm.v1.kv_offload.base import TransferResult
+            from kvscope.connector.compat.vllm_api import TransferResult
 
             for job_id, blocks in self._refused.items():
                 results.append(TransferResult(job_id=job_id, success=True))

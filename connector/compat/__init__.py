@@ -9,11 +9,18 @@ difference, each naming the release that needs it:
   ``failed_recving`` for models with several KV groups.
 * ``harness``: constructors and runner calls the CPU harness uses (0.33's
   ``KVCacheTensor`` placement, ``SharedOffloadRegion`` sizes, ``get_transfer_results``).
+* ``vllm_api``: the vLLM classes the connector subclasses or builds, and named hooks for
+  the private ones it must touch (declaring kvscope's metrics on vLLM's offload
+  Prometheus metrics, the bound connector metadata, NONE_HASH).
+  ``tests/unit/test_compat_boundary.py`` fails when vLLM is imported, or a private
+  attribute kvscope did not define is touched, outside this package (the CPU harness
+  and the test-only fault hooks excepted).
 * lookup results: a tiering lookup that starts a promotion answers RETRY in 0.26
   and HIT_PENDING in 0.33; both count as pending keys (``Round.pending_keys``),
   so the deferred and row-ceiling verdicts mean the same on both.
 
-Private attributes are read only here, always with a fallback, never written.
+Private attributes are read only here, always with a fallback; the one write is
+``vllm_api.declare_offload_metric`` (vLLM's own way to declare offload metrics).
 """
 
 from __future__ import annotations
