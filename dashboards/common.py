@@ -19,6 +19,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 from kvscope.exporters import signals as s
 
 from .config import Config
+from .rules import eq  # noqa: F401 - one matcher helper for panels and rules
 
 DS_VAR = "datasource"
 MODEL_VAR = "model"
@@ -48,10 +49,6 @@ def dsel(cfg: Config, *matchers: str, rank: bool = False, vllm: bool = False) ->
         parts.append(f'{s.L_RANK}=~"${RANK_VAR}"')
     parts.extend(matchers)
     return "{" + ",".join(p for p in parts if p) + "}"
-
-
-def eq(label: str, value: str) -> str:
-    return f'{label}="{value}"'
 
 
 def re_in(label: str, *values: str) -> str:

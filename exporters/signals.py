@@ -45,13 +45,6 @@ class Kind(str, Enum):
     HISTOGRAM = "histogram"
 
 
-class Side(str, Enum):
-    """Which half of the connector produces a signal."""
-
-    SCHEDULER = "scheduler"
-    WORKER = "worker"
-
-
 # --------------------------------------------------------------------------
 # Label names
 # --------------------------------------------------------------------------
@@ -217,7 +210,6 @@ RANK_MANAGER = "manager"
 class Metric:
     name: str  # the series name as scraped (counters end in _total)
     kind: Kind
-    side: Side
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
@@ -244,206 +236,206 @@ TRANSFER_SECONDS_BUCKETS = (
 )
 
 LOOKUPS = Metric(
-    "kvscope_lookups_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_lookups_total", Kind.COUNTER,
     "Offload manager lookup results per KV-cache group (one per key looked up).",
     (L_KV_GROUP, L_RESULT), label_values={L_RESULT: _values(LookupResult)},
 )
 LOOKUP_ROUNDS = Metric(
-    "kvscope_lookup_rounds_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_lookup_rounds_total", Kind.COUNTER,
     "Lookup rounds (get_num_new_matched_tokens calls) by the verdict the cross-group AND reached.",
     (L_VERDICT,), label_values={L_VERDICT: _values(Verdict)},
 )
 ROUND_PENDING_KEYS = Metric(
-    "kvscope_round_pending_keys", Kind.HISTOGRAM, Side.SCHEDULER,
+    "kvscope_round_pending_keys", Kind.HISTOGRAM,
     "Retry plus hit_pending keys summed over KV groups, per vetoed or deferred lookup round.",
     buckets=PENDING_KEY_BUCKETS,
 )
 LAST_ROUND_PENDING_KEYS = Metric(
-    "kvscope_last_round_pending_keys", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_round_pending_keys", Kind.GAUGE,
     "Exact pending-key sum (retry plus hit_pending over all groups) of the latest vetoed or "
     "deferred round; compare with kvscope_primary_rows{state=\"total\"}.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 ROUNDS_AT_ROW_CEILING = Metric(
-    "kvscope_rounds_at_row_ceiling_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_rounds_at_row_ceiling_total", Kind.COUNTER,
     "Vetoed or deferred lookup rounds whose found keys reached the primary tier's row count "
     "while its promotions ran out of rows (vLLM 0.26: a promotion found no free row; 0.33: a "
     "promotion evicted a row the same round had found): the capacity-ceiling tell.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 HIT_TOKENS = Metric(
-    "kvscope_hit_tokens_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_hit_tokens_total", Kind.COUNTER,
     "Tokens the connector offered to load from the offload tiers (sum over hit rounds).",
 )
 PRIMARY_ROWS = Metric(
-    "kvscope_primary_rows", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_primary_rows", Kind.GAUGE,
     "Rows of the CPU primary tier: total, occupied by a key, held by a running write or promotion.",
     (L_STATE,), label_values={L_STATE: _values(RowState)},
 )
 PROMOTIONS = Metric(
-    "kvscope_promotions_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_promotions_total", Kind.COUNTER,
     "Secondary -> primary tier promotions (one per key), by result; no_row = primary tier full.",
     (L_RESULT,), label_values={L_RESULT: _values(PromotionResult)},
 )
 CASCADES = Metric(
-    "kvscope_cascades_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_cascades_total", Kind.COUNTER,
     "Primary -> secondary tier writes (one per key), by result.",
     (L_RESULT,), label_values={L_RESULT: _values(CascadeResult)},
 )
 STORE_JOBS = Metric(
-    "kvscope_store_jobs_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_store_jobs_total", Kind.COUNTER,
     "prepare_store calls by result; no_space = the primary tier could not take one step's "
     "store job, so nothing from it reaches any tier.",
     (L_RESULT,), label_values={L_RESULT: _values(StoreJobResult)},
 )
 PENDING_TRANSFERS = Metric(
-    "kvscope_pending_transfers", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_pending_transfers", Kind.GAUGE,
     "Transfers not yet finished: connector load/store jobs not reported by every rank, tier "
     "promotions and cascades in flight.",
     (L_KIND,), label_values={L_KIND: _values(PendingKind)},
 )
 OLDEST_PENDING_TRANSFER = Metric(
-    "kvscope_oldest_pending_transfer_seconds", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_oldest_pending_transfer_seconds", Kind.GAUGE,
     "Age of the oldest unfinished transfer of each kind (0 when none): how long a stuck "
     "transfer has been stuck, readable from a single scrape.",
     (L_KIND,), label_values={L_KIND: _values(PendingKind)},
 )
 REQUESTS = Metric(
-    "kvscope_requests", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_requests", Kind.GAUGE,
     "Unfinished requests as the connector sees them, by state.",
     (L_STATE,), label_values={L_STATE: _values(RequestState)},
 )
 REQUESTS_IN_FLIGHT = Metric(
-    "kvscope_requests_in_flight", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_requests_in_flight", Kind.GAUGE,
     "Requests the connector has seen and not yet finished.",
 )
 SCHEDULER_STEPS = Metric(
-    "kvscope_scheduler_steps_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_scheduler_steps_total", Kind.COUNTER,
     "Scheduler steps the connector took part in (build_connector_meta calls).",
 )
 LAST_STEP_TIMESTAMP = Metric(
-    "kvscope_last_step_timestamp_seconds", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_step_timestamp_seconds", Kind.GAUGE,
     "Unix time of the latest scheduler step; alerts use it to reject stale gauges.",
 )
 INFO = Metric(
-    "kvscope_info", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_info", Kind.GAUGE,
     "Always 1; labels describe the kvscope/vLLM build and the offload configuration.",
     (L_KVSCOPE_VERSION, L_VLLM_VERSION, L_SPEC, L_TIERS, L_PRIMARY_ROWS, L_HASH_SEED,
      L_CHECKSUM_POLICY, L_CHUNK_TOKENS, L_MAX_BATCHED_TOKENS),
 )
 QUARANTINED_KEYS = Metric(
-    "kvscope_quarantined_keys", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_quarantined_keys", Kind.GAUGE,
     "Keys kvscope answers MISS for because a rank refused to load their rows (checksum "
     "mismatch); released when the row is evicted, so the next promotion is checked afresh.",
 )
 PRIMARY_ROW_BYTES = Metric(
-    "kvscope_primary_row_bytes", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_primary_row_bytes", Kind.GAUGE,
     "Bytes of one primary-tier row (one chunk of one KV group, every rank's slot); "
     "rows x this = cpu_bytes_to_use actually used.",
 )
 LAST_ROUND_REQUEST_KEYS = Metric(
-    "kvscope_last_round_request_keys", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_round_request_keys", Kind.GAUGE,
     "Chunk keys (summed over KV groups) the request of the latest vetoed or deferred round "
     "covers: the rows a full restore of it needs at once.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 # ---- restore coverage (per ended lookup round: hit, miss or vetoed) --------------------
 RESTORE_HELD_TOKENS = Metric(
-    "kvscope_restore_held_tokens_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_restore_held_tokens_total", Kind.COUNTER,
     "Tokens of the looked-up requests' prefixes (beyond the GPU prefix cache) that the offload "
     "tiers held when a lookup round ended, with vLLM's cross-group AND applied: what full "
     "restores would have loaded. Coverage = kvscope_hit_tokens_total / this.",
 )
 RESTORE_SHORT_ROUNDS = Metric(
-    "kvscope_restore_short_rounds_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_restore_short_rounds_total", Kind.COUNTER,
     "Ended lookup rounds that offered less than the request's whole loadable prefix, by why "
     "the offer stopped there; not_stored is benign (the tiers hold no more), the others mean "
     "the tiers held more than was offered.",
     (L_REASON,), label_values={L_REASON: _values(ShortReason)},
 )
 RESTORE_SHORT_TOKENS = Metric(
-    "kvscope_restore_short_tokens_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_restore_short_tokens_total", Kind.COUNTER,
     "Tokens of ended rounds' prefixes that were not offered, by reason: held minus offered "
     "under the reason the offer stopped at, the prefix beyond what the tiers hold under "
     "not_stored. These tokens are recomputed.",
     (L_REASON,), label_values={L_REASON: _values(ShortReason)},
 )
 RESTORE_COVERAGE = Metric(
-    "kvscope_restore_coverage_ratio", Kind.HISTOGRAM, Side.SCHEDULER,
+    "kvscope_restore_coverage_ratio", Kind.HISTOGRAM,
     "Per ended lookup round whose request the tiers held at least one chunk of: tokens "
     "offered / tokens held (1 = a full restore).",
     buckets=COVERAGE_BUCKETS,
 )
 RESTORE_CEILING_ROUNDS = Metric(
-    "kvscope_restore_ceiling_rounds_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_restore_ceiling_rounds_total", Kind.COUNTER,
     "Ended lookup rounds a promotion without a free primary row cut short while the tiers "
     "held more, by form: alone (the held prefix needs more rows than the tier has: the "
     "truncated form) or concurrent (it fits alone; other work pinned the rows).",
     (L_FORM,), label_values={L_FORM: _values(CeilingForm)},
 )
 LAST_CEILING_OFFERED_TOKENS = Metric(
-    "kvscope_last_ceiling_round_offered_tokens", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_ceiling_round_offered_tokens", Kind.GAUGE,
     "Tokens offered by the latest ended round cut short by a promotion that found no free "
     "primary row (the truncated form pins this at rows x chunk tokens).",
 )
 LAST_CEILING_HELD_TOKENS = Metric(
-    "kvscope_last_ceiling_round_held_tokens", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_ceiling_round_held_tokens", Kind.GAUGE,
     "Tokens the tiers held for that round's request (what a full restore would have loaded).",
 )
 LAST_CEILING_ROWS_NEEDED = Metric(
-    "kvscope_last_ceiling_round_rows_needed", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_ceiling_round_rows_needed", Kind.GAUGE,
     "Primary rows (chunk keys over all KV groups) a full restore of that round's held prefix "
     "pins at once; above kvscope_primary_rows{state=\"total\"}, it can never fit.",
 )
 LAST_CEILING_CONCURRENT_REQUESTS = Metric(
-    "kvscope_last_ceiling_round_concurrent_requests", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_ceiling_round_concurrent_requests", Kind.GAUGE,
     "Requests restoring at that moment (deferred or loading, that round's request included).",
 )
 LAST_CEILING_CONCURRENT_ROWS = Metric(
-    "kvscope_last_ceiling_round_concurrent_rows_needed", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_last_ceiling_round_concurrent_rows_needed", Kind.GAUGE,
     "Rows those concurrent restores need together (that round's held prefix plus the other "
     "requests' whole prefixes, an upper bound).",
 )
 KV_GROUP_INFO = Metric(
-    "kvscope_kv_group_info", Kind.GAUGE, Side.SCHEDULER,
+    "kvscope_kv_group_info", Kind.GAUGE,
     "Always 1; one series per KV-cache group with its attention kind and block size.",
     (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK),
 )
 TELEMETRY_ERRORS = Metric(
-    "kvscope_telemetry_errors_total", Kind.COUNTER, Side.SCHEDULER,
+    "kvscope_telemetry_errors_total", Kind.COUNTER,
     "Exceptions the instrumentation caught and swallowed (serving went on).",
     (L_WHERE,), label_values={L_WHERE: _values(ErrorSite)},
 )
 
 # ---- worker side (per rank) ----------------------------------------------
 TRANSFER_BYTES = Metric(
-    "kvscope_transfer_bytes_total", Kind.COUNTER, Side.WORKER,
+    "kvscope_transfer_bytes_total", Kind.COUNTER,
     "Bytes moved by KV transfers, per rank and direction (disk directions: rank=\"manager\").",
     (L_RANK, L_DIRECTION), label_values={L_DIRECTION: _values(Direction)},
 )
 TRANSFER_SECONDS = Metric(
-    "kvscope_transfer_seconds", Kind.HISTOGRAM, Side.WORKER,
+    "kvscope_transfer_seconds", Kind.HISTOGRAM,
     "Duration of finished KV transfer jobs, per rank and direction.",
     (L_RANK, L_DIRECTION), buckets=TRANSFER_SECONDS_BUCKETS,
     label_values={L_DIRECTION: _values(Direction)},
 )
 TRANSFERS_IN_FLIGHT = Metric(
-    "kvscope_transfers_in_flight", Kind.GAUGE, Side.WORKER,
+    "kvscope_transfers_in_flight", Kind.GAUGE,
     "Transfer jobs submitted and not yet finished, per rank and direction.",
     (L_RANK, L_DIRECTION), label_values={L_DIRECTION: _values(Direction)},
 )
 ROW_CHECKSUMS = Metric(
-    "kvscope_row_checksums_total", Kind.COUNTER, Side.WORKER,
+    "kvscope_row_checksums_total", Kind.COUNTER,
     "Promoted-row checksums compared by a rank before a CPU->GPU load, by outcome.",
     (L_RANK, L_OUTCOME), label_values={L_OUTCOME: _values(ChecksumOutcome)},
 )
 LOADS_REFUSED = Metric(
-    "kvscope_loads_refused_total", Kind.COUNTER, Side.WORKER,
+    "kvscope_loads_refused_total", Kind.COUNTER,
     "CPU->GPU loads a rank refused (vLLM recomputes those tokens instead).",
     (L_RANK, L_REASON), label_values={L_REASON: _values(RefusalReason)},
 )
 WORKER_LAST_STEP_TIMESTAMP = Metric(
-    "kvscope_worker_last_step_timestamp_seconds", Kind.GAUGE, Side.WORKER,
+    "kvscope_worker_last_step_timestamp_seconds", Kind.GAUGE,
     "Unix time a rank last reported (get_finished); a stuck rank stops advancing it.",
     (L_RANK,),
 )

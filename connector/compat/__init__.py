@@ -119,9 +119,7 @@ def spec_rows(spec: Any) -> list[int]:
 class RegionGeometry:
     """Where rows and rank slots live in the primary tier's shared region."""
 
-    def __init__(self, path: str, rows: int, row_stride: int, slot_size: int,
-                 world_size: int) -> None:
-        self.path = path
+    def __init__(self, rows: int, row_stride: int, slot_size: int, world_size: int) -> None:
         self.rows = rows
         self.row_stride = row_stride
         self.slot_size = slot_size
@@ -137,12 +135,9 @@ def region_geometry(spec: Any) -> RegionGeometry | None:
     slot = int(getattr(spec, "cpu_page_size_per_worker", 0) or 0)
     if not (rows and row_stride and slot):
         return None
-    engine_id = getattr(spec, "_engine_id", None) or getattr(
-        getattr(spec, "config", None), "engine_id", None)
     world = int(getattr(getattr(getattr(spec, "config", None), "parallel", None),
                         "world_size", 1) or 1)
-    return RegionGeometry(f"/dev/shm/vllm_offload_{engine_id}.mmap", rows, row_stride,
-                          slot, world)
+    return RegionGeometry(rows, row_stride, slot, world)
 
 
 def scheduler_view(manager: Any) -> memoryview | None:

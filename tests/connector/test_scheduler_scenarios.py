@@ -30,6 +30,7 @@ def test_healthy_store_evict_to_disk_promote_then_hit(spans):
     with run_scenario("healthy") as sc:
         ex = Exposition.scrape(sc.metrics_url)
         facts = sc.facts
+        request_ids = list(sc.engine.finished)
     # the answer restored from disk is the answer computed the first time
     assert facts["same_output"], facts
     assert facts["restored_tokens"] == 96
@@ -81,13 +82,16 @@ def test_healthy_store_evict_to_disk_promote_then_hit(spans):
     # no raw request ids in spans: only the salted digest
     for s in rounds:
         assert not any(str(v).startswith("req-") for v in s.attributes.values())
-    assert all(len(s.attributes[S.A_REQUEST_ID_HASH]) == 12 for s in rounds)
-    assert request_id_hash("req-1") != "req-1"
+    # ... which names the request to a reader holding its id (this process's salt)
+    hashes = {request_id_hash(r): r for r in request_ids}
+    assert {s.attributes[S.A_REQUEST_ID_HASH] for s in rounds} <= set(hashes)
+    assert hashes[hit.attributes[S.A_REQUEST_ID_HASH]] in request_ids
     # what a real run exports passes Prometheus' own naming lint
-    if shutil.which("promtool"):
-        proc = subprocess.run(["promtool", "check", "metrics"], input=ex.text, text=True,
-                              capture_output=True, timeout=30)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed: the exposition lint did not run (the rest passed)")
+    proc = subprocess.run(["promtool", "check", "metrics"], input=ex.text, text=True,
+                          capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_capacity_ceiling_veto_form(spans):
