@@ -33,6 +33,18 @@ RATE_INTERVAL = "$__rate_interval"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${" + DS_VAR + "}")
 
 
+def rsel(*matchers: str, rank: bool = False) -> str:
+    """Selector for a recorded series (``rules.Recorded``): template variables + ``matchers``.
+
+    The recording rule applied the config selector already and kept the engine labels
+    (and ``rank`` where it aggregates by it), which the variables match.
+    """
+    parts = [f'{s.VLLM_LABEL_MODEL}=~"${MODEL_VAR}"', f'{s.VLLM_LABEL_ENGINE}=~"${ENGINE_VAR}"']
+    if rank:
+        parts.append(f'{s.L_RANK}=~"${RANK_VAR}"')
+    return "{" + ",".join([*parts, *matchers]) + "}"
+
+
 def dsel(cfg: Config, *matchers: str, rank: bool = False, vllm: bool = False) -> str:
     """Selector for a dashboard query: config selector + template variables + ``matchers``.
 

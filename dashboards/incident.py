@@ -8,6 +8,7 @@ from kvscope.exporters import signals as s
 
 from . import common as c
 from .config import DEFAULT, Config
+from .rules import Recorded
 
 R = c.RATE_INTERVAL
 RANGE = "$__range"
@@ -61,11 +62,11 @@ def vetoed_deferred(cfg: Config):
         "primary row (no_row). Both rising together means the primary tier is pinned full; "
         "vetoed alone, without no_row, points at a KV group that never becomes ready.",
         [
-            (f"sum by ({s.L_VERDICT}) (rate({s.LOOKUP_ROUNDS.name}"
-             f"{c.dsel(cfg, c.re_in(s.L_VERDICT, s.Verdict.VETOED.value, s.Verdict.DEFERRED.value))}"
-             f"[{R}]))", f"{{{{{s.L_VERDICT}}}}} rounds"),
-            (f"sum(rate({s.PROMOTIONS.name}"
-             f"{c.dsel(cfg, c.eq(s.L_RESULT, s.PromotionResult.NO_ROW.value))}[{R}]))",
+            (f"sum by ({s.L_VERDICT}) ({Recorded(cfg).lookup_rounds_rate}"
+             f"{c.rsel(c.re_in(s.L_VERDICT, s.Verdict.VETOED.value, s.Verdict.DEFERRED.value))})",
+             f"{{{{{s.L_VERDICT}}}}} rounds"),
+            (f"sum({Recorded(cfg).promotions_rate}"
+             f"{c.rsel(c.eq(s.L_RESULT, s.PromotionResult.NO_ROW.value))})",
              "promotions without a row"),
         ],
         unit="ops",

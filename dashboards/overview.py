@@ -1,4 +1,8 @@
-"""KV offload overview: is offloading paying off, and how busy are the tiers and the links."""
+"""KV offload overview: is offloading paying off, and how busy are the tiers and the links.
+
+Rates the recording rules define are read from them (``rules.Recorded``: one definition per
+expression, over ``Config.rate_window``); the rest are spelled here over ``$__rate_interval``.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,15 @@ from kvscope.exporters import signals as s
 from . import common as c
 from . import native
 from .config import DEFAULT, Config
+from .rules import Recorded
 
 R = c.RATE_INTERVAL
 TITLE = "KV offload / Overview"
 
 
 def restore_coverage(cfg: Config):
-    held = f"sum(rate({s.RESTORE_HELD_TOKENS.name}{c.dsel(cfg)}[{R}]))"
+    r = Recorded(cfg)
+    held = f"sum({r.restore_held_tokens_rate}{c.rsel()})"
     short_of_held = s.L_REASON + '!="' + s.ShortReason.NOT_STORED.value + '"'
     return c.timeseries(
         "Restore coverage (offered / held)",
@@ -27,9 +33,9 @@ def restore_coverage(cfg: Config):
         "(another KV group missed), load_cap. Prefixes the tiers never held do not count here "
         "(not_stored). kv-diagnose names the form and the rows needed.",
         [
-            (f"sum(rate({s.HIT_TOKENS.name}{c.dsel(cfg)}[{R}])) / {held}", "coverage"),
-            (f"sum by ({s.L_REASON}) (rate({s.RESTORE_SHORT_TOKENS.name}"
-             f"{c.dsel(cfg, short_of_held)}[{R}]))\n/ ignoring({s.L_REASON}) group_left {held}",
+            (f"sum({r.hit_tokens_rate}{c.rsel()}) / {held}", "coverage"),
+            (f"sum by ({s.L_REASON}) ({r.restore_short_tokens_rate}{c.rsel(short_of_held)})"
+             f"\n/ ignoring({s.L_REASON}) group_left {held}",
              "held, not offered: {{" + s.L_REASON + "}}"),
         ],
         unit="percentunit", width=24,
@@ -44,7 +50,7 @@ def lookup_verdicts(cfg: Config):
         "means requests wait for promotions from the disk tier; vetoed means some group found "
         "keys that were not ready, so the request recomputed. Deferred or vetoed above hit for "
         "minutes: open the incident dashboard (capacity ceiling).",
-        [(f"sum by ({s.L_VERDICT}) (rate({s.LOOKUP_ROUNDS.name}{c.dsel(cfg)}[{R}]))",
+        [(f"sum by ({s.L_VERDICT}) ({Recorded(cfg).lookup_rounds_rate}{c.rsel()})",
           f"{{{{{s.L_VERDICT}}}}}")],
         unit="ops", stack=True,
     )
@@ -58,15 +64,15 @@ def group_outcomes(cfg: Config):
         "retry or hit_pending while the others hit explains vetoed rounds. retry means the disk "
         "tier is still checking whether it holds the key (an async lookup) or holds it and a "
         "promotion into the CPU tier has started; hit_pending means that promotion is in flight.",
-        [(f"sum by ({s.L_KV_GROUP}, {s.L_RESULT}) "
-          f"(rate({s.LOOKUPS.name}{c.dsel(cfg)}[{R}]))",
+        [(f"sum by ({s.L_KV_GROUP}, {s.L_RESULT}) ({Recorded(cfg).lookups_rate}{c.rsel()})",
           f"group {{{{{s.L_KV_GROUP}}}}} {{{{{s.L_RESULT}}}}}")],
         unit="ops",
     )
 
 
 def hit_ratio_per_tier(cfg: Config):
-    total = f"sum(rate({s.LOOKUPS.name}{c.dsel(cfg)}[{R}]))"
+    r = Recorded(cfg)
+    total = f"sum({r.lookups_rate}{c.rsel()})"
     return c.timeseries(
         "Hit ratio per tier",
         "CPU tier: keys found ready in the primary tier per key looked up. Disk tier: keys "
@@ -75,10 +81,10 @@ def hit_ratio_per_tier(cfg: Config):
         "to 0 after a restart points at a changed hash seed or block size; a CPU ratio far below "
         "the disk ratio means the primary tier is too small for the working set.",
         [
-            (f"sum(rate({s.LOOKUPS.name}{c.dsel(cfg, c.eq(s.L_RESULT, s.LookupResult.HIT.value))}"
-             f"[{R}])) / {total}", "CPU tier (keys)"),
-            (f"sum(rate({s.PROMOTIONS.name}"
-             f"{c.dsel(cfg, c.eq(s.L_RESULT, s.PromotionResult.COMPLETED.value))}[{R}])) / {total}",
+            (f"sum({r.lookups_rate}{c.rsel(c.eq(s.L_RESULT, s.LookupResult.HIT.value))})"
+             f" / {total}", "CPU tier (keys)"),
+            (f"sum({r.promotions_rate}"
+             f"{c.rsel(c.eq(s.L_RESULT, s.PromotionResult.COMPLETED.value))}) / {total}",
              "disk tier (keys promoted)"),
             (f"sum(rate({s.VLLM_EXTERNAL_PREFIX_HITS}{c.dsel(cfg, vllm=True)}[{R}])) / "
              f"sum(rate({s.VLLM_EXTERNAL_PREFIX_QUERIES}{c.dsel(cfg, vllm=True)}[{R}]))",
@@ -93,8 +99,7 @@ def hit_tokens(cfg: Config):
         "Tokens offered from the offload tiers",
         "Tokens per second the connector offered vLLM to load instead of recomputing. Flat at 0 "
         "while bytes are being stored (Transfers row) means stores without restores.",
-        [(f"sum by (instance, {s.VLLM_LABEL_MODEL}) "
-          f"(rate({s.HIT_TOKENS.name}{c.dsel(cfg)}[{R}]))",
+        [(f"sum by (instance, {s.VLLM_LABEL_MODEL}) ({Recorded(cfg).hit_tokens_rate}{c.rsel()})",
           "{{instance}} {{" + s.VLLM_LABEL_MODEL + "}}")],
     )
 
@@ -107,7 +112,7 @@ def bytes_by_rank_direction(cfg: Config):
         "bytes GPU->CPU; one rank lagging the others points at that rank's host or link. "
         "gpu_to_cpu without cpu_to_gpu for long stretches: nothing is read back.",
         [(f"sum by ({s.L_RANK}, {s.L_DIRECTION}) "
-          f"(rate({s.TRANSFER_BYTES.name}{c.dsel(cfg, rank=True)}[{R}]))",
+          f"({Recorded(cfg).transfer_bytes_rate}{c.rsel(rank=True)})",
           f"rank {{{{{s.L_RANK}}}}} {{{{{s.L_DIRECTION}}}}}")],
         unit="Bps",
     )
@@ -173,7 +178,7 @@ def promotions(cfg: Config):
         "Keys promoted from the secondary (disk) tier into the primary tier, by result. "
         "no_row > 0 means the primary tier had no evictable row: promotions cannot land and "
         "requests that need them are deferred. failed > 0: read errors on the disk tier.",
-        [(f"sum by ({s.L_RESULT}) (rate({s.PROMOTIONS.name}{c.dsel(cfg)}[{R}]))",
+        [(f"sum by ({s.L_RESULT}) ({Recorded(cfg).promotions_rate}{c.rsel()})",
           f"{{{{{s.L_RESULT}}}}}")],
         unit="ops",
     )
@@ -197,7 +202,7 @@ def store_jobs(cfg: Config):
         "prepare_store calls by result. no_space means one scheduler step's store job was "
         "larger than the whole primary tier: nothing of it reaches any tier. Sustained no_space "
         "is a sizing error (primary tier smaller than a batch), not a transient.",
-        [(f"sum by ({s.L_RESULT}) (rate({s.STORE_JOBS.name}{c.dsel(cfg)}[{R}]))",
+        [(f"sum by ({s.L_RESULT}) ({Recorded(cfg).store_jobs_rate}{c.rsel()})",
           f"{{{{{s.L_RESULT}}}}}")],
         unit="ops",
     )
