@@ -118,7 +118,8 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
     holds = tier_lookup(engine)
     prompts = geom.prompts()
     keys = [request_keys(engine, p) for p in prompts]
-    first, stored_first = [], []
+    first, stored_first, lost = [], [], []
+    full_groups = range(geom.kv_groups - (1 if window else 0))
     unfinished = False
     for p, k in zip(prompts, keys):
         rid = engine.add_request(p, OUTPUT_TOKENS)
@@ -130,15 +131,17 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
         engine.drain()
         first.append(engine.finished[rid].output)
         stored_first.append(_held_keys(k, holds))
+        lost.append(geom.tiering and not all(holds(key) for g in full_groups for key in k[g]))
     reqs: list[RequestTruth] = []
     if not unfinished:
         for f in geom.flood_prompts():
             engine.generate(f, 2, max_steps=step_budget(geom))
             engine.drain()
-        for p, k, s in zip(prompts, keys, stored_first):
+        for p, k, s, gone in zip(prompts, keys, stored_first, lost):
             held = held_tokens(k, holds, len(p), CHUNK, window)
             reqs.append(RequestTruth(held=held, need_keys=restore_keys(k, held, CHUNK),
-                                     stored_first=s, prompt_keys=sum(map(len, k))))
+                                     stored_first=s, prompt_keys=sum(map(len, k)),
+                                     lost_first=gone))
         rids = [engine.add_request(p, OUTPUT_TOKENS) for p in prompts]
         try:
             engine.run_until_done(rids, max_steps=step_budget(geom))

@@ -12,7 +12,8 @@ The facts, per re-asked request (read from vLLM and from the tiers themselves):
 * ``served``: tokens the re-ask did not recompute (vLLM's ``num_cached_tokens``:
   the GPU prefix cache plus ``restored``, the tokens the connector loaded,
   ``num_external_cached_tokens``).
-* ``stored_first``: tokens the tiers held for the prompt right after its first ask.
+* ``stored_first``: keys of the prompt the tiers held right after its first ask
+  (``lost_first``: with tiering, a full-attention key of it reached no tier).
 * ``same_output``: the re-ask produced the first ask's tokens.
 * ``need``: rows a full restore of ``held`` needs resident at once: its keys in
   every group (a sliding-window group's too: see ``restore_keys``) past the tokens
@@ -35,7 +36,8 @@ present, joined by ``+`` (e.g. ``veto+concurrency``):
 
 ==================  ==================================================================
 ``never_stored``     its prompt (a full chunk at least) left nothing in any tier after
-                     its first ask
+                     its first ask; with tiering (evictions cascade to disk, nothing is
+                     dropped), also when a full-attention chunk of it reached no tier
 ``livelock``         the request is still unfinished after the step budget
 ``veto``             short, needs more rows than the tier has, got 0 tokens
 ``truncated``        short, needs more rows than the tier has, got some tokens
@@ -78,6 +80,9 @@ class RequestTruth:
     need_keys: frozenset  # the keys a full restore of `held` needs resident at once
     stored_first: int  # keys of the prompt (all groups) the tiers held after its first ask
     prompt_keys: int = 0  # keys of the prompt, all groups
+    # With tiering (an evicted key cascades to disk, none is dropped): some key of a
+    # full-attention group reached no tier by the end of the first ask (refused stores)
+    lost_first: bool = False
     served: int = 0
     restored: int = 0
     finished: bool = False
@@ -176,7 +181,7 @@ def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple
     if pending_at_end and all(r.finished for r in reqs):
         return "pending_at_idle", "transfers pending after every request finished"
     together = len(frozenset().union(*(r.need_keys for r in reqs)))
-    never = [r for r in reqs if r.stored_first == 0 and r.prompt_keys > 0]
+    never = [r for r in reqs if (r.stored_first == 0 and r.prompt_keys > 0) or r.lost_first]
     stuck = [r for r in reqs if not r.finished and r not in never]
     forms = {request_form(r, rows, together, len(reqs)) for r in reqs if r not in never} - {None}
     why = []

@@ -75,6 +75,13 @@ def test_concurrency_needs_requests_that_fit_alone_and_not_together():
     assert expected_verdicts(truth) == {"capacity_ceiling_veto", "capacity_ceiling_concurrency"}
 
 
+def test_a_prompt_partly_lost_to_refused_stores_is_never_stored():
+    r = _req(32, 2, 32, 32)  # restored all the tiers held ...
+    assert classify([r], 8, False)[0] == "healthy"
+    r.lost_first = True  # ... but with tiering part of the prompt reached no tier
+    assert classify([r], 8, False)[0] == "never_stored"
+
+
 def test_output_and_pending_rank_first():
     r = _req(96, 6, 96, 96)
     assert classify([r], 8, pending_at_end=True)[0] == "pending_at_idle"
