@@ -1,0 +1,50 @@
+"""The committed native captures still come out of today's code and vLLM (>= 0.33 only).
+
+Runs the disk-tier fault runs of ``native/runs.py`` again with the stock connector, scrapes
+vLLM's /metrics as ``capture.py`` does and diagnoses the fresh scrape: the engine facts and the
+verdicts must be the committed capture's. The stalled-tier run mounts a ramfs (root only).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+
+import pytest
+
+from kvscope.diagnostics.cli import main
+from tests.diagnostics.test_native import NATIVE, _facts, serving
+
+versions = pytest.importorskip("kvscope.connector.compat.versions")
+pytestmark = pytest.mark.vllm
+
+if not versions.at_least("0.33.0"):
+    pytest.skip("vLLM < 0.33 exports no native tiering metrics", allow_module_level=True)
+
+from tests.diagnostics.native import capture  # noqa: E402  (needs vLLM >= 0.33)
+
+
+def _can_mount_ramfs() -> bool:
+    with tempfile.TemporaryDirectory() as d:
+        if subprocess.run(["mount", "-t", "ramfs", "ramfs", d], capture_output=True).returncode:
+            return False
+        subprocess.run(["umount", d], check=False)
+        return True
+
+
+def _verdicts(path, capsys) -> list[str]:
+    with serving(path) as url:
+        main(["--scrape", url, "--interval", "0.05", "--json"])
+    return [v["id"] for v in json.loads(capsys.readouterr().out)["verdicts"]]
+
+
+@pytest.mark.parametrize("name", ["tier-failures", "restart-without-seed", "tier-stall"])
+def test_capture_reproduces(name, tmp_path, capsys):
+    if name == "tier-stall" and not _can_mount_ramfs():
+        pytest.skip("mounting a ramfs needs root")
+    committed = NATIVE / f"vllm-0.33.0-{name}.prom"
+    fresh = tmp_path / committed.name
+    fresh.write_text(capture.capture(name))
+    assert _facts(fresh) == _facts(committed)
+    assert _verdicts(fresh, capsys) == _verdicts(committed, capsys)
