@@ -47,6 +47,7 @@ class NativeFacts:
     disk_write_bytes: float = 0.0  # written to secondary tiers (cascades)
     disk_read_bytes: float = 0.0  # read from secondary tiers (promotions)
     promotion_alloc_failures: float = 0.0  # promotions that found no primary row
+    store_alloc_failures: float = 0.0  # store jobs refused: no room in the primary tier
     promotion_job_failures: float = 0.0
     cascade_job_failures: float = 0.0
     promotions_done: float = 0.0  # completed promotion jobs (latency histogram count)
@@ -103,6 +104,7 @@ def collect(raw: RawWindow) -> NativeFacts:
     f.disk_write_bytes = sums[S.VLLM_TIERING_WRITE_BYTES]
     f.disk_read_bytes = sums[S.VLLM_TIERING_READ_BYTES]
     f.promotion_alloc_failures = sums[S.VLLM_TIERING_PROMOTION_ALLOC_FAILURES]
+    f.store_alloc_failures = sums[S.VLLM_OFFLOAD_ALLOCATION_FAILURES]
     f.promotion_job_failures = sums[S.VLLM_TIERING_PROMOTION_JOB_FAILURES]
     f.cascade_job_failures = sums[S.VLLM_TIERING_CASCADE_JOB_FAILURES]
     f.promotions_done = sums[S.VLLM_TIERING_PROMOTION_LATENCY_COUNT]
@@ -180,6 +182,16 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             "Check the secondary tier's storage and its logs, or " + INSTALL + ".",
             "kvscope_promotions_total{result=\"failed\"} / kvscope_cascades_total{result="
             "\"failed\"} with per-job spans (kvscope.promotion)"))
+    if f.store_alloc_failures > 0 and f.stored_bytes == 0:
+        out.append(NativeFinding(
+            "store_never_fits_suspected",
+            "Suspected store that never fits: every store job was refused, nothing was stored",
+            [*base, f"{f.store_alloc_failures:g} store jobs refused for want of room in the "
+                    "primary tier (vllm:kv_offload_allocation_failure_total), 0 bytes stored"],
+            "Give the CPU tier more rows than one scheduler step stores (max_num_batched_tokens "
+            "worth of chunks times the KV groups; cpu_bytes_to_use), or " + INSTALL + ".",
+            "kvscope_store_jobs_total{result=\"no_space\"} against kvscope_primary_rows: the "
+            "store job's size beside the tier's rows"))
     lookups = _primary_queries(f)
     found = sum(f.tier_hits.values())
     # Nothing found anywhere is what any fresh engine shows until its traffic repeats a

@@ -127,6 +127,18 @@ def test_stores_without_restores_suspected_after_a_restart(capsys):
     assert "PYTHONHASHSEED" in top["next_step"] and "hash_seed" in top["would_add"]
 
 
+def test_store_never_fits_suspected(capsys):
+    """The store-never-fits scenario (one step's store job larger than the primary tier),
+    stock connector: nothing reached the disk, nothing was restored."""
+    path = NATIVE / "vllm-0.33.0-store-never-fits.prom"
+    facts = _facts(path)
+    assert facts["disk_block_files"] == 0 and facts["restored_tokens"] == 0
+    code, report = _diagnose(path, capsys)
+    assert code == 1
+    assert [v["id"] for v in report["verdicts"]] == ["store_never_fits_suspected"]
+    assert "no_space" in report["verdicts"][0]["would_add"]
+
+
 def test_inconclusive_where_vllm_cannot_see_the_incident(capsys):
     """A GPU->CPU store that never completes (the pending-at-idle scenario, stock connector):
     vLLM's metrics show one short request and nothing restored, as any fresh engine does.
@@ -149,7 +161,8 @@ def test_text_report_says_reduced_evidence(capsys):
 
 
 @pytest.mark.parametrize("name", ["capacity-ceiling", "healthy", "pending-at-idle",
-                                  "restart-without-seed", "tier-failures", "tier-stall"])
+                                  "restart-without-seed", "store-never-fits", "tier-failures",
+                                  "tier-stall"])
 def test_fixture_is_a_real_vllm_033_scrape(name):
     text = (NATIVE / f"vllm-0.33.0-{name}.prom").read_text()
     assert text.startswith("# kvscope capture: vLLM 0.33.0, stock OffloadingConnector")

@@ -1,6 +1,7 @@
 """The committed native captures still come out of today's code and vLLM (>= 0.33 only).
 
-Runs the disk-tier fault runs of ``native/runs.py`` again with the stock connector, scrapes
+Runs the disk-tier fault runs of ``native/runs.py`` (and the store-never-fits scenario) again
+with the stock connector, scrapes
 vLLM's /metrics as ``capture.py`` does and diagnoses the fresh scrape: the engine facts and the
 verdicts must be the committed capture's. The stalled-tier run mounts a ramfs (root only).
 """
@@ -39,7 +40,8 @@ def _verdicts(path, capsys) -> list[str]:
     return [v["id"] for v in json.loads(capsys.readouterr().out)["verdicts"]]
 
 
-@pytest.mark.parametrize("name", ["tier-failures", "restart-without-seed", "tier-stall"])
+@pytest.mark.parametrize("name", ["tier-failures", "restart-without-seed", "store-never-fits",
+                                  "tier-stall"])
 def test_capture_reproduces(name, tmp_path, capsys):
     if name == "tier-stall" and not _can_mount_ramfs():
         pytest.skip("mounting a ramfs needs root")

@@ -26,6 +26,7 @@ EXPECTED = {
     "healthy": ["healthy"],
     "pending-at-idle": ["inconclusive"],
     "restart-without-seed": ["stores_without_restores_suspected"],
+    "store-never-fits": ["store_never_fits_suspected"],
     "tier-failures": ["tier_job_failures"],
     "tier-stall": ["pending_at_idle_suspected"],
 }

@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY, start_http_server
 
 from kvscope.connector.scenarios import run_scenario
 
-from .runs import RUNS
+from .runs import RUNS, block_files
 
 
 @contextlib.contextmanager
@@ -57,6 +57,8 @@ def _served(name: str) -> Iterator[tuple[str, dict]]:
         return
     with run_scenario(name, exporter_port=None, vllm_metrics_port=0,
                       connector="OffloadingConnector") as sc:
+        # what reached the disk tier, counted on the disk
+        sc.facts["disk_block_files"] = len(block_files(sc.engine.fs_root))
         yield sc.vllm_metrics_url, sc.facts
 
 

@@ -38,7 +38,7 @@ BASE = EngineConfig(rows=12, kv_groups=2, world_size=2, num_gpu_blocks=40,
                     vllm_metrics=True)
 
 
-def _files(root: str) -> list[str]:
+def block_files(root: str) -> list[str]:
     """The disk tier's block files (its run config.json aside)."""
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f != "config.json"]
 
@@ -59,7 +59,7 @@ def tier_failures(engines: list[CPUEngine], facts: dict[str, Any], cleanups: Cle
     first = e.generate(target, 4)
     e.drain()
     _flood(e, range(2, 2 + FLOODS))
-    on_disk = _files(e.fs_root)
+    on_disk = block_files(e.fs_root)
     for path in on_disk:  # corrupt every block file: a short read on promotion
         os.truncate(path, 0)
     again = e.generate(target, 4, max_steps=200)
@@ -88,7 +88,7 @@ def tier_stall(engines: list[CPUEngine], facts: dict[str, Any], cleanups: Cleanu
     e.drain()
     _flood(e, range(2, 2 + FLOODS))
     e.connector.connector_scheduler.manager.secondary_tiers[0]._pool.wait_idle()
-    on_disk = _files(e.fs_root)
+    on_disk = block_files(e.fs_root)
     for path in on_disk:  # the storage stops answering: reads block forever
         os.remove(path)
         os.mkfifo(path)
@@ -122,7 +122,7 @@ def restart_without_seed(engines: list[CPUEngine], facts: dict[str, Any],
     engines.append(before)
     first = [before.generate(t, 2) for t in targets]
     before.drain()
-    held_files = len(_files(before.fs_root))
+    held_files = len(block_files(before.fs_root))
     before.close()
     after = CPUEngine(replace(cfg, hash_seed="2"))  # the restart, PYTHONHASHSEED not pinned
     engines.append(after)
