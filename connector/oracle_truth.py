@@ -183,7 +183,8 @@ def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple
     together = len(frozenset().union(*(r.need_keys for r in reqs)))
     never = [r for r in reqs if (r.stored_first == 0 and r.prompt_keys > 0) or r.lost_first]
     stuck = [r for r in reqs if not r.finished and r not in never]
-    forms = {request_form(r, rows, together, len(reqs)) for r in reqs if r not in never} - {None}
+    # a prompt stored in part can also be restored short: it has both forms
+    forms = {request_form(r, rows, together, len(reqs)) for r in reqs} - {None}
     why = []
     if never:
         forms.add("never_stored")

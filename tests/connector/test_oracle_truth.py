@@ -80,6 +80,8 @@ def test_a_prompt_partly_lost_to_refused_stores_is_never_stored():
     assert classify([r], 8, False)[0] == "healthy"
     r.lost_first = True  # ... but with tiering part of the prompt reached no tier
     assert classify([r], 8, False)[0] == "never_stored"
+    r.served = r.restored = 0  # and what was stored was not restored either (needs 2 > 1 row)
+    assert classify([r], 1, False)[0] == "never_stored+veto"
 
 
 def test_output_and_pending_rank_first():
