@@ -29,10 +29,10 @@ import math
 import os
 import stat
 import sys
-import tempfile
 import time
 import zlib
 
+from .atomic import write_atomically
 from .evidence import WANTED_SERIES
 from .limits import (
     MAX_BUNDLE_BYTES,
@@ -100,25 +100,12 @@ def write_bundle(raw: RawWindow, path: str, created_at: float | None = None,
         out.flush()
         return len(doc["series"])
     _check_target(path, force)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise DiagnoseError(f"cannot write bundle {path}: {e.strerror or e}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    def write(f) -> None:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+    write_atomically(path, "bundle", write)
     return len(doc["series"])
 
 

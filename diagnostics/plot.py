@@ -10,11 +10,11 @@ they never cover a mark.
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import UTC, datetime
 
 from kvscope.exporters import signals as S
 
+from .atomic import write_atomically
 from .model import DiagnoseError
 from .panels import Panel, panels_for
 from .report import Report, _iso, safe
@@ -122,22 +122,5 @@ def write_plot(report: Report, path: str) -> None:
 
 
 def _save(fig, path: str) -> None:
-    """Atomically: a fresh temp file beside the target, then rename."""
-    folder = os.path.dirname(os.path.abspath(path))
     ext = os.path.splitext(path)[1].lower()
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=ext)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            fig.savefig(f, dpi=110, format=ext[1:])
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise DiagnoseError(f"cannot write plot {path}: {e.strerror or e}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    write_atomically(path, "plot", lambda f: fig.savefig(f, dpi=110, format=ext[1:]), suffix=ext)

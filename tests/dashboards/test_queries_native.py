@@ -12,8 +12,6 @@ test_queries_reality.py checks which vLLM version produces the series on a live 
 from __future__ import annotations
 
 import contextlib
-import http.server
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from kvscope.dashboards import native
 from kvscope.dashboards.config import DEFAULT
 from tests.dashboards import live
 from tests.support import querycheck as qc
+from tests.support.static_metrics import serving
 
 pytestmark = pytest.mark.prometheus
 
@@ -29,28 +28,6 @@ CAPTURES = Path(__file__).parents[1] / "diagnostics" / "native"
 NAMES = ("healthy", "capacity-ceiling", "tier-stall", "tier-failures", "restart-without-seed")
 
 
-@contextlib.contextmanager
-def _serve(path: Path, port: int):
-    body = path.read_bytes()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer((live.HOST, port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _native_queries():
@@ -66,7 +43,7 @@ def captured(live_pool):
     targets = {n: live_pool.claim(f"native-capture-{n}") for n in NAMES}
     with contextlib.ExitStack() as stack:
         for name, target in targets.items():
-            stack.enter_context(_serve(CAPTURES / f"vllm-0.33.0-{name}.prom", target.port))
+            stack.enter_context(serving(CAPTURES / f"vllm-0.33.0-{name}.prom", live.HOST, target.port))
         instances = "|".join(qc.regex_escape(t.instance) for t in targets.values())
         live_pool.prom.wait_for(
             f'count(count_over_time(vllm:kv_offload_config_info{{instance=~"{instances}",'

@@ -8,16 +8,14 @@ served over loopback HTTP and diagnosed through the real CLI (``--scrape``).
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
 from kvscope.diagnostics import native
 from kvscope.diagnostics.cli import main
+from tests.support.static_metrics import serving
 
 NATIVE = Path(__file__).parent / "native"
 
@@ -29,28 +27,6 @@ def _facts(path: Path) -> dict:
     raise AssertionError(f"{path} has no engine facts line")
 
 
-@contextlib.contextmanager
-def serving(path: Path):
-    body = path.read_bytes()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _diagnose(path: Path, capsys) -> tuple[int, dict]:

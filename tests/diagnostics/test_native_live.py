@@ -15,7 +15,8 @@ import tempfile
 import pytest
 
 from kvscope.diagnostics.cli import main
-from tests.diagnostics.test_native import NATIVE, _facts, serving
+from tests.diagnostics.test_native import NATIVE, _facts
+from tests.support.static_metrics import serving
 
 versions = pytest.importorskip("kvscope.connector.compat.versions")
 pytestmark = pytest.mark.vllm

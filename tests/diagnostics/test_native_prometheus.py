@@ -15,7 +15,8 @@ import json
 import pytest
 
 from kvscope.diagnostics.cli import main
-from tests.diagnostics.test_native import NATIVE, serving
+from tests.diagnostics.test_native import NATIVE
+from tests.support.static_metrics import serving
 
 pytestmark = pytest.mark.prometheus
 
