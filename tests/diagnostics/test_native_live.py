@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.vllm
 if not versions.at_least("0.33.0"):
     pytest.skip("vLLM < 0.33 exports no native tiering metrics", allow_module_level=True)
 
-from tests.diagnostics.native import capture  # noqa: E402  (needs vLLM >= 0.33)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _can_mount_ramfs() -> bool:
@@ -48,6 +50,10 @@ def test_capture_reproduces(name, tmp_path, capsys):
         pytest.skip("mounting a ramfs needs root")
     committed = NATIVE / f"vllm-0.33.0-{name}.prom"
     fresh = tmp_path / committed.name
-    fresh.write_text(capture.capture(name))
+    # In its own process: vLLM's /metrics is the process-wide prometheus-client registry,
+    # which earlier tests in this process filled with kvscope's series (the stock engine
+    # would then not read as stock).
+    subprocess.run([sys.executable, "-m", "tests.diagnostics.native.capture", name, str(fresh)],
+                   cwd=ROOT, check=True, timeout=600, capture_output=True)
     assert _facts(fresh) == _facts(committed)
     assert _verdicts(fresh, capsys) == _verdicts(committed, capsys)
