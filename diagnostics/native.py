@@ -23,6 +23,8 @@ from kvscope.exporters import signals as S
 from .evidence import _counter_growth
 from .model import RawWindow, Series, SourceInfo
 
+_LOOKUPS_BY_GROUP = f"{S.LOOKUPS.name}{{{S.L_KV_GROUP},{S.L_RESULT}}}"
+
 EXIT_HEALTHY, EXIT_INCIDENT, EXIT_INCONCLUSIVE = 0, 1, 3
 # Chunk lookups, in primary tiers' worth, after which "nothing found anywhere" is suspicious.
 SILENT_LOOKUP_FACTOR = 2
@@ -159,9 +161,9 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
                     f"row, {f.promotions_done:g} promotion jobs completed, 0 tokens restored"],
             "Give the CPU tier more rows than one request's chunks times its KV groups "
             "(cpu_bytes_to_use), or " + INSTALL + ".",
-            "kvscope_rounds_at_row_ceiling_total and kvscope_last_round_pending_keys against "
-            "kvscope_primary_rows{state=\"total\"}: the exact row shortfall per request, per "
-            "KV group (kvscope_lookups_total{group,result})"))
+            f"{S.ROUNDS_AT_ROW_CEILING.name} and {S.LAST_ROUND_PENDING_KEYS.name} against "
+            f"{S.PRIMARY_ROWS.name}{{{S.L_STATE}=\"{S.RowState.TOTAL.value}\"}}: the exact row "
+            f"shortfall per request, per KV group ({_LOOKUPS_BY_GROUP})"))
     if f.active_promotions + f.active_cascades > 0 and \
             f.requests_running == 0 and f.requests_waiting == 0:
         out.append(NativeFinding(
@@ -171,8 +173,9 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             [*base, f"{f.active_promotions:g} promotion and {f.active_cascades:g} cascade jobs "
                     "active; 0 requests running, 0 waiting"],
             "Check the secondary tier's storage (stalled reads or writes), or " + INSTALL + ".",
-            "kvscope_pending_transfers{kind} and kvscope_oldest_pending_transfer_seconds "
-            "(GPU<->CPU jobs too, per rank: kvscope_transfers_in_flight{rank,direction})"))
+            f"{S.PENDING_TRANSFERS.name}{{{S.L_KIND}}} and {S.OLDEST_PENDING_TRANSFER.name} "
+            f"(GPU<->CPU jobs too, per rank: {S.TRANSFERS_IN_FLIGHT.name}"
+            f"{{{S.L_RANK},{S.L_DIRECTION}}})"))
     if f.promotion_job_failures + f.cascade_job_failures > 0:
         out.append(NativeFinding(
             "tier_job_failures",
@@ -180,8 +183,9 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             [*base, f"{f.promotion_job_failures:g} promotion and {f.cascade_job_failures:g} "
                     "cascade job failures"],
             "Check the secondary tier's storage and its logs, or " + INSTALL + ".",
-            "kvscope_promotions_total{result=\"failed\"} / kvscope_cascades_total{result="
-            "\"failed\"} with per-job spans (kvscope.promotion)"))
+            f"{S.PROMOTIONS.name}{{{S.L_RESULT}=\"{S.PromotionResult.FAILED.value}\"}} / "
+            f"{S.CASCADES.name}{{{S.L_RESULT}=\"{S.CascadeResult.FAILED.value}\"}} with "
+            f"per-job spans ({S.SPAN_PROMOTION})"))
     if f.store_alloc_failures > 0 and f.stored_bytes == 0:
         out.append(NativeFinding(
             "store_never_fits_suspected",
@@ -190,8 +194,8 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
                     "primary tier (vllm:kv_offload_allocation_failure_total), 0 bytes stored"],
             "Give the CPU tier more rows than one scheduler step stores (max_num_batched_tokens "
             "worth of chunks times the KV groups; cpu_bytes_to_use), or " + INSTALL + ".",
-            "kvscope_store_jobs_total{result=\"no_space\"} against kvscope_primary_rows: the "
-            "store job's size beside the tier's rows"))
+            f"{S.STORE_JOBS.name}{{{S.L_RESULT}=\"{S.StoreJobResult.NO_SPACE.value}\"}} "
+            f"against {S.PRIMARY_ROWS.name}: the store job's size beside the tier's rows"))
     lookups = _primary_queries(f)
     found = sum(f.tier_hits.values())
     # Nothing found anywhere is what any fresh engine shows until its traffic repeats a
@@ -209,7 +213,7 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             "If this workload repeats prefixes, keys stored are not the keys looked up: check "
             "PYTHONHASHSEED is set and equal across restarts and processes (prefix hashes), or "
             + INSTALL + ".",
-            "kvscope_info{hash_seed} per process and kvscope_lookups_total{group,result}: "
+            f"{S.INFO.name}{{{S.L_HASH_SEED}}} per process and {_LOOKUPS_BY_GROUP}: "
             "whether the keys differ or one KV group misses"))
     if out:
         return out
