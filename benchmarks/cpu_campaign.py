@@ -2,7 +2,7 @@
 
 The GPU campaign (``gpu_campaign.py``) lost its server to a vLLM 0.26 bug before the
 pending-type faults ran. This runs every fault on the CPU harness
-(``connector/cpu_engine.py``: vLLM's Scheduler, the observed connector on both sides,
+(``kvscope/sim/cpu_engine.py``: vLLM's Scheduler, the observed connector on both sides,
 two simulated ranks, the tiering manager with its fs tier) in real time: an engine
 loop steps while vLLM has work (as EngineCore does) and idles otherwise; vLLM's own
 PrometheusStatLogger fills the /metrics a ``vllm serve`` would expose (job ``vllm``)
@@ -40,8 +40,8 @@ class LiveEngine:
     def __init__(self, fs_root: str) -> None:
         from prometheus_client import REGISTRY, start_http_server
 
-        from kvscope.connector.cpu_engine import CPUEngine, EngineConfig
         from kvscope.exporters.prometheus import start_exporter
+        from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 
         self.e = CPUEngine(EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
                                         max_num_batched_tokens=16, vllm_metrics=True,
@@ -89,7 +89,7 @@ class LiveEngine:
 
 
 def main() -> int:
-    from kvscope.connector.cpu_engine import prompt
+    from kvscope.sim.cpu_engine import prompt
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)

@@ -2,9 +2,9 @@
 
     python benchmarks/oracle_matrix.py --seed 0 --count 220 --out benchmarks/results/oracle_matrix.json
 
-Generates ``--count`` seeded CPU geometries (``kvscope.connector.oracle_geometry``),
+Generates ``--count`` seeded CPU geometries (``kvscope.sim.oracle_geometry``),
 runs each on vLLM's real scheduler (the CPU harness), derives its truth class
-from the engine (``kvscope.connector.oracle_truth``), has kv-diagnose judge it
+from the engine (``kvscope.sim.oracle_truth``), has kv-diagnose judge it
 from a live scrape and from a recorded bundle, and writes the summary
 (geometries, agreement, false_healthy, confusion) with one row per geometry.
 Same seed, same geometries; the truth of a geometry can still differ between
@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import vllm
 
-    from kvscope.connector.oracle import run_geometry, summarize
-    from kvscope.connector.oracle_geometry import generate
+    from kvscope.sim.oracle import run_geometry, summarize
+    from kvscope.sim.oracle_geometry import generate
 
     geoms = generate(args.seed, args.count)
     if args.only:

@@ -3,7 +3,7 @@
     python benchmarks/scheduler_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
     python benchmarks/scheduler_overhead.py --profile F [--profile-connector NAME]
 
-Runs the same workload on vLLM's real Scheduler on CPU (kvscope.connector.cpu_engine)
+Runs the same workload on vLLM's real Scheduler on CPU (kvscope.sim.cpu_engine)
 with each connector, two engines in lockstep (step by step, alternating which goes
 first), and compares the thread CPU time spent inside Scheduler.schedule() +
 Scheduler.update_from_output() (every connector call of the scheduler side happens
@@ -28,7 +28,7 @@ STOCK, OBSERVED = "OffloadingConnector", "ObservedOffloadingConnector"
 
 
 def _engine(connector: str, tiering: bool):
-    from kvscope.connector.cpu_engine import CPUEngine, EngineConfig
+    from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 
     return CPUEngine(EngineConfig(rows=512, tiering=tiering, world_size=1, kv_groups=1,
                                   num_gpu_blocks=512, max_num_batched_tokens=512,
@@ -36,7 +36,7 @@ def _engine(connector: str, tiering: bool):
 
 
 def _add_requests(e, n_requests: int) -> list[str]:
-    from kvscope.connector.cpu_engine import prompt
+    from kvscope.sim.cpu_engine import prompt
 
     shared = prompt(0, 64)  # a shared prefix, so lookups find something
     return [e.add_request(shared + prompt(i, 32), 8) for i in range(n_requests)]

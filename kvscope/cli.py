@@ -107,9 +107,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         with _terminate_cleanly():
             try:
-                from kvscope.connector.cpu_engine import sweep_leftovers as sweep
+                from kvscope.sim.cpu_engine import sweep_leftovers as sweep
             except ImportError as e:
-                return _fail(f"needs the vllm extra (pip install 'kvscope[vllm]'): {e}")
+                return _fail(f"needs the sim extra (pip install 'kvscope[sim]'): {e}")
             return _demo(args)
     except KeyboardInterrupt:
         print("kvscope demo: interrupted", file=sys.stderr)
@@ -147,7 +147,7 @@ def _demo(args: argparse.Namespace) -> int:
         from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
     except ImportError as exc:
         return _needs_extra("diagnostics", exc)
-    from kvscope.connector.scenarios import SCENARIOS, run_scenario, wait_until
+    from kvscope.sim.scenarios import SCENARIOS, run_scenario, wait_until
 
     name = args.scenario
     if name not in SCENARIOS:
@@ -190,7 +190,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
     _quiet_vllm()
-    from kvscope.connector.scenarios import SCENARIOS
+    from kvscope.sim.scenarios import SCENARIOS
 
     for name, fn in SCENARIOS.items():
         print(f"{name:24} {(fn.__doc__ or '').strip().splitlines()[0]}")

@@ -1,4 +1,4 @@
-"""What the CPU harness (``connector/cpu_engine.py``) builds differently per vLLM release.
+"""What the CPU harness (``kvscope/sim/cpu_engine.py``) builds differently per vLLM release.
 
 The harness plays the model runner and the GPU; these are the vLLM constructors
 and runner calls whose shape changed between 0.26 and 0.33.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.connector.scenarios import run_scenario
 from kvscope.exporters import signals as S
+from kvscope.sim.scenarios import run_scenario
 from tests.connector.support import Exposition
 
 pytestmark = pytest.mark.vllm

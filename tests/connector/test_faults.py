@@ -2,7 +2,7 @@
 
 Each fault is judged by what the engine did (outputs, tokens restored, work still
 pending, files on the fs tier), then by what kvscope exported about it. The CPU
-harness (``connector/cpu_engine.py``) runs two simulated ranks in one process,
+harness (``kvscope/sim/cpu_engine.py``) runs two simulated ranks in one process,
 so the switch file is shared exactly as it is between a GPU server's processes.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import replace
 import pytest
 
 from kvscope.connector import faults
-from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.exporters import signals as S
 from kvscope.exporters.prometheus import start_exporter
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from tests.connector.support import Exposition
 
 pytestmark = pytest.mark.vllm

@@ -18,10 +18,10 @@ if not vllm.__version__.startswith("0.26."):
     # 0.33 the ceiling's tells move (HIT_PENDING) and the matrix was not run there yet.
     pytest.skip("oracle subset recorded on vLLM 0.26", allow_module_level=True)
 
-from kvscope.connector.oracle import run_geometry  # noqa: E402
-from kvscope.connector.oracle_geometry import generate  # noqa: E402
-from kvscope.connector.oracle_truth import expected_verdicts  # noqa: E402
 from kvscope.diagnostics import classifiers  # noqa: E402
+from kvscope.sim.oracle import run_geometry  # noqa: E402
+from kvscope.sim.oracle_geometry import generate  # noqa: E402
+from kvscope.sim.oracle_truth import expected_verdicts  # noqa: E402
 
 SEED = 0
 # geometry index (of generate(SEED, ...)) -> the truth class the engine produces there

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvscope.connector.oracle_truth import (  # noqa: E402
+from kvscope.sim.oracle_truth import (  # noqa: E402
     RequestTruth,
     classify,
     expected_verdicts,

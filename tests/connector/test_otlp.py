@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 SCRIPT = """
 import sys
-from kvscope.connector.scenarios import run_scenario
+from kvscope.sim.scenarios import run_scenario
 options = {"otlp_traces": True} if sys.argv[1] == "on" else {}
 with run_scenario("capacity-ceiling", exporter_port=None, kvscope_options=options) as sc:
     assert sc.facts["restored_tokens"] == 0

@@ -1,6 +1,6 @@
 """The scheduler-side connector inside vLLM's real scheduler on CPU (issue: connector).
 
-Each test runs a scenario from ``kvscope.connector.scenarios`` (vLLM's Scheduler,
+Each test runs a scenario from ``kvscope.sim.scenarios`` (vLLM's Scheduler,
 OffloadingConnector subclass, TieringOffloadingManager with its CPU primary tier
 in /dev/shm and the fs tier on disk) and asserts on what a scrape of the kvscope
 exporter returns, parsed with prometheus-client's parser, and on the spans an
@@ -15,9 +15,9 @@ import subprocess
 
 import pytest
 
-from kvscope.connector.scenarios import run_scenario
 from kvscope.exporters import signals as S
 from kvscope.exporters.otel import request_id_hash
+from kvscope.sim.scenarios import run_scenario
 from tests.connector.support import Exposition
 
 pytestmark = pytest.mark.vllm

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 
 pytestmark = pytest.mark.vllm
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from kvscope.connector import ObservedOffloadingConnector, Settings
-from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
-from kvscope.connector.scenarios import run_scenario, wait_until
 from kvscope.exporters import signals as S
 from kvscope.exporters.recorder import Recorder
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.sim.scenarios import run_scenario, wait_until
 from tests.connector.support import Exposition
 from tests.support.prometheus import free_port
 

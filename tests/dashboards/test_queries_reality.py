@@ -1,6 +1,6 @@
 """Issue 4, "checked against reality": the dashboards and rules against a real vLLM on CPU.
 
-Every scenario of ``kvscope.connector.scenarios`` runs in this process (real vLLM scheduler,
+Every scenario of ``kvscope.sim.scenarios`` runs in this process (real vLLM scheduler,
 connector and tiers) and stays alive while one Prometheus scrapes them all, each on its own
 port: kvscope's standalone exporter for each scenario, and vLLM's own /metrics (kvscope series
 with ``model_name``/``engine``, vLLM's request gauges beside them) for ``VLLM_SCENARIO``. Then
@@ -27,7 +27,7 @@ from tests.dashboards import live
 from tests.support import querycheck as qc
 
 pytest.importorskip("vllm")
-scenarios = pytest.importorskip("kvscope.connector.scenarios")
+scenarios = pytest.importorskip("kvscope.sim.scenarios")
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.vllm]
 

@@ -47,7 +47,7 @@ CHUNK_TOKENS = 16  # the scenarios' block size (one chunk = one block)
 
 def _runner():
     pytest.importorskip("vllm")
-    mod = pytest.importorskip("kvscope.connector.scenarios")
+    mod = pytest.importorskip("kvscope.sim.scenarios")
     return mod
 
 

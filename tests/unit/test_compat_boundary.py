@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ["connector", "exporters", "kvscope", "dashboards", "diagnostics"]
 EXEMPT = {
     "connector/compat",  # the layer itself
-    # the CPU harness and test-only hooks: they build vLLM objects themselves
-    "connector/cpu_engine.py", "connector/scenarios.py", "connector/faults.py",
-    "connector/oracle.py", "connector/oracle_geometry.py", "connector/oracle_truth.py",
+    # the CPU harness (kvscope.sim) and test-only hooks: they build vLLM objects themselves
+    "kvscope/sim", "connector/faults.py",
 }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, start_http_server
 
-from kvscope.connector.scenarios import run_scenario
+from kvscope.sim.scenarios import run_scenario
 
 from .runs import RUNS, block_files
 

@@ -1,6 +1,6 @@
 """Stock-vLLM runs for the reduced-evidence verdicts the scenario catalogue does not reach.
 
-Each run drives :class:`~kvscope.connector.cpu_engine.CPUEngine` with vLLM's stock
+Each run drives :class:`~kvscope.sim.cpu_engine.CPUEngine` with vLLM's stock
 ``OffloadingConnector`` (no kvscope anywhere) and records engine facts (outputs, tokens
 restored, what was done to the disk tier) read from the engine and the disk, never from
 metrics. ``capture.py`` serves vLLM's /metrics after a run and writes one scrape.
@@ -29,7 +29,7 @@ from typing import Any
 
 from vllm.v1.request import RequestStatus
 
-from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 
 PROMPT_TOKENS = 96  # 6 chunks of 16 tokens per KV group
 FLOODS = 3

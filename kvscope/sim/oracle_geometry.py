@@ -1,6 +1,6 @@
 """Seeded CPU geometries for the engine-truth oracle matrix.
 
-One geometry is one CPU engine (:mod:`kvscope.connector.cpu_engine`) and one
+One geometry is one CPU engine (:mod:`kvscope.sim.cpu_engine`) and one
 workload on it: ask ``concurrency`` prompts one by one, flood the GPU cache
 (and the primary tier) with other prompts of the same length, then ask the
 same prompts again, all at once. What varies: the primary tier's rows; 1-3 KV
@@ -20,7 +20,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from kvscope.connector.cpu_engine import EngineConfig, prompt
+from kvscope.sim.cpu_engine import EngineConfig, prompt
 
 CHUNK = 16  # tokens per block = per offloaded chunk in every geometry
 MAX_MODEL_LEN = 4096

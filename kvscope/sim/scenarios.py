@@ -1,6 +1,6 @@
 """The incident classes, reproduced on real vLLM scheduler objects on CPU.
 
-Each scenario drives :class:`~kvscope.connector.cpu_engine.CPUEngine` (vLLM's
+Each scenario drives :class:`~kvscope.sim.cpu_engine.CPUEngine` (vLLM's
 real scheduler, offloading connector and tiering manager; CPU copies where a
 GPU would DMA) into one of the situations kvscope exists to tell apart, and
 records the facts a test or the demo checks (same output? tokens restored?).
@@ -31,9 +31,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, start_http_server
 
-from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.exporters.prometheus import DEFAULT_ADDR, Exporter, start_exporter
 from kvscope.exporters.recorder import Recorder
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 
 PROMPT_TOKENS = 96  # 6 chunks of 16 tokens per KV group
 FLOODS = 3

@@ -1,10 +1,10 @@
 """The engine-truth oracle matrix: run a geometry, take the engine's truth, let
 kv-diagnose judge it (live scrape and recorded bundle), compare.
 
-``run_geometry`` drives one :class:`~kvscope.connector.oracle_geometry.Geometry`
+``run_geometry`` drives one :class:`~kvscope.sim.oracle_geometry.Geometry`
 on vLLM's real scheduler (the CPU harness): ask each prompt, flood, snapshot
 what the tiers hold, re-ask every prompt at once, step the engine idle. The
-truth (:mod:`kvscope.connector.oracle_truth`) comes from vLLM's request outputs
+truth (:mod:`kvscope.sim.oracle_truth`) comes from vLLM's request outputs
 and the tiers' own state; kvscope's counters are only what kv-diagnose reads.
 ``summarize`` turns rows into agreement, false_healthy and the confusion matrix.
 """
@@ -19,9 +19,13 @@ import traceback
 from collections import Counter
 from dataclasses import asdict
 
-from kvscope.connector.cpu_engine import CPUEngine
-from kvscope.connector.oracle_geometry import CHUNK, Geometry
-from kvscope.connector.oracle_truth import (
+from kvscope.diagnostics import Thresholds, diagnose_bundle, diagnose_scrape
+from kvscope.diagnostics.bundle import write_bundle
+from kvscope.diagnostics.scrape import scrape_window
+from kvscope.exporters.prometheus import start_exporter
+from kvscope.sim.cpu_engine import CPUEngine
+from kvscope.sim.oracle_geometry import CHUNK, Geometry
+from kvscope.sim.oracle_truth import (
     RequestTruth,
     classify,
     expected_verdicts,
@@ -30,10 +34,6 @@ from kvscope.connector.oracle_truth import (
     restore_keys,
     tier_lookup,
 )
-from kvscope.diagnostics import Thresholds, diagnose_bundle, diagnose_scrape
-from kvscope.diagnostics.bundle import write_bundle
-from kvscope.diagnostics.scrape import scrape_window
-from kvscope.exporters.prometheus import start_exporter
 
 # CPU copies finish in milliseconds: a transfer pending for 2 s is stuck (the
 # kv-diagnose scenario tests use the same).
