@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from kvscope.exporters import signals as S
 
-from .evidence import _counter_growth
 from .model import RawWindow, Series, SourceInfo
+from .quantities import counter_growth
 
 _LOOKUPS_BY_GROUP = f"{S.LOOKUPS.name}{{{S.L_KV_GROUP},{S.L_RESULT}}}"
 
@@ -72,7 +72,7 @@ def _amount(s: Series, src: SourceInfo) -> float:
     if not s.samples:
         return 0.0
     born_inside = src.lifetime or s.samples[0][0] > src.start + 1e-6
-    return _counter_growth(s.samples, born_inside)
+    return counter_growth(s.samples, born_inside)
 
 
 def collect(raw: RawWindow) -> NativeFacts:

@@ -134,3 +134,29 @@ def test_groups_sorted_naturally():
     for g in ("10", "2", "1"):
         d[L(S.LOOKUPS.name, kv_group=g, result="hit")] = [0, 1]
     assert list(evidence(d).lookups) == ["1", "2", "10"]
+
+
+def test_every_evidence_field_has_a_row_in_the_table():
+    """A field added to the model without a row would silently stay at its default."""
+    import dataclasses
+
+    from kvscope.diagnostics import evidence_table as table
+
+    def fields(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+
+    for name, (cls, rows) in table.PARTS.items():
+        assert fields(cls) == set(rows), name
+    for split in (table.LOOKUPS, table.RANKS):
+        assert fields(split.part) == set(split.rows) | {split.key}, split.part
+    cls, rows = table.FRESHNESS
+    assert fields(cls) == set(rows) | {"last_step", "now"}
+    from kvscope.diagnostics.evidence_model import Evidence
+
+    read_elsewhere = {"source", "targets", "kv_groups", "lookups", "ranks", "freshness", "present",
+                      "label_names", "nonfinite", "failures", "notes"}
+    assert fields(Evidence) == set(table.PARTS) | set(table.FIELDS) | read_elsewhere
+    wanted = {row.name for _, rows in table.PARTS.values() for row in rows.values()}
+    from kvscope.diagnostics.wanted import WANTED_SERIES
+
+    assert wanted <= WANTED_SERIES, wanted - WANTED_SERIES  # a row reading a dropped series
