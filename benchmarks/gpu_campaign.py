@@ -51,12 +51,14 @@ ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks toge
 PROMPT_WORDS = 1504
 MAX_TOKENS = 8
 FLOODS = 4
+READY_TIMEOUT_S = 400.0  # --ready-timeout
+FAULT_RANK = 1  # the rank a switched fault hits: --fault-rank (default: 1, or 0 with --tp 1)
 
 
 class Server:
     def __init__(self, out: str, name: str, port: int, extra: dict, env: dict,
-                 max_batched: int | None = None) -> None:
-        self.out, self.name, self.port = out, name, port
+                 max_batched: int | None = None, tp: int = 2) -> None:
+        self.out, self.name, self.port, self.tp = out, name, port, tp
         self.model = tempfile.mkdtemp(prefix="kvscope-model-")
         make_model(self.model)
         self.kv_port = port + 100
@@ -66,7 +68,7 @@ class Server:
                "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
                "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "tiny",
-               "--tensor-parallel-size", "2", "--dtype", "bfloat16", "--enforce-eager",
+               "--tensor-parallel-size", str(tp), "--dtype", "bfloat16", "--enforce-eager",
                "--block-size", str(BLOCK), "--num-gpu-blocks-override", "200",
                "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
                "--max-num-seqs", "8", "--enable-prefix-caching", "--enable-prompt-tokens-details",
@@ -87,17 +89,15 @@ class Server:
 
     def targets(self) -> list[Target]:
         inst = lambda p: f"gpu:{p}"  # noqa: E731
-        return [Target(f"{self.base}/metrics", "vllm", inst(self.port)),
-                Target(f"http://127.0.0.1:{self.kv_port + 1}/metrics", "kvscope-rank",
-                       inst(self.kv_port + 1)),
-                Target(f"http://127.0.0.1:{self.kv_port + 2}/metrics", "kvscope-rank",
-                       inst(self.kv_port + 2))]
+        return [Target(f"{self.base}/metrics", "vllm", inst(self.port))] + [
+            Target(f"http://127.0.0.1:{self.kv_port + 1 + r}/metrics", "kvscope-rank",
+                   inst(self.kv_port + 1 + r)) for r in range(self.tp)]
 
-    def scrape_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{self.kv_port + k}/metrics" for k in range(3)]
+    def scrape_urls(self) -> list[str]:  # the scheduler's endpoint, then one per rank
+        return [f"http://127.0.0.1:{self.kv_port + k}/metrics" for k in range(self.tp + 1)]
 
-    def wait_ready(self, timeout: float = 400) -> float:
-        deadline = time.time() + timeout
+    def wait_ready(self, timeout: float | None = None) -> float:
+        deadline = time.time() + (READY_TIMEOUT_S if timeout is None else timeout)
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name}: server exited {self.proc.returncode}")
@@ -225,8 +225,8 @@ def fault_file(out: str) -> str:
     return os.path.join(out, "fault.json")
 
 
-def faults_on(out: str, fault: str, rank: int = 1) -> None:
-    faults.write_fault(fault_file(out), fault, rank)
+def faults_on(out: str, fault: str, rank: int | None = None) -> None:
+    faults.write_fault(fault_file(out), fault, FAULT_RANK if rank is None else rank)
 
 
 def faults_off(out: str) -> None:
@@ -262,8 +262,10 @@ def run_faults(args, result: dict) -> None:
              "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
                                   "n_write_threads": 4}],
              "kvscope": {"checksum_policy": "refuse"}}
-    s = Server(out, "faults", args.port, extra, {faults.ENV: fault_file(out)}, args.max_batched)
-    result.update(tmpfs=tmpfs, rows=args.rows, max_batched=args.max_batched)
+    s = Server(out, "faults", args.port, extra, {faults.ENV: fault_file(out)}, args.max_batched,
+               args.tp)
+    result.update(tmpfs=tmpfs, rows=args.rows, max_batched=args.max_batched, tp=args.tp,
+                  fault_rank=FAULT_RANK)
     hold, idle = args.hold, args.idle
     try:
         result["engine_up_s"] = s.wait_ready()
@@ -292,7 +294,7 @@ def run_faults(args, result: dict) -> None:
                     asker.start()
                 elif fault == faults.STALL_WRITES:
                     first = s.complete(target)  # its cascade to disk stalls
-                else:  # withhold_store: rank 1 does not report this request's store
+                else:  # withhold_store: FAULT_RANK does not report this request's store
                     first = s.complete(target)
                 time.sleep(hold)
                 phase["pending_during"] = s.pending()
@@ -370,7 +372,7 @@ def run_stale_rows(args, result: dict) -> None:
                                   "n_write_threads": 4}],
              "kvscope": {"checksum_policy": args.policy}}
     name = f"stale-rows-{args.policy}"
-    s = Server(out, name, args.port, extra, {}, args.max_batched)
+    s = Server(out, name, args.port, extra, {}, args.max_batched, args.tp)
     result.update(policy=args.policy, rows=args.rows, max_batched=args.max_batched)
     try:
         result["engine_up_s"] = s.wait_ready()
@@ -411,7 +413,13 @@ def main() -> int:
     p.add_argument("--tmpfs-size", default="512m")
     p.add_argument("--budget", type=float, default=380.0, help="no new phase after this (s)")
     p.add_argument("--only", nargs="*")
+    p.add_argument("--tp", type=int, default=2, help="--tensor-parallel-size (1: one GPU)")
+    p.add_argument("--fault-rank", type=int, help="rank a switched fault hits (default 1; 0 at TP=1)")
+    p.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S)
     args = p.parse_args()
+    global FAULT_RANK, READY_TIMEOUT_S
+    FAULT_RANK = args.fault_rank if args.fault_rank is not None else min(1, args.tp - 1)
+    READY_TIMEOUT_S = args.ready_timeout
     os.makedirs(args.out, exist_ok=True)
     t = time.time()
     fn = run_faults if args.what == "faults" else run_stale_rows

@@ -44,6 +44,11 @@ CASES = {
                           max_num_batched_tokens=512, prompt_words=2000),
     "truncated-80": dict(connector="observed", spec="tiering", cpu_bytes=80 * KV_BYTES_PER_BLOCK,
                          max_num_batched_tokens=512, prompt_words=2000),
+    # issue 13 item 4: promoted-row checksums at 8B-shaped rows (2 MiB per 16-token block) vs
+    # the promotion's own time; a 2000-token prompt (125 rows) restored from disk
+    # (300 rows: a flood's store finds rows while the previous prompt's cascades pin theirs)
+    "checksum-8b": dict(connector="observed", spec="tiering", cpu_bytes=300 * (2 << 20),
+                        prompt_words=2000, shape="8b", measure_digest=True, row_bytes=2 << 20),
     "overhead-stock": dict(connector="stock", spec="cpu", cpu_bytes=256 << 20, workload=True),
     "overhead-observed": dict(connector="observed", spec="cpu", cpu_bytes=256 << 20,
                               workload=True),
@@ -68,6 +73,32 @@ def make_model(d: str) -> None:
                       max_position_embeddings=8192, bos_token_id=1, eos_token_id=2,
                       torch_dtype="bfloat16")
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+
+
+def make_shaped_model(d: str, shape: str) -> None:
+    """Tokenizer + config.json of a Llama of the given shape, no weights (load_format=dummy)."""
+    from transformers import LlamaConfig
+
+    make_model(d)  # the word-level tokenizer (and tiny weights, unused: replaced below)
+    for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+            os.remove(os.path.join(d, f))
+    dims = {"8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8)}[shape]
+    LlamaConfig(vocab_size=VOCAB + 3, max_position_embeddings=8192, bos_token_id=1,
+                eos_token_id=2, torch_dtype="bfloat16", **dims).save_pretrained(d)
+
+
+def digest_seconds_per_byte(row_bytes: int, rows: int = 64) -> float:
+    """kvscope's digest of one rank slot (checksums.digest_slots), timed over real-size rows."""
+    from kvscope.connector.checksums import digest_slots
+
+    bufs = [memoryview(os.urandom(row_bytes)) for _ in range(8)]
+    digest_slots(bufs[0], row_bytes, 1)
+    t = time.perf_counter()
+    for i in range(rows):
+        digest_slots(bufs[i % 8], row_bytes, 1)
+    return (time.perf_counter() - t) / (rows * row_bytes)
 
 
 def text(seed: int, n: int) -> str:
@@ -116,7 +147,10 @@ def run_case(name: str) -> dict:
         ObservedOffloadingConnector.tracer_provider = provider
 
     d = tempfile.mkdtemp(prefix="kvscope-gpu-model-")
-    make_model(d)
+    if case.get("shape"):
+        make_shaped_model(d, case["shape"])
+    else:
+        make_model(d)
     port = free_port()
     extra: dict = {"cpu_bytes_to_use": case["cpu_bytes"], "block_size": 16}
     if case["spec"] == "tiering":
@@ -135,6 +169,8 @@ def run_case(name: str) -> dict:
     kwargs = {}
     if case.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = case["max_num_batched_tokens"]
+    if case.get("shape"):
+        kwargs["load_format"] = "dummy"
     llm = LLM(model=d, tokenizer=d, dtype="bfloat16", enforce_eager=True, block_size=16,
               num_gpu_blocks_override=200, max_model_len=2048, gpu_memory_utilization=0.3,
               kv_transfer_config=ktc, enable_prefix_caching=True, disable_log_stats=False,
@@ -200,6 +236,26 @@ def run_case(name: str) -> dict:
                            ("kvscope.lookup_round", "kvscope.promotion", "kvscope.transfer")}
         result["transfer_jobs_rank0"] = sum(
             v for k, v in rank0.items() if k.startswith("kvscope_transfer_seconds_count"))
+        if case.get("measure_digest"):  # the promotion's own time vs digesting what it moved
+            def series(name: str, direction: str) -> float:
+                return sum(v for k, v in {**after, **rank0}.items()
+                           if k.startswith(name + "{") and f'"direction":"{direction}"' in k)
+            promo_s = series("kvscope_transfer_seconds_sum", "disk_to_cpu")
+            promo_b = series("kvscope_transfer_bytes_total", "disk_to_cpu")
+            load_s = series("kvscope_transfer_seconds_sum", "cpu_to_gpu")
+            row = case["row_bytes"]
+            spb = digest_seconds_per_byte(row)
+            result["checksum_vs_promotion"] = {
+                "row_bytes": row, "promoted_bytes": promo_b, "promoted_rows": promo_b / row,
+                "promotion_jobs_seconds": round(promo_s, 4),
+                "promotion_jobs": series("kvscope_transfer_seconds_count", "disk_to_cpu"),
+                "load_jobs_seconds_cpu_to_gpu": round(load_s, 4),
+                "digest_GB_per_s": round(1 / spb / 1e9, 2),
+                # scheduler side digests each promoted row once; each rank digests its slot
+                # again before the load (TP=1 here: one rank)
+                "digest_seconds_scheduler_plus_rank": round(2 * promo_b * spb, 4),
+                "digest_share_of_promotion": round(2 * promo_b * spb / promo_s, 4)
+                if promo_s else None}
         # vLLM's own in-process metrics (export path 1) carry the same kvscope series
         try:  # what vLLM's own in-process metrics (llm.get_metrics) show, for the record
             names = {m.name for m in llm.get_metrics()}
