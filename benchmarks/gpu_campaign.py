@@ -399,6 +399,7 @@ def run_stale_rows(args, result: dict) -> None:
 
 
 def main() -> int:
+    global FAULT_RANK, READY_TIMEOUT_S
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=["faults", "stale-rows"])
     p.add_argument("--out", required=True)
@@ -417,7 +418,6 @@ def main() -> int:
     p.add_argument("--fault-rank", type=int, help="rank a switched fault hits (default 1; 0 at TP=1)")
     p.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S)
     args = p.parse_args()
-    global FAULT_RANK, READY_TIMEOUT_S
     FAULT_RANK = args.fault_rank if args.fault_rank is not None else min(1, args.tp - 1)
     READY_TIMEOUT_S = args.ready_timeout
     os.makedirs(args.out, exist_ok=True)
