@@ -24,7 +24,6 @@ import contextlib
 import gzip
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from kvscope import durations
 from kvscope.dashboards import rules as r
 from kvscope.dashboards.config import DEFAULT, Config
 
@@ -49,13 +49,6 @@ CAMPAIGN_CONFIG: Config = replace(
     stores_without_restores_window="60s", stores_without_restores_for="30s",
     stale_stats_seconds=30, stale_stats_for="20s", tier_write_failures_window="20s",
     tier_write_failures_for="10s")
-
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def seconds(duration: str) -> float:
-    return sum(float(n) * _UNIT[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", duration))
-
 
 @dataclass(frozen=True)
 class Firing:
@@ -140,10 +133,10 @@ def replayed(dirs: Sequence[Path] = CAMPAIGN_DIRS, cfg: Config = CAMPAIGN_CONFIG
 
 def firing(prom, start: float, end: float, cfg: Config = CAMPAIGN_CONFIG) -> list[Firing]:
     """Alerts that fire in [start, end]: expression true at every evaluation for ``for:``."""
-    step = seconds(cfg.rule_interval)
+    step = durations.seconds(cfg.rule_interval)
     out: list[Firing] = []
     for rule in r.alert_rules(cfg):
-        hold = seconds(rule.get("for", "0s"))
+        hold = durations.seconds(rule.get("for", "0s"))
         lookback = start - hold - step
         for series in prom.query_range(rule["expr"], lookback, end, step):
             run_start = None

@@ -7,9 +7,9 @@ level is ``Config.engine_labels`` joined by ``_`` (plus any extra ``by`` label).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from kvscope import durations
 from kvscope.exporters import signals as s
 
 from .config import DEFAULT, Config
@@ -150,14 +150,9 @@ def recording_rules(cfg: Config = DEFAULT) -> list[dict]:
     ]
 
 
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
-                 "y": 31536000}
-
-
 def duration_seconds(duration: str) -> int | float:
-    """Seconds of a Prometheus duration (``5m`` -> 300, ``1h30m`` -> 5400)."""
-    total = sum(int(n) * _UNIT_SECONDS[unit]
-                for n, unit in re.findall(r"(\d+)(ms|s|m|h|d|w|y)", duration))
+    """Seconds of a Prometheus duration (``5m`` -> 300), an int when whole (rule text)."""
+    total = durations.seconds(duration)
     return int(total) if total == int(total) else total
 
 

@@ -38,10 +38,6 @@ class Series:
                 return v
         return default
 
-    @property
-    def label_dict(self) -> dict[str, str]:
-        return dict(self.labels)
-
 
 @dataclass(frozen=True)
 class SourceInfo:
@@ -94,9 +90,6 @@ class RawWindow:
     failures: tuple[str, ...] = ()
     # What the source dropped or capped, for the report's notes.
     notes: tuple[str, ...] = ()
-
-    def names(self) -> frozenset[str]:
-        return frozenset(s.name for s in self.series)
 
 
 @dataclass(frozen=True)

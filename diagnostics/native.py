@@ -35,7 +35,7 @@ INSTALL = ("install kvscope's ObservedOffloadingConnector (kv_connector_module_p
 
 def applies(raw: RawWindow) -> bool:
     """No kvscope series, but vLLM 0.33's native tiering metrics are there."""
-    names = raw.names() if hasattr(raw, "names") else {s.name for s in raw.series}
+    names = {s.name for s in raw.series}
     return (not any(n.startswith(S.PREFIX) for n in names)
             and any(n.startswith("vllm:kv_offload_tiering_") for n in names))
 

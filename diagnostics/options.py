@@ -6,13 +6,12 @@ never an internal error; an option that does not apply is refused, not ignored.
 from __future__ import annotations
 
 import math
-import re
 from datetime import datetime
+
+from kvscope import durations
 
 from .model import DiagnoseError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
 MAX_DURATION_S = 400 * 86400  # longer than any retention an incident needs
 MAX_INTERVAL_S = 600.0  # between the two scrapes
 
@@ -29,11 +28,11 @@ APPLIES = {
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
-    m = _DURATION.match(text or "")
-    if not m:
+    try:
+        value = durations.seconds(text)
+    except ValueError:
         raise DiagnoseError(f"bad duration {text!r}{'' if what == 'duration' else ' for ' + what} "
-                            "(expected e.g. 90s, 30m, 1h, 2d)")
-    value = float(m.group(1)) * _UNITS[m.group(2)]
+                            "(expected e.g. 90s, 30m, 1h, 2d)") from None
     if not math.isfinite(value) or value > MAX_DURATION_S:
         raise DiagnoseError(f"{what} {text!r} is longer than {MAX_DURATION_S // 86400} days")
     return value

@@ -56,8 +56,3 @@ class Thresholds:
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.
     # Overrides kvscope_primary_row_bytes (which kvscope exports itself).
     row_bytes: int | None = None
-
-    @property
-    def stuck_after_s(self) -> float:
-        """The --stuck-after threshold (same as ``pending_after_s``)."""
-        return self.pending_after_s

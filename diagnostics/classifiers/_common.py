@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 
 from kvscope.exporters import signals as S
 
@@ -49,9 +48,6 @@ def persistently_positive(q: Quantity, ev: Evidence) -> bool:
     return bool(recent) and min(recent) > 0
 
 
-_ROW_BYTES = re.compile(r"row_bytes[=:](\d+)")
-
-
 def row_bytes(ev: Evidence, th: Thresholds) -> tuple[int, str] | None:
     """Bytes of one primary-tier row and where that number came from."""
     if th.row_bytes:
@@ -59,9 +55,6 @@ def row_bytes(ev: Evidence, th: Thresholds) -> tuple[int, str] | None:
     q = ev.tiers.row_bytes
     if q.present and q.last > 0:
         return int(q.last), S.PRIMARY_ROW_BYTES.name
-    for t in ev.targets:
-        if m := _ROW_BYTES.search(t.spec):
-            return int(m.group(1)), "kvscope_info spec"
     # Disk <-> CPU jobs move whole rows (rank="manager"): bytes per key = row bytes.
     mgr = ev.ranks.get(S.RANK_MANAGER)
     if mgr is not None:
@@ -108,10 +101,11 @@ def rows_needed(
 
     A restore pins one row per chunk key of every KV group of the request until
     it is loaded, so a request restores only if the tier holds all its keys at
-    once: ``kvscope_last_round_request_keys`` is that count, exactly. Without it
-    (older kvscope), lookups per group per round approximate it. Never less than
-    the current row count + 1: at the ceiling the tier was short by definition
-    (a request that alone fits lost rows to concurrent restores or stores).
+    once: ``kvscope_last_round_request_keys`` is that count, exactly. Never less
+    than the current row count + 1: at the ceiling the tier was short by
+    definition (a request that alone fits lost rows to concurrent restores or
+    stores). Without that series (a relabel rule dropped it) only the lower bound
+    is known, and the sentence says so.
     """
     rows = ev.primary_rows
     groups = ev.kv_group_count
@@ -126,15 +120,9 @@ def rows_needed(
                    "restores and stores held the rest")
         keys = max(keys, int(rows) + 1)
     else:
-        rounds = ev.rounds.total
-        per_group = (max((g.total / rounds for g in ev.lookups.values()), default=0.0)
-                     if rounds else 0.0)
-        keys = max(math.ceil(per_group * groups - 1e-9), int(rows) + 1)
-        how = (
-            f"≈{n(per_group)} keys per group per round × {groups} groups = {keys} keys resident "
-            "at once" if per_group * groups >= rows + 1
-            else f"more than the {n(rows)} rows the pending-key sum is pinned at"
-        )
+        keys = int(rows) + 1
+        how = (f"more than the {n(rows)} rows the pending-key sum is pinned at; how many more is "
+               f"unknown: {S.LAST_ROUND_REQUEST_KEYS.name} is missing")
     need = math.ceil(keys * (1 + th.row_margin) - 1e-9)
     how += f"; + {th.row_margin:.0%} margin"
     return need, (f"grow the CPU primary tier to ≥ {need} rows (now {n(rows)}; {how})"

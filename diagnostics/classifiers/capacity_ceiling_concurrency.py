@@ -37,7 +37,10 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         # Rounds cut at the row ceiling whose held prefix fits the tier alone (judged by
         # the connector when each was cut): rows pinned by other work took its place.
         cut = c.ceiling(S.CeilingForm.CONCURRENT).increase
-    else:  # an exporter without kvscope_restore_ceiling_rounds_total: the latest cut round
+    else:
+        # Without kvscope_restore_ceiling_rounds_total: judged from the latest cut round's
+        # gauges. Kept only for the committed H200 recordings (benchmarks/results/truncated/,
+        # recorded before that counter existed) until they are re-recorded; remove then.
         cut = (c.rounds(S.ShortReason.ROW_CEILING).increase
                + c.rounds(S.ShortReason.GROUP_VETO).increase)
         if not (need.present and together.present and reqs.present) or (

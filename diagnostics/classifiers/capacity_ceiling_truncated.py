@@ -52,7 +52,10 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         # Rounds whose held prefix needs more rows at once than the tier has (judged by
         # the connector when each was cut): never restored whole, whatever else runs.
         cut = c.ceiling(S.CeilingForm.ALONE)
-    else:  # an exporter without kvscope_restore_ceiling_rounds_total: the latest cut round
+    else:
+        # Without kvscope_restore_ceiling_rounds_total: judged from the latest cut round's
+        # gauges. Kept only for the committed H200 recordings (benchmarks/results/truncated/,
+        # recorded before that counter existed) until they are re-recorded; remove then.
         cut = c.rounds(S.ShortReason.ROW_CEILING)
         if not need.present or need.max <= rows:
             return None

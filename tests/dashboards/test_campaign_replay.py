@@ -22,6 +22,7 @@ import sys
 
 import pytest
 
+from kvscope import durations
 from kvscope.dashboards import rules as r
 from kvscope.dashboards.artifacts import queries
 from tests.support import querycheck as qc
@@ -93,7 +94,7 @@ def test_alerts(prom, phase):
         if phase["name"] == "control":
             assert fired == [], fired
         return
-    step = replay.seconds(replay.CAMPAIGN_CONFIG.rule_interval)
+    step = durations.seconds(replay.CAMPAIGN_CONFIG.rule_interval)
     if want & {r.ALERT_PENDING_AT_IDLE, r.ALERT_TIER_WRITES_FAILING}:
         # fires while the fault holds, and first
         (alert,) = want

@@ -43,6 +43,8 @@ def veto_case(rows=4):
     d |= {
         L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed"): [3, 6],
         L(S.LAST_ROUND_PENDING_KEYS.name, verdict="vetoed"): [rows, rows],
+        # the vetoed request: 6 chunks x 2 KV groups, all resident at once to restore
+        L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed"): [12, 12],
         L(S.CASCADES.name, result="completed"): [24, 24],
         S.HIT_TOKENS.name: [0, 0],
     }
@@ -55,9 +57,20 @@ def test_veto_fires_with_rows_needed():
     assert f is not None and f.confidence_label == "high"
     assert any("reached the row ceiling" in e for e in f.evidence)
     assert any("disk tier has data: 24 keys" in e for e in f.evidence)
-    # 72 + 24 lookups over 12 rounds: 6 keys per group per round x 2 groups = 12, +25% = 15
-    assert "≥ 15 rows (now 4" in f.next_step
+    # the vetoed request covers 12 keys, +25% = 15
+    assert "≥ 15 rows (now 4; the vetoed request covers 12 chunk keys over 2 KV groups" \
+        in f.next_step
     assert "row bytes unknown" in f.next_step
+
+
+def test_veto_without_request_keys_gives_only_the_lower_bound():
+    d = veto_case()
+    del d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")]  # a relabel rule dropped it
+    f = capacity_ceiling_veto.classify(evidence(d), TH)
+    assert f is not None  # the verdict stands on the rounds at the ceiling
+    # rows + 1 = 5, + 25% -> 7; no estimate from lookup counts pretends to know more
+    assert "≥ 7 rows (now 4; more than the 4 rows" in f.next_step
+    assert f"{S.LAST_ROUND_REQUEST_KEYS.name} is missing" in f.next_step
 
 
 def test_veto_gives_bytes_when_row_bytes_known():

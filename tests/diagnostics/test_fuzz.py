@@ -202,7 +202,7 @@ def test_any_bundle_document_is_a_report_or_one_error(doc, src):
 def _mutate(raw: RawWindow, data) -> RawWindow:
     """Strip evidence as the field does: whole series names gone (older exporter,
     partial scrape), a label name dropped (relabel rule), non-finite values."""
-    names = sorted(raw.names())
+    names = sorted({s.name for s in raw.series})
     gone = set(data.draw(st.lists(st.sampled_from(names), max_size=6)))
     strip = dict(data.draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from(
         ["verdict", "kind", "state", "result", "rank", "outcome", "reason", "hash_seed"])),
