@@ -27,21 +27,6 @@ DEFAULT_SCENARIO = "capacity-ceiling"
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_DEMO_FAILED = 0, 1, 2, 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 
-# scenario -> the kv-diagnose verdict it must produce
-EXPECTED_VERDICT = {
-    "healthy": "healthy",
-    "capacity-ceiling": "capacity_ceiling_veto",
-    "livelock": "capacity_ceiling_livelock",
-    "stale-rows": "stale_row_corruption",
-    "stale-rows-observe": "stale_row_corruption",
-    "pending-at-idle": "pending_at_idle",
-    "queue-wait": "queue_wait",
-    "store-never-fits": "store_never_fits",
-    "stores-without-restores": "stores_without_restores",
-    "truncated": "capacity_ceiling_truncated",
-    "concurrency": "capacity_ceiling_concurrency",
-}
-
 def _shown() -> tuple[str, ...]:
     """Names of the series the demo prints (the full exposition stays on the endpoint)."""
     from kvscope.exporters import signals as S
@@ -147,13 +132,15 @@ def _demo(args: argparse.Namespace) -> int:
         from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
     except ImportError as exc:
         return _needs_extra("diagnostics", exc)
-    from kvscope.sim.scenarios import SCENARIOS, run_scenario, wait_until
+    from kvscope.sim.catalog import SCENARIOS
 
     name = args.scenario
     if name not in SCENARIOS:
         print(f"kvscope demo: unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}",
               file=sys.stderr)
         return EXIT_USAGE
+    from kvscope.sim.scenarios import run_scenario, wait_until
+
     t0 = time.monotonic()
     with run_scenario(name, exporter_port=args.port) as sc:
         print(f"== scenario {name}: {sc.description}")
@@ -182,18 +169,17 @@ def _demo(args: argparse.Namespace) -> int:
                 time.sleep(args.serve)
             except KeyboardInterrupt:
                 pass
-    ok = report.top is not None and report.top.id == EXPECTED_VERDICT.get(name)
+    ok = report.top is not None and report.top.id == SCENARIOS[name].expected_verdict
     print(f"\n{'OK' if ok else 'UNEXPECTED'}: scenario {name} -> verdict "
           f"{report.top.id if report.top else None}")
     return EXIT_OK if ok else EXIT_UNEXPECTED
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
-    _quiet_vllm()
-    from kvscope.sim.scenarios import SCENARIOS
+    from kvscope.sim.catalog import SCENARIOS  # metadata only: no vLLM, no torch
 
-    for name, fn in SCENARIOS.items():
-        print(f"{name:24} {(fn.__doc__ or '').strip().splitlines()[0]}")
+    for s in SCENARIOS.values():
+        print(f"{s.name:24} {s.doc}")
     return 0
 
 

@@ -5,7 +5,9 @@ real scheduler, offloading connector and tiering manager; CPU copies where a
 GPU would DMA) into one of the situations kvscope exists to tell apart, and
 records the facts a test or the demo checks (same output? tokens restored?).
 
-``run_scenario`` runs one and serves what it produced:
+What each one reproduces, the verdict it must get and the engine facts that show it
+happened are its entry in :mod:`kvscope.sim.catalog`. ``run_scenario`` runs one and
+serves what it produced:
 
 * ``metrics_url``: kvscope's standalone exporter over the scheduler and every
   rank of the scenario's engine(s) (``exporter_port``; 0 = a free port);
@@ -33,6 +35,7 @@ from prometheus_client import REGISTRY, start_http_server
 
 from kvscope.exporters.prometheus import DEFAULT_ADDR, Exporter, start_exporter
 from kvscope.exporters.recorder import Recorder
+from kvscope.sim.catalog import CATALOG
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 
 PROMPT_TOKENS = 96  # 6 chunks of 16 tokens per KV group
@@ -87,14 +90,12 @@ def _ask_flood_ask(e: CPUEngine, run: ScenarioRun) -> None:
 
 
 def healthy(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """Store, evict to disk, ask again: promotions, then a hit; output identical."""
     e = CPUEngine(replace(cfg, rows=12))
     run.engines.append(e)
     _ask_flood_ask(e, run)
 
 
 def capacity_ceiling(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """Primary tier (6 rows) smaller than the prompt's 6 chunks x 2 groups: vetoed."""
     # 6 rows: enough for one step's store job while the previous one cascades to
     # disk (so the whole prompt reaches disk), too few for its 12 keys at once.
     e = CPUEngine(replace(cfg, rows=6))
@@ -103,7 +104,6 @@ def capacity_ceiling(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def livelock(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """8 rows, between one and two groups' worth: deferred round after round."""
     e = CPUEngine(replace(cfg, rows=8))
     run.engines.append(e)
     target = prompt(1, PROMPT_TOKENS)
@@ -121,7 +121,6 @@ def livelock(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def stale_rows(run: ScenarioRun, cfg: EngineConfig, policy: str = "refuse") -> None:
-    """Rank 1 maps its own /dev/shm (another node): promotions never reach it."""
     # One KV group: block-level load errors, recovered by every supported vLLM
     # (several groups: stale_rows_hybrid, compat.load_failures).
     e = CPUEngine(replace(cfg, rows=12, kv_groups=1, num_gpu_blocks=16, own_region_ranks=(1,),
@@ -131,13 +130,10 @@ def stale_rows(run: ScenarioRun, cfg: EngineConfig, policy: str = "refuse") -> N
 
 
 def stale_rows_observe(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """As stale-rows, with checksum_policy=observe: the stale load is served."""
     stale_rows(run, cfg, policy="observe")
 
 
 def stale_rows_hybrid(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """As stale-rows on a model with two KV groups: vLLM 0.33 fails the refused load per
-    request (failed_recving) and recomputes it; 0.26 cannot, so refuse degrades to observe."""
     e = CPUEngine(replace(cfg, rows=24, kv_groups=2, own_region_ranks=(1,),
                           checksum_policy="refuse"))
     run.engines.append(e)
@@ -145,7 +141,6 @@ def stale_rows_hybrid(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def pending_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """Rank 1 never reports its store jobs: the engine idles with a transfer in flight."""
     e = CPUEngine(replace(cfg, rows=64, stuck=lambda rank, kind, job: rank == 1
                           and kind == "store"))
     run.engines.append(e)
@@ -159,7 +154,6 @@ def pending_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def queue_wait(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """One long decode holds the only running slot; later requests queue behind it."""
     e = CPUEngine(replace(cfg, rows=64, max_num_seqs=1, max_num_batched_tokens=64))
     run.engines.append(e)
     long = e.add_request(prompt(1, 32), 100_000)
@@ -173,14 +167,12 @@ def queue_wait(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def store_never_fits(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """A whole prompt prefilled in one step: its store job is larger than the tier."""
     e = CPUEngine(replace(cfg, rows=4, max_num_batched_tokens=256))
     run.engines.append(e)
     _ask_flood_ask(e, run)
 
 
 def stores_without_restores(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """The engine restarts without PYTHONHASHSEED: the same prompt gets new keys."""
     shared = tempfile.mkdtemp(prefix="kvscope-restart-")
     run.facts["shared_dir"] = shared
     base = replace(cfg, rows=64, fs_root=os.path.join(shared, "fs"),
@@ -239,7 +231,6 @@ def _reask(e: CPUEngine, run: ScenarioRun, targets: list[list[int]], first: list
 
 
 def truncated(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """One 12-chunk prompt, 8 primary rows, 1 KV group: the restore stops at the rows."""
     # Chunked prefill (one chunk a step) stores every chunk, so the whole prompt
     # reaches disk; the tier's I/O races the steps as beside a real engine.
     e = CPUEngine(replace(cfg, rows=8, kv_groups=1, num_gpu_blocks=24, settle_tiers=False))
@@ -254,7 +245,6 @@ def truncated(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 
 def concurrency(run: ScenarioRun, cfg: EngineConfig) -> None:
-    """Three 8-chunk prompts re-asked at once, 12 rows: each fits alone, not together."""
     e = CPUEngine(replace(cfg, rows=12, kv_groups=1, num_gpu_blocks=40))
     run.engines.append(e)
     targets = [prompt(100 + i, PROMPT_TOKENS + 32) for i in range(3)]
@@ -268,37 +258,17 @@ def concurrency(run: ScenarioRun, cfg: EngineConfig) -> None:
     _reask(e, run, targets, first)
 
 
-SCENARIOS: dict[str, Callable[..., None]] = {
-    "healthy": healthy,
-    "capacity-ceiling": capacity_ceiling,
-    "livelock": livelock,
-    "stale-rows": stale_rows,
-    "stale-rows-observe": stale_rows_observe,
-    "pending-at-idle": pending_at_idle,
-    "queue-wait": queue_wait,
-    "store-never-fits": store_never_fits,
-    "stores-without-restores": stores_without_restores,
-    "truncated": truncated,
-    "concurrency": concurrency,
-}
-
-# Variants of a catalogued incident that prove a version-specific path (run by name;
-# the per-scenario catalogue tests of dashboards and kv-diagnose do not iterate them).
-VARIANTS: dict[str, Callable[..., None]] = {
-    "stale-rows-hybrid": stale_rows_hybrid,
-}
-
-
 @contextlib.contextmanager
 def run_scenario(name: str, *, exporter_port: int | None = 0,
                  vllm_metrics_port: int | None = None, background_interval_s: float = 0.05,
                  addr: str = DEFAULT_ADDR, **engine_overrides: Any) -> Iterator[ScenarioRun]:
     """Run scenario ``name`` and serve its signals until the with-block exits."""
-    fn = SCENARIOS.get(name) or VARIANTS.get(name)
-    if fn is None:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    scenario = CATALOG.get(name)
+    if scenario is None:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(CATALOG)}")
+    fn = scenario.runner()
     cfg = _base(vllm_metrics=vllm_metrics_port is not None, **engine_overrides)
-    run = ScenarioRun(name, (fn.__doc__ or "").strip(), [])
+    run = ScenarioRun(name, scenario.doc, [])
     stop = threading.Event()
     thread = None
     server = None

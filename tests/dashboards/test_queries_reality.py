@@ -23,6 +23,7 @@ import pytest
 from kvscope.connector.compat import versions
 from kvscope.dashboards import rules as r
 from kvscope.exporters import signals as s
+from kvscope.sim.catalog import SCENARIOS
 from tests.dashboards import live
 from tests.support import querycheck as qc
 
@@ -79,8 +80,8 @@ def _start(stack: contextlib.ExitStack, name: str, **kwargs):
 @pytest.fixture(scope="module")
 def reality(live_pool):
     """(prom, {scenario id: (matchers selecting its target, ScenarioRun)}), all scraped."""
-    assert set(EXPECTED_ALERT_EXPRS) == set(scenarios.SCENARIOS), "a scenario without expectations"
-    order = sorted(scenarios.SCENARIOS, key=lambda n: (n in ONGOING, n))
+    assert set(EXPECTED_ALERT_EXPRS) == set(SCENARIOS), "a scenario without expectations"
+    order = sorted(SCENARIOS, key=lambda n: (n in ONGOING, n))
     targets = {n: live_pool.claim(n) for n in [*order, VLLM_ID]}
     stacks = {n: contextlib.ExitStack() for n in targets}
     try:
@@ -101,7 +102,7 @@ def reality(live_pool):
                 future.result()
 
 
-@pytest.mark.parametrize("scenario", sorted(scenarios.SCENARIOS))
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_queries_against_real_scenario(reality, scenario):
     prom, targets = reality
     within, _run = targets[scenario]

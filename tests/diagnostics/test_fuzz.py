@@ -29,21 +29,16 @@ from kvscope.diagnostics.model import DiagnoseError, RawWindow, Series  # noqa: 
 from kvscope.diagnostics.prometheus import prometheus_window  # noqa: E402
 from kvscope.diagnostics.report import format_text  # noqa: E402
 from kvscope.diagnostics.scrape import parse_exposition  # noqa: E402
+from kvscope.sim.catalog import SCENARIOS  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAMPAIGN = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 NAMES = sorted(WANTED_SERIES)
-INCIDENTS = {  # fixture -> verdict its real run produced (test_scenarios checks them)
-    "capacity-ceiling": "capacity_ceiling_veto",
-    "livelock": "capacity_ceiling_livelock",
-    "stale-rows": "stale_row_corruption",
-    "store-never-fits": "store_never_fits",
-    "stores-without-restores": "stores_without_restores",
-    "queue-wait": "queue_wait",
-    "truncated": "capacity_ceiling_truncated",
-    "concurrency": "capacity_ceiling_concurrency",
-}
+# fixtures recorded from a scenario run -> the verdict it must get (test_scenarios checks them)
+INCIDENTS = {name: SCENARIOS[name].expected_verdict for name in (
+    "capacity-ceiling", "livelock", "stale-rows", "store-never-fits", "stores-without-restores",
+    "queue-wait", "truncated", "concurrency")}
 
 
 def judged(raw: RawWindow):

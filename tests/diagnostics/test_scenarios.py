@@ -14,11 +14,11 @@ import re
 import time
 import traceback
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from kvscope.cli import EXPECTED_VERDICT
 from kvscope.diagnostics import (
     Thresholds,
     diagnose_bundle,
@@ -29,11 +29,12 @@ from kvscope.diagnostics import (
 from kvscope.diagnostics.bundle import write_bundle
 from kvscope.diagnostics.scrape import parse_exposition, scrape_window
 from kvscope.exporters import signals as S
+from kvscope.sim.catalog import CATALOG, SCENARIOS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# scenario -> the verdict that must rank first (the demo checks the same map)
-EXPECTED = EXPECTED_VERDICT
+# scenario -> the verdict that must rank first (the demo checks the same catalogue)
+EXPECTED = {name: s.expected_verdict for name, s in SCENARIOS.items()}
 RESTORE_FAILURES = {"capacity_ceiling_veto", "capacity_ceiling_livelock", "stale_row_corruption",
                     "capacity_ceiling_truncated", "capacity_ceiling_concurrency"}
 
@@ -51,28 +52,10 @@ def _runner():
     return mod
 
 
-# What each scenario claims to produce, from its own facts. The scenarios run
-# on real threads (the fs tier's I/O pool) and a few are timing-dependent: on a
-# loaded 2-core machine capacity-ceiling sometimes restores a 2-chunk prefix
-# instead of being vetoed, and livelock sometimes ends in a veto. A run that
-# did not reproduce its incident is run again (the test is about kv-diagnose,
-# not about the harness); what a run really did decides what is expected.
-PREMISES = {
-    "healthy": lambda f: f["same_output"] and f["restored_tokens"] > 0,
-    "capacity-ceiling": lambda f: f["restored_tokens"] == 0,
-    "livelock": lambda f: not f["stuck_request_done"],
-    "stale-rows": lambda f: f["same_output"] and f["restored_tokens"] == 0,
-    "stale-rows-observe": lambda f: f["restored_tokens"] > 0,
-    "pending-at-idle": lambda f: f["request_done"] and f["has_pending_work"],
-    "queue-wait": lambda f: f["long_running"] and f["queued_done"] == 0,
-    "store-never-fits": lambda f: f["restored_tokens"] == 0,
-    "stores-without-restores": lambda f: f["restored_tokens"] == 0,
-    # engine truth: restored at the re-ask < what the tiers held (files on disk), same output
-    "truncated": lambda f: f["finished"] and f["same_output"]
-    and f["restored_tokens"][0] < f["held_tokens"][0],
-    "concurrency": lambda f: f["finished"] and f["same_output"]
-    and any(r < h for r, h in zip(f["restored_tokens"], f["held_tokens"], strict=True)),
-}
+# The scenarios run on real threads (the fs tier's I/O pool); a run that did not
+# reproduce its incident (its catalogued premise, from engine facts, does not hold) is
+# run again: the test is about kv-diagnose, not about the harness. A scenario that
+# never reproduces it in ATTEMPTS runs fails the test; the expected verdict never moves.
 ATTEMPTS = 3
 
 
@@ -88,20 +71,36 @@ def _vllm_store_after_finish(exc: BaseException) -> bool:
             and frames[-1].name == "prepare_store")
 
 
-@contextlib.contextmanager
-def _scenario(sc_mod, name: str, **kw):
-    """run_scenario, again (up to ATTEMPTS) while the run did not reproduce its incident."""
+def _judged(sc_mod, name: str, judge: Callable, **kw):
+    """``judge(run)`` on a run of scenario ``name`` that reproduced its incident.
+
+    The premise is checked twice: on the facts the run recorded, and, for the
+    livelock (its engine keeps stepping while judged), again after judging: a
+    request that escaped meanwhile makes the window a mix of livelock and veto.
+    """
+    scenario = CATALOG[name]
+    misses = []
     for attempt in range(1, ATTEMPTS + 1):
         with contextlib.ExitStack() as stack:
             try:
                 sc = stack.enter_context(sc_mod.run_scenario(name, **kw))
             except KeyError as exc:
-                if attempt < ATTEMPTS and _vllm_store_after_finish(exc):
+                if _vllm_store_after_finish(exc):
+                    misses.append(f"run {attempt}: vLLM 0.26 prepare_store KeyError({exc})")
                     continue
                 raise
-            if PREMISES[name](sc.facts) or attempt == ATTEMPTS:
-                yield sc
-                return
+            facts = {k: v for k, v in sc.facts.items() if k not in ("step_lock", "shared_dir")}
+            if not scenario.premise(sc.facts):
+                misses.append(f"run {attempt}: facts {facts}")
+                continue
+            result = judge(sc)
+            if name == "livelock" and not _livelocked(sc):
+                misses.append(f"run {attempt}: the request escaped the livelock while judged")
+                continue
+            return result
+    pytest.fail(f"scenario {name} did not reproduce its incident in {ATTEMPTS} runs (premise: "
+                f"{scenario.premise_doc}); its verdict would prove nothing:\n  "
+                + "\n  ".join(misses), pytrace=False)
 
 
 def _gauge(url: str, name: str, **labels: str) -> float:
@@ -120,32 +119,16 @@ def _settle(name: str, url: str, wait_until) -> None:
         assert ok, "the stuck store never aged past --stuck-after"
 
 
-CAPACITY_FORMS = {"capacity_ceiling_veto", "capacity_ceiling_livelock"}
-
-
 def _livelocked(sc) -> bool:
     """Whether the livelock scenario's request is still unfinished (ground truth)."""
     with sc.facts["step_lock"]:
         return sc.engine.scheduler.get_num_unfinished_requests() > 0
 
 
-def _expected(name: str, sc=None) -> set[str]:
-    """The verdicts that may rank first, from what the engine really did.
-
-    The livelock scenario is timing-dependent: on a loaded machine (2 busy
-    cores) the request escapes about half the time, vetoed and recomputed, so
-    the incident really was the veto form after a spell of livelock.
-    """
-    if name == "livelock" and sc is not None and not _livelocked(sc):
-        return CAPACITY_FORMS
-    return {EXPECTED[name]}
-
-
-def _check(name: str, report, expected: set[str] | None = None) -> None:
+def _check(name: str, report) -> None:
     """The top verdict, and the evidence that makes it exact for this scenario."""
     text = format_text(report)
-    expected = expected or {EXPECTED[name]}
-    assert report.top.id in expected, text
+    assert report.top.id == EXPECTED[name], text
     assert report.exit_code == (0 if EXPECTED[name] == "healthy" else 1), text
     top = report.top
     ev_text = " | ".join(top.evidence)
@@ -202,16 +185,16 @@ def _check(name: str, report, expected: set[str] | None = None) -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_scraped_live(name):
     sc_mod = _runner()
-    with _scenario(sc_mod, name, exporter_port=0) as sc:
+
+    def judge(sc):
         _settle(name, sc.metrics_url, sc_mod.wait_until)
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
             FIXTURES.mkdir(exist_ok=True)
             write_bundle(scrape_window([sc.metrics_url], 1.0), str(FIXTURES / f"{name}.kvb"),
                          force=True)
-            assert name != "livelock" or _livelocked(sc), "escaped while recording: record again"
-        report = diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH)
-        expected = _expected(name, sc)
-    _check(name, report, expected)
+        return diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH)
+
+    _check(name, _judged(sc_mod, name, judge, exporter_port=0))
 
 
 @pytest.mark.vllm
@@ -219,7 +202,8 @@ def test_scenario_scraped_live(name):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_through_prometheus(name, prometheus):
     sc_mod = _runner()
-    with _scenario(sc_mod, name, exporter_port=0) as sc:
+
+    def judge(sc):
         prom = prometheus([sc.metrics_url])
         prom.wait_for("kvscope_scheduler_steps_total")
         # three scrapes at least, so rates and "recent" exist
@@ -228,10 +212,10 @@ def test_scenario_through_prometheus(name, prometheus):
             prom.wait_for(f'max({S.OLDEST_PENDING_TRANSFER.name}{{kind="store"}}) > '
                           f'{STUCK_AFTER_S + 0.2}', timeout=30)
         end = time.time()
-        report = diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}',
-                                     thresholds=TH)
-        expected = _expected(name, sc)
-    _check(name, report, expected)
+        return diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}',
+                                   thresholds=TH)
+
+    _check(name, _judged(sc_mod, name, judge, exporter_port=0))
 
 
 # ---- vLLM's own /metrics: kvscope series with model_name/engine, vLLM's queue gauges ----
@@ -256,11 +240,14 @@ def _check_vllm_queue_wait(report) -> None:
 @pytest.mark.vllm
 def test_queue_wait_from_vllm_metrics_endpoint():
     sc_mod = _runner()
-    with _scenario(sc_mod, "queue-wait", exporter_port=None, vllm_metrics_port=0) as sc:
+
+    def judge(sc):
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
             FIXTURES.mkdir(exist_ok=True)
             write_bundle(scrape_window([sc.vllm_metrics_url], 1.0), str(FIXTURES / VLLM_FIXTURE))
-        report = diagnose_scrape([sc.vllm_metrics_url], interval=1.0, thresholds=TH)
+        return diagnose_scrape([sc.vllm_metrics_url], interval=1.0, thresholds=TH)
+
+    report = _judged(sc_mod, "queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
     _check_vllm_queue_wait(report)
 
 
@@ -268,12 +255,15 @@ def test_queue_wait_from_vllm_metrics_endpoint():
 @pytest.mark.prometheus
 def test_queue_wait_from_vllm_metrics_through_prometheus(prometheus):
     sc_mod = _runner()
-    with _scenario(sc_mod, "queue-wait", exporter_port=None, vllm_metrics_port=0) as sc:
+
+    def judge(sc):
         prom = prometheus([sc.vllm_metrics_url])
         prom.wait_for("count_over_time(kvscope_scheduler_steps_total[1m]) >= 3", timeout=30)
         end = time.time()
-        report = diagnose_prometheus(prom.url, end - 120, end,
-                                     selector='{job="kvscope",engine="0"}', thresholds=TH)
+        return diagnose_prometheus(prom.url, end - 120, end,
+                                   selector='{job="kvscope",engine="0"}', thresholds=TH)
+
+    report = _judged(sc_mod, "queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
     _check_vllm_queue_wait(report)
 
 
