@@ -7,11 +7,16 @@ when the MISS was a promotion refused for want of a primary row (the rare path)
 is the rest of the prefix probed, read only (``compat.held_prefix``: the cache
 policy's dict and the fs tier's existence-check results; no I/O, no promotion).
 
+A MISS no tier could answer is told apart once more: a key whose store job the
+primary tier refused for lack of space (``store_refusals``) was never stored
+although the engine tried (``store_refused``); any other is ``not_stored``.
+
 Called once per ended round (hit, miss or vetoed), never per key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -56,10 +61,11 @@ def _index(keys: list[bytes], key: bytes, start: int) -> int:
 def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[bytes],
           verdict: Verdict, offered: int, num_computed: int,
           groups: list[tuple[bytes, int, bool]], keys_by_group: list[list[bytes]],
-          manager: Any) -> Coverage | None:
+          manager: Any, refused_stores: Container[bytes] = ()) -> Coverage | None:
     """``first_miss``: group suffix -> (first key answered MISS, why); ``scanned``: group
     suffixes looked up this round (read only when a refusal cut it); ``groups``: (key
-    suffix, tokens per chunk, sliding window) of each KV group (:func:`group_suffixes`).
+    suffix, tokens per chunk, sliding window) of each KV group (:func:`group_suffixes`);
+    ``refused_stores``: keys whose store job was refused for lack of space.
 
     Once per ended round: plain loops, no generators (this runs on vLLM's scheduler thread).
     """
@@ -71,6 +77,7 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
     want_end = held_end = -1  # -1: no group yet
     quarantined = sw_miss = False
     starts: list[tuple[int, int]] = []  # (tokens per chunk, first chunk not computed)
+    absent: list[tuple[int, bytes]] = []  # (tokens, key) where a full group's scan found nothing
     for (suffix, tpc, sw), keys in zip(groups, keys_by_group, strict=False):
         if tpc <= 0:
             continue
@@ -95,6 +102,8 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
                 end += compat.held_prefix(manager, keys[end:])
             elif cause is _QUARANTINED:
                 quarantined = True
+            elif not sw:
+                absent.append((end * tpc, key))
         if sw:  # a window, not a prefix: it vetoes, it does not bound the held prefix
             sw_miss = sw_miss or miss is not None
             continue
@@ -119,7 +128,13 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
     if offered >= want:
         reason = None
     elif held <= offered:
+        # the stored prefix ends where a full group's scan found nothing: was that
+        # chunk's store refused (stored only in part), or never tried?
         reason = ShortReason.NOT_STORED
+        for end, key in absent:
+            if end == held_end and key in refused_stores:
+                reason = ShortReason.STORE_REFUSED
+                break
     elif verdict is _VETOED or (sw_miss and offered == 0):
         reason = ShortReason.GROUP_VETO
     elif refused:

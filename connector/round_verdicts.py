@@ -8,6 +8,7 @@ primary tier's row count (the row ceiling's tells).
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -25,18 +26,21 @@ _HIT, _VETOED, _DEFERRED = Verdict.HIT, Verdict.VETOED, Verdict.DEFERRED
 _NOTHING: frozenset[bytes] = frozenset()
 _REASON_LABELS = {r: (r.value,) for r in ShortReason}
 _NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
+_STORE_REFUSED = ShortReason.STORE_REFUSED
 _FORM_LABELS = {f: (f.value,) for f in CeilingForm}
 
 
 class RoundVerdicts:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
-                 primary: Any, requests: RequestStates) -> None:
+                 primary: Any, requests: RequestStates,
+                 refused_stores: Container[bytes] = ()) -> None:
         self.rec = recorder
         self.tracer = tracer
         self.tracing = False  # set by the coordinator (re-checked periodically)
         self.cs = connector_scheduler
         self.primary = primary
         self.requests = requests
+        self.refused_stores = refused_stores  # keys whose store job found no primary row
         # (key suffix, tokens per chunk, sliding window) per KV group
         self.groups = group_suffixes(compat.lookup_groups(connector_scheduler))
         # Per-step sums of the common path, handed to the recorder by flush()
@@ -121,7 +125,8 @@ class RoundVerdicts:
         cov = judge(first_miss=rnd.first_miss(),
                     scanned=rnd.scanned() if rnd.refusals else _NOTHING,
                     verdict=verdict, offered=offered, num_computed=num_computed,
-                    groups=self.groups, keys_by_group=keys, manager=self.cs.manager)
+                    groups=self.groups, keys_by_group=keys, manager=self.cs.manager,
+                    refused_stores=self.refused_stores)
         if cov is None:
             return None
         if cov.held > 0:
@@ -134,8 +139,9 @@ class RoundVerdicts:
         rec.inc(signals.RESTORE_SHORT_ROUNDS, label)
         if cov.held > cov.offered:
             rec.inc(signals.RESTORE_SHORT_TOKENS, label, cov.held - cov.offered)
-        if cov.want > cov.held:
-            rec.inc(signals.RESTORE_SHORT_TOKENS, _NOT_STORED, cov.want - cov.held)
+        if cov.want > cov.held:  # beyond the stored prefix: refused stores, or never stored
+            rec.inc(signals.RESTORE_SHORT_TOKENS,
+                    label if cov.reason is _STORE_REFUSED else _NOT_STORED, cov.want - cov.held)
         if cov.refused and cov.held > cov.offered:  # rare: the row ceiling cut this restore
             others = self.requests.restoring_others(req_id)
             need = self.requests.need

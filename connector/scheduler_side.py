@@ -28,6 +28,7 @@ from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts
 from kvscope.connector.step_gauges import StepGauges
+from kvscope.connector.store_refusals import RefusedStores
 from kvscope.connector.tier_taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
@@ -79,7 +80,7 @@ class ManagerProxy:
 
     def prepare_store(self, keys, req_context, *args, **kwargs):
         out = self._inner.prepare_store(keys, req_context, *args, **kwargs)
-        self._obs.on_prepare_store(out)
+        self._obs.on_prepare_store(out, keys)
         return out
 
 
@@ -132,9 +133,14 @@ class SchedulerObserver:
         self.taps = TierTaps(recorder=recorder, tracer=tracer, manager=inner, log=self.log,
                              rows=self.rows,
                              row_bytes=self.geometry.row_stride if self.geometry else 0)
+        # The CPU tier alone drops what it evicts: a refusal stops explaining a miss once
+        # the tier has cycled through its rows since.
+        self.refused_stores = RefusedStores(
+            forget_after=None if tiered else compat.row_states(self.taps.primary)[0])
         self.verdicts = RoundVerdicts(recorder=recorder, tracer=tracer,
                                       connector_scheduler=connector_scheduler,
-                                      primary=self.taps.primary, requests=self.requests)
+                                      primary=self.taps.primary, requests=self.requests,
+                                      refused_stores=self.refused_stores)
         self.gauges = StepGauges(recorder=recorder, connector_scheduler=connector_scheduler,
                                  taps=self.taps, requests=self.requests, rows=self.rows,
                                  spec=spec, vllm_config=vllm_config,
@@ -174,11 +180,14 @@ class SchedulerObserver:
         self.taps.declare()
 
     # ---- manager calls ---------------------------------------------------------------------
-    def on_prepare_store(self, out) -> None:
+    def on_prepare_store(self, out, keys=()) -> None:
         try:
             if out is None:
                 self.rec.inc(signals.STORE_JOBS, _NO_SPACE)
-            elif out.keys_to_store:
+                self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
+                return
+            self.refused_stores.prepared(keys, len(out.evicted_keys))
+            if out.keys_to_store:
                 self.rec.inc(signals.STORE_JOBS, _PREPARED)
                 rows = self.rows
                 if rows.expected or rows.quarantine:  # digests exist only with tiering

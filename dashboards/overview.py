@@ -22,7 +22,7 @@ TITLE = "KV offload / Overview"
 def restore_coverage(cfg: Config):
     r = Recorded(cfg)
     held = f"sum({r.restore_held_tokens_rate}{c.rsel()})"
-    short_of_held = s.L_REASON + '!="' + s.ShortReason.NOT_STORED.value + '"'
+    short_of_held = s.L_REASON + '!~"' + "|".join(s.NOT_HELD) + '"'
     return c.timeseries(
         "Restore coverage (offered / held)",
         "Of the prompt-prefix tokens the offload tiers held when lookup rounds ended (vLLM's "
@@ -31,7 +31,8 @@ def restore_coverage(cfg: Config):
         "was not restored: row_ceiling (the primary tier has fewer rows than the restore needs: "
         "a long prefix truncated at rows x chunk tokens, or concurrent restores), group_veto "
         "(another KV group missed), load_cap. Prefixes the tiers never held do not count here "
-        "(not_stored). kv-diagnose names the form and the rows needed.",
+        "(not_stored; store_refused where their store jobs were refused for lack of a primary "
+        "row). kv-diagnose names the form and the rows needed.",
         [
             (f"sum({r.hit_tokens_rate}{c.rsel()}) / {held}", "coverage"),
             (f"sum by ({s.L_REASON}) ({r.restore_short_tokens_rate}{c.rsel(short_of_held)})"

@@ -165,6 +165,9 @@ class ShortReason(str, Enum):
 
     ROW_CEILING = "row_ceiling"  # a tier held the next chunk; its promotion found no free row
     NOT_STORED = "not_stored"  # no tier holds the next chunk: the stored prefix ends there
+    # ... and its store job was refused for lack of a primary row (prepare_store: no_space):
+    # the prompt was stored only in part, its re-asks recompute the rest
+    STORE_REFUSED = "store_refused"
     GROUP_VETO = "group_veto"  # another KV group missed, and the cross-group AND gave 0
     LOAD_CAP = "load_cap"  # vLLM loaded less than every group holds (its own load limits)
     OTHER = "other"  # e.g. keys kvscope answers MISS for (quarantined after a refused load)
@@ -178,9 +181,9 @@ class CeilingForm(str, Enum):
     CONCURRENT = "concurrent"  # it fits alone; rows pinned by other work at the time cut it
 
 
-# Reasons where the tiers held more than was offered (everything but not_stored).
-SHORT_OF_HELD: tuple[str, ...] = tuple(
-    r.value for r in ShortReason if r is not ShortReason.NOT_STORED)
+# Reasons where the tiers held no more than was offered, and the others: where they held more.
+NOT_HELD: tuple[str, ...] = (ShortReason.NOT_STORED.value, ShortReason.STORE_REFUSED.value)
+SHORT_OF_HELD: tuple[str, ...] = tuple(r.value for r in ShortReason if r.value not in NOT_HELD)
 
 
 class ErrorSite(str, Enum):
@@ -349,15 +352,16 @@ RESTORE_HELD_TOKENS = Metric(
 RESTORE_SHORT_ROUNDS = Metric(
     "kvscope_restore_short_rounds_total", Kind.COUNTER,
     "Ended lookup rounds that offered less than the request's whole loadable prefix, by why "
-    "the offer stopped there; not_stored is benign (the tiers hold no more), the others mean "
-    "the tiers held more than was offered.",
+    "the offer stopped there; not_stored is benign (the tiers hold no more), store_refused "
+    "means the tiers hold no more because the prefix's store job was refused for lack of a "
+    "primary row (stored in part), the others mean the tiers held more than was offered.",
     (L_REASON,), label_values={L_REASON: _values(ShortReason)},
 )
 RESTORE_SHORT_TOKENS = Metric(
     "kvscope_restore_short_tokens_total", Kind.COUNTER,
     "Tokens of ended rounds' prefixes that were not offered, by reason: held minus offered "
     "under the reason the offer stopped at, the prefix beyond what the tiers hold under "
-    "not_stored. These tokens are recomputed.",
+    "not_stored (store_refused where its store job was refused). These tokens are recomputed.",
     (L_REASON,), label_values={L_REASON: _values(ShortReason)},
 )
 RESTORE_COVERAGE = Metric(

@@ -2,6 +2,13 @@
 
 ``prepare_store`` refuses the whole job (``no_space``), so nothing from it
 reaches any tier, and the disk tier stays empty.
+
+Partial form: some of a prompt's store jobs fit, the rest were refused, so the
+prompt is stored only in part; its re-ask restores that part and recomputes the
+rest, and the hit counters look fine. The connector names it at the lookup
+(``kvscope_restore_short_rounds_total{reason="store_refused"}``: the round's
+offer stopped at a chunk whose store job was refused): precise where the
+refusal counts alone are not (floods refused and never asked again are harmless).
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import math
 from kvscope.exporters import signals as S
 
 from ..checks import tiered
-from ..evidence import Evidence
+from ..evidence import Evidence, Quantity
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
 from ._common import bytes_for, n, window_word
@@ -33,6 +40,16 @@ def needs(ev: Evidence) -> tuple:
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    # Re-asks cut short where their own prompts' store jobs were refused (any window:
+    # the refusals may precede it, the recompute is now).
+    short = ev.coverage.rounds(S.ShortReason.STORE_REFUSED)
+    whole = _never_fits(ev, th)
+    if whole is None and short.increase > 0:
+        return _partial(ev, th, short)
+    return whole
+
+
+def _never_fits(ev: Evidence, th: Thresholds) -> Finding | None:
     no_space = ev.tiers.store(S.StoreJobResult.NO_SPACE)
     cascaded = ev.tiers.cascade(S.CascadeResult.COMPLETED)
     prepared = ev.tiers.store(S.StoreJobResult.PREPARED).increase
@@ -63,35 +80,21 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if no_space.recent > 0:
         lines.append(f"still happening: +{n(no_space.recent)} refused in the last {ev.source.recent_span:.0f} s")
     conf = 0.9 if prepared == 0 else 0.6 if not reached else 0.5
-    # One request's store job in one step covers the full chunks its prefill
-    # completed in that step, in every KV group: up to
-    # ceil(max_num_batched_tokens / chunk_tokens) chunks x groups rows, which
-    # prepare_store must find free at once or refuses whole.
-    groups = ev.kv_group_count
-    chunk = ev.info_int("chunk_tokens")
-    batched = ev.info_int("max_num_batched_tokens")
-    if chunk and batched:
-        per_step = math.ceil(batched / chunk) * groups
-        lines.append(
-            f"one step can prefill max_num_batched_tokens={batched} tokens = "
-            f"{math.ceil(batched / chunk)} chunks of {chunk} tokens × {groups} KV group"
-            f"{'s' if groups != 1 else ''} = {per_step} rows per store job; primary tier: {rows} rows"
-        )
-        fit_tokens = (rows // groups) * chunk
-        need = math.ceil(per_step * (1 + th.row_margin) - 1e-9)
-        lower = (f"lower max_num_batched_tokens to ≤ {fit_tokens} (= {rows // groups} chunks × "
-                 f"{chunk} tokens per group: a step's store job then fits {rows} rows, with no "
-                 "room left for restores)" if fit_tokens > 0 else
-                 f"the tier cannot hold even one chunk of every group ({groups} rows)")
+    conf, more, per_step = _job_size(ev, rows, conf)
+    lines += more
+    if per_step:
+        fit_tokens = (rows // ev.kv_group_count) * ev.info_int("chunk_tokens")
+        need = _with_margin(per_step, th)
+        lower = (f"lower max_num_batched_tokens to ≤ {fit_tokens} (= {rows // ev.kv_group_count} "
+                 f"chunks × {ev.info_int('chunk_tokens')} tokens per group: a step's store job "
+                 f"then fits {rows} rows, with no room left for restores)" if fit_tokens > 0 else
+                 f"the tier cannot hold even one chunk of every group ({ev.kv_group_count} rows)")
         step = (f"One step's store job (up to {per_step} rows) is larger than the CPU primary tier "
                 f"({rows} rows); a refused job is retried with the next step's chunks added, so "
                 f"once refused it only grows and nothing is ever stored. Grow the tier to ≥ {need} rows "
                 f"({per_step} + {th.row_margin:.0%} margin)" + bytes_for(need, ev, th)
                 + f"; or {lower}.")
-        if per_step > rows:
-            conf = min(conf + 0.05, 0.95)
     else:
-        lines.append(f"primary tier: {rows} rows")
         step = (
             "One step's store job (a whole prompt prefilled in one step) is larger than the CPU "
             f"primary tier ({rows} rows): raise cpu_bytes_to_use, or lower "
@@ -107,3 +110,64 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         severity=SEVERITY,
         marks=marks,
     )
+
+
+def _partial(ev: Evidence, th: Thresholds, short: Quantity) -> Finding:
+    """Prompts stored in part: their re-asks came short at a refused store."""
+    c, w = ev.coverage, window_word(ev)
+    rows = int(ev.primary_rows)
+    no_space = ev.tiers.store(S.StoreJobResult.NO_SPACE)
+    prepared = ev.tiers.store(S.StoreJobResult.PREPARED).increase
+    lost = c.tokens(S.ShortReason.STORE_REFUSED).increase
+    lines = [f"{n(short.increase)} lookup round{'s' if short.increase != 1 else ''} {w} stopped "
+             "at a chunk whose store job the primary tier had refused for lack of space: the "
+             "prompt was stored only in part"
+             + (f", {n(lost)} tokens of it not restored (recomputed)" if lost > 0 else "")]
+    held = c.held_tokens.increase if c.held_tokens.present else 0
+    if held > 0:
+        lines.append(f"{n(ev.rounds.hit_tokens.increase)} tokens offered of {n(held)} the tiers "
+                     "held: the restores got what was stored, the stores were cut")
+    if no_space.present:
+        lines.append(f"{n(no_space.increase)} store jobs refused (no_space) {w}, "
+                     f"{n(prepared)} prepared"
+                     + ("; the refusals came earlier" if no_space.increase <= 0 else ""))
+    conf, more, per_step = _job_size(ev, rows, 0.8)
+    lines += more
+    # A job that fits the tier alone is refused when earlier jobs' rows are still pinned
+    # (being written to the primary tier, then copied to the disk tier): room for two
+    # jobs in flight at once.
+    need = _with_margin(2 * per_step if per_step else rows * 2, th)
+    job = f"a step's store job (up to {per_step} rows)" if per_step else "a step's store job"
+    step = (f"Part of each such prompt is recomputed on every re-ask: {job} found no free "
+            f"primary row while the prompt was prefilled (rows pinned by earlier jobs still "
+            f"being written or copied to the disk tier, by restores, by other requests). Grow "
+            f"the CPU primary tier to ≥ {need} rows (now {rows}; two jobs in flight + "
+            f"{th.row_margin:.0%} margin)" + bytes_for(need, ev, th)
+            + "; or lower max_num_batched_tokens so each job needs fewer rows.")
+    marks = [Mark("rounds", short.samples[-1][0], "store refused")] if short.samples else []
+    return Finding(id=ID, title=TITLE + " (stored in part)", confidence=conf, evidence=lines,
+                   next_step=step, severity=SEVERITY, marks=marks)
+
+
+def _with_margin(rows: int, th: Thresholds) -> int:
+    return math.ceil(rows * (1 + th.row_margin) - 1e-9)
+
+
+def _job_size(ev: Evidence, rows: int, conf: float) -> tuple[float, list[str], int]:
+    """(confidence, evidence lines, rows one step's store job can need; 0: unknown)."""
+    # One request's store job in one step covers the full chunks its prefill
+    # completed in that step, in every KV group: up to
+    # ceil(max_num_batched_tokens / chunk_tokens) chunks x groups rows, which
+    # prepare_store must find free at once or refuses whole.
+    groups = ev.kv_group_count
+    chunk = ev.info_int("chunk_tokens")
+    batched = ev.info_int("max_num_batched_tokens")
+    if not (chunk and batched):
+        return conf, [f"primary tier: {rows} rows"], 0
+    per_step = math.ceil(batched / chunk) * groups
+    line = (f"one step can prefill max_num_batched_tokens={batched} tokens = "
+            f"{math.ceil(batched / chunk)} chunks of {chunk} tokens × {groups} KV group"
+            f"{'s' if groups != 1 else ''} = {per_step} rows per store job; primary tier: {rows} rows")
+    if per_step > rows:
+        conf = min(conf + 0.05, 0.95)
+    return conf, [line], per_step

@@ -91,7 +91,7 @@ def _low_coverage(ev: Evidence, th: Thresholds) -> list[str]:
     if ratio >= th.anomaly_coverage_min:
         return []
     why = ", ".join(f"{k} {n(q.increase)}" for k, q in sorted(ev.coverage.short_tokens.items())
-                    if q.increase > 0 and k != S.ShortReason.NOT_STORED.value)
+                    if q.increase > 0 and k not in S.NOT_HELD)
     return [f"restore coverage {ratio:.0%}: {n(offered.increase)} of {n(held.increase)} tokens the "
             f"tiers held were offered to load {window_word(ev)}"
             + (f" (held tokens not offered, by reason: {why})" if why else "")]

@@ -82,3 +82,30 @@ def test_capacity_ceiling_veto_is_a_group_veto():
     assert _short(ex, S.ShortReason.GROUP_VETO) >= 1
     assert ex.value(S.RESTORE_SHORT_TOKENS.name, reason="group_veto") >= 96
     assert ex.value(S.LAST_CEILING_ROWS_NEEDED.name) == 12  # 6 chunks x 2 groups
+
+
+def test_a_prefix_ending_at_a_refused_store_is_told_from_one_never_stored():
+    """judge() on one full-attention group of 3 chunks, the second absent: store_refused
+    when that chunk's store job was refused for lack of space, not_stored otherwise."""
+    from kvscope.connector import compat
+    from kvscope.connector.coverage import MissCause, group_suffixes, judge
+    from kvscope.connector.store_refusals import RefusedStores
+
+    groups = group_suffixes([(16, False)])
+    suffix = groups[0][0]
+    keys = [bytes([i]) * 8 + suffix for i in range(3)]
+    refused = RefusedStores()
+
+    def reason():
+        cov = judge(first_miss={suffix: (keys[1], MissCause.ABSENT)}, scanned=set(),
+                    verdict=S.Verdict.HIT, offered=16, num_computed=0, groups=groups,
+                    keys_by_group=[keys], manager=None, refused_stores=refused)
+        assert (cov.offered, cov.held, cov.want) == (16, 16, 48)
+        return cov.reason
+
+    assert len(suffix) == compat.GROUP_SUFFIX_BYTES
+    assert reason() is S.ShortReason.NOT_STORED
+    refused.refused(keys[1:])
+    assert reason() is S.ShortReason.STORE_REFUSED
+    refused.prepared(keys[1:2])  # stored since: a miss there is no refusal's doing
+    assert reason() is S.ShortReason.NOT_STORED

@@ -165,3 +165,46 @@ def test_the_h200_runs_are_named_truncated(path):
     ev = report.evidence
     assert ev.coverage.ceiling_held.last == 2000  # 125 chunks on disk, as the engine had them
     assert ev.coverage.ceiling_rows_needed.last == 125 > ev.primary_rows
+
+
+# ---- prompts stored in part (store jobs refused for lack of space), the oracle matrix's
+# g124/g132/g198: the re-ask restored all the tiers held, the rest was never stored ----
+def _stored_in_part(store_refused_rounds: int) -> dict:
+    """32 store jobs fit and their keys reached the disk, 4 were refused; the re-ask
+    got the 16 tokens the tiers held of a 144-token prefix."""
+    d = base(rows=7)
+    d[L(S.LOOKUP_ROUNDS.name, verdict="hit")] = [0, 1]
+    d[L(S.LOOKUP_ROUNDS.name, verdict="miss")] = [0, 4]
+    d[S.HIT_TOKENS.name] = [0, 16]
+    d[S.RESTORE_HELD_TOKENS.name] = [0, 16]
+    d[L(S.STORE_JOBS.name, result="prepared")] = [0, 32]
+    d[L(S.STORE_JOBS.name, result="no_space")] = [0, 4]
+    d[L(S.CASCADES.name, result="completed")] = [0, 60]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="not_stored")] = [0, 4]  # the cold first asks
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="store_refused")] = [0, store_refused_rounds]
+    d[L(S.RESTORE_SHORT_TOKENS.name, reason="store_refused")] = [0, 128 * store_refused_rounds]
+    return d
+
+
+def test_a_prompt_stored_in_part_is_named_store_never_fits():
+    report = diagnose(evidence(_stored_in_part(1)))
+    top = report.top
+    assert top.id == "store_never_fits", [f.id for f in report.verdicts]
+    assert top.title == "Store never fits the primary tier (stored in part)"
+    assert report.exit_code == 1
+    text = " | ".join(top.evidence)
+    assert ("1 lookup round since process start stopped at a chunk whose store job the primary "
+            "tier had refused for lack of space: the prompt was stored only in part, 128 tokens "
+            "of it not restored (recomputed)") in text, text
+    assert "16 tokens offered of 16 the tiers held" in text, text
+    assert "4 store jobs refused (no_space) since process start, 32 prepared" in text, text
+    assert top.next_step.startswith("Part of each such prompt is recomputed on every re-ask")
+    assert "Grow the CPU primary tier to ≥ 18 rows (now 7;" in top.next_step, top.next_step
+
+
+def test_refused_stores_never_asked_again_are_healthy():
+    """Floods refused and never re-asked: no re-ask came short for it, so no incident
+    (a looser rule on no_space alone read healthy geometries as incidents)."""
+    report = diagnose(evidence(_stored_in_part(0)))
+    assert report.top.id == "healthy", [f.id for f in report.verdicts]
+
