@@ -77,7 +77,8 @@ def run_geometry(geom: Geometry, interval: float = SCRAPE_INTERVAL_S) -> dict:
         judged = _judge(engine, truth, interval)
     finally:
         engine.close()
-    truth_class, why = classify(truth["requests"], geom.rows, truth["pending_at_end"])
+    truth_class, why = classify(truth["requests"], geom.rows, truth["pending_at_end"],
+                                kv_groups=geom.kv_groups)
     expected = expected_verdicts(truth_class)
     expected = sorted(expected) if expected is not None else None
     row = {"geometry": geom.as_dict(), "truth": truth_class, "why": why,

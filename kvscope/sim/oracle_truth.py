@@ -39,11 +39,22 @@ present, joined by ``+`` (e.g. ``veto+concurrency``):
                      its first ask; with tiering (evictions cascade to disk, nothing is
                      dropped), also when a full-attention chunk of it reached no tier
 ``livelock``         the request is still unfinished after the step budget
-``veto``             short, needs more rows than the tier has, got 0 tokens
-``truncated``        short, needs more rows than the tier has, got some tokens
+``veto``             short, needs more rows than the tier has, got 0 tokens, and the
+                     model has several KV groups
+``truncated``        short, needs more rows than the tier has, got some tokens; or got
+                     0 with one KV group
 ``concurrency``      short, fits the tier alone, the concurrent asks together do not
 ``short_unexplained`` short, and none of the above explains it (a bug somewhere)
 ==================  ==================================================================
+
+Why one KV group never makes a ``veto``: the veto form is vLLM's cross-group AND
+giving 0 because one group missed while others found keys (kv-diagnose reads it
+from vetoed rounds). With one KV group there is nothing to veto: a restore that
+got 0 tokens there stopped at its first chunk, whose promotion found no free row,
+which is the truncated form at its floor (offered <= rows x chunk tokens, here 0;
+the same cut the H200 runs and the truncated demo show). The matrix's first runs
+called g017 and g070 of seed 0 (and one request of g002) ``veto``; kv-diagnose,
+seeing no vetoed round, named them truncated.
 """
 
 from __future__ import annotations
@@ -162,18 +173,21 @@ def restore_keys(keys: list[list[bytes]], held: int, chunk: int, local: int = 0)
     return frozenset(out)
 
 
-def request_form(r: RequestTruth, rows: int, together: int, concurrent: int) -> str | None:
+def request_form(r: RequestTruth, rows: int, together: int, concurrent: int,
+                 kv_groups: int) -> str | None:
     """The form of one finished request's short restore (None: not short)."""
     if not r.short:
         return None
     if r.need > rows:  # can never be restored whole, whatever else runs
-        return "veto" if r.restored == 0 else "truncated"
+        # one KV group: no cross-group AND to veto (see the module docstring)
+        return "veto" if r.restored == 0 and kv_groups > 1 else "truncated"
     if concurrent > 1 and together > rows:
         return "concurrency"
     return "short_unexplained"
 
 
-def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple[str, str]:
+def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool, *,
+             kv_groups: int) -> tuple[str, str]:
     """(truth class, why) from the facts; see the module docstring. Where requests of
     one geometry show different forms, the class names them all, joined by '+'."""
     if any(r.finished and not r.same_output for r in reqs):
@@ -184,11 +198,18 @@ def classify(reqs: list[RequestTruth], rows: int, pending_at_end: bool) -> tuple
     never = [r for r in reqs if (r.stored_first == 0 and r.prompt_keys > 0) or r.lost_first]
     stuck = [r for r in reqs if not r.finished and r not in never]
     # a prompt stored in part can also be restored short: it has both forms
-    forms = {request_form(r, rows, together, len(reqs)) for r in reqs} - {None}
+    forms = {request_form(r, rows, together, len(reqs), kv_groups) for r in reqs} - {None}
     why = []
     if never:
         forms.add("never_stored")
-        why.append(f"{len(never)} prompt(s) left no chunk in any tier after the first ask")
+        nothing = [r for r in never if r.stored_first == 0]
+        if nothing:
+            why.append(f"{len(nothing)} prompt(s) left no chunk in any tier after the first ask")
+        if len(nothing) < len(never):
+            part = [r for r in never if r.stored_first > 0]
+            why.append(f"{len(part)} prompt(s) stored only in part after the first ask (e.g. "
+                       f"{part[0].stored_first} of {part[0].prompt_keys} keys; a full-attention "
+                       "chunk reached no tier)")
     if stuck:
         forms.add("livelock")
         why.append(f"{len(stuck)} re-asked request(s) never finished")

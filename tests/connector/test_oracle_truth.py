@@ -58,7 +58,7 @@ def _req(held, need, served, restored, stored_first=1, finished=True):
     ([_req(0, 0, 0, 0, stored_first=0)], 8, "never_stored"),
 ])
 def test_truth_classes(reqs, rows, truth):
-    assert classify(reqs, rows, pending_at_end=False)[0] == truth
+    assert classify(reqs, rows, pending_at_end=False, kv_groups=2)[0] == truth
 
 
 def test_concurrency_needs_requests_that_fit_alone_and_not_together():
@@ -66,27 +66,40 @@ def test_concurrency_needs_requests_that_fit_alone_and_not_together():
                      served=96, restored=96, finished=True)
     b = RequestTruth(held=96, need_keys=frozenset(range(6, 12)), stored_first=6, prompt_keys=6,
                      served=0, restored=0, finished=True)
-    assert classify([a, b], 8, False)[0] == "concurrency"
-    assert classify([a, b], 12, False)[0] == "short_unexplained"  # they fit together
+    assert classify([a, b], 8, False, kv_groups=2)[0] == "concurrency"
+    assert classify([a, b], 12, False, kv_groups=2)[0] == "short_unexplained"  # they fit together
     big = RequestTruth(held=96, need_keys=frozenset(range(20, 30)), stored_first=6,
                        prompt_keys=10, served=0, restored=0, finished=True)
-    truth = classify([a, b, big], 8, False)[0]
+    truth = classify([a, b, big], 8, False, kv_groups=2)[0]
     assert truth == "veto+concurrency"
     assert expected_verdicts(truth) == {"capacity_ceiling_veto", "capacity_ceiling_concurrency"}
 
 
 def test_a_prompt_partly_lost_to_refused_stores_is_never_stored():
     r = _req(32, 2, 32, 32)  # restored all the tiers held ...
-    assert classify([r], 8, False)[0] == "healthy"
+    assert classify([r], 8, False, kv_groups=2)[0] == "healthy"
     r.lost_first = True  # ... but with tiering part of the prompt reached no tier
-    assert classify([r], 8, False)[0] == "never_stored"
+    truth, why = classify([r], 8, False, kv_groups=2)
+    assert truth == "never_stored"
+    assert why == ("1 prompt(s) stored only in part after the first ask (e.g. 1 of 6 keys; a "
+                   "full-attention chunk reached no tier)")
     r.served = r.restored = 0  # and what was stored was not restored either (needs 2 > 1 row)
-    assert classify([r], 1, False)[0] == "never_stored+veto"
+    assert classify([r], 1, False, kv_groups=2)[0] == "never_stored+veto"
 
 
 def test_output_and_pending_rank_first():
     r = _req(96, 6, 96, 96)
-    assert classify([r], 8, pending_at_end=True)[0] == "pending_at_idle"
+    assert classify([r], 8, pending_at_end=True, kv_groups=2)[0] == "pending_at_idle"
     r.same_output = False
-    assert classify([r], 8, pending_at_end=True)[0] == "wrong_output"
+    assert classify([r], 8, pending_at_end=True, kv_groups=2)[0] == "wrong_output"
     assert expected_verdicts("short_unexplained") is None
+
+
+def test_a_restore_cut_to_zero_with_one_kv_group_is_truncated_not_vetoed():
+    """No cross-group AND with one KV group: its restore stopped at the first chunk
+    whose promotion found no row (0 tokens), the truncated form at its floor."""
+    r = _req(96, 12, 0, 0)
+    assert classify([r], 8, False, kv_groups=1)[0] == "truncated"
+    assert classify([r], 8, False, kv_groups=2)[0] == "veto"
+    assert classify([_req(0, 0, 0, 0, stored_first=0)], 8, False, kv_groups=1)[1] == \
+        "1 prompt(s) left no chunk in any tier after the first ask"
