@@ -83,6 +83,15 @@ class Config:
     tier_write_failures_window: str = "10m"
     tier_write_failures_for: str = "5m"
 
+    # ---- stores refused (prompts stored in part) -----------------------------------------------
+    # Lookup rounds whose offer stopped at a chunk whose store job the primary tier had refused
+    # for lack of a free row (kvscope_restore_short_tokens_total{reason="store_refused"}): a
+    # prompt was stored only in part, and each re-ask recomputes the rest. Refusals alone are
+    # not enough (a flood of one-off prompts refused and never asked again costs nothing); a
+    # re-ask cut at one is. Tokens of that kind within the window, continuously for `for`.
+    stores_refused_window: str = "10m"
+    stores_refused_for: str = "5m"
+
     # ---- row checksum mismatch ---------------------------------------------------------------
     # A mismatch means a rank read bytes for a promoted row that differ from what was written:
     # the load was refused (vLLM recomputed), but the tier is corrupt or mis-addressed. One is
@@ -139,7 +148,7 @@ class Config:
             "restore_coverage_for",
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
             "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",
-            "tier_write_failures_for",
+            "tier_write_failures_for", "stores_refused_window", "stores_refused_for",
         ):
             value = getattr(self, name)
             if not _DURATION.match(value):

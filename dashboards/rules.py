@@ -21,6 +21,7 @@ ALERT_STORES_WITHOUT_RESTORES = "KVOffloadStoresWithoutRestores"
 ALERT_STATS_STALE = "KVOffloadStatsStale"
 ALERT_RESTORE_COVERAGE = "KVOffloadRestoreCoverageCollapsed"
 ALERT_TIER_WRITES_FAILING = "KVOffloadTierWritesFailing"
+ALERT_STORES_REFUSED = "KVOffloadStoresRefused"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -30,6 +31,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_STATS_STALE,
     ALERT_RESTORE_COVERAGE,
     ALERT_TIER_WRITES_FAILING,
+    ALERT_STORES_REFUSED,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -236,6 +238,15 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # a failed-cascade series born within the window with a value > 0
         f"or sum by ({by}) ({failed} > 0 unless {failed} offset {fw})"
     )
+    refused = (f"{s.RESTORE_SHORT_TOKENS.name}"
+               f"{sel(eq(s.L_REASON, s.ShortReason.STORE_REFUSED.value))}")
+    rw = cfg.stores_refused_window
+    stores_refused = (
+        # tokens re-asks recomputed because their prompts' store jobs had been refused ...
+        f"sum by ({by}) (increase({refused}[{rw}])) > 0\n"
+        # ... or a series born within the window with a value > 0
+        f"or sum by ({by}) ({refused} > 0 unless {refused} offset {rw})"
+    )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -300,6 +311,15 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"{_WHO} failed {{{{ printf \"%.0f\" $value }}}} cascade write(s) to its secondary "
             f"tier in the last {fw}, for more than {cfg.tier_write_failures_for}: the tier is "
             f"full, gone or not writable; what does not reach it cannot be restored.",
+        ),
+        _alert(
+            cfg, ALERT_STORES_REFUSED, stores_refused, cfg.stores_refused_for,
+            cfg.severity_warning,
+            "KV offload stores are refused: prompts are stored only in part.",
+            f"{_WHO} recomputed {{{{ printf \"%.0f\" $value }}}} prompt tokens in the last {rw} "
+            f"(for more than {cfg.stores_refused_for}) because their store jobs had been refused "
+            f"for lack of a free primary-tier row: those prompts were stored only in part and "
+            f"every re-ask recomputes the rest.",
         ),
     ]
 
