@@ -33,6 +33,7 @@ from kvscope.connector.compat.vllm_api import (
     declare_offload_metric,
 )
 from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
 from kvscope.connector.worker_side import WorkerProxy
 from kvscope.exporters import signals
 from kvscope.exporters.otel import get_tracer
@@ -63,6 +64,9 @@ class Settings:
     # --otlp-traces-endpoint). True: when there is none, kvscope installs an
     # OTLP/HTTP exporter itself (needs kvscope[otlp]; OTEL_EXPORTER_OTLP_* env).
     otlp_traces: bool = False
+    # Seconds between two checks, off the scheduler thread, that the data the secondary
+    # tiers confirmed written is still there (tier_probe.py); 0: no probe.
+    tier_probe_interval_s: float = DEFAULT_INTERVAL_S
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
@@ -73,6 +77,8 @@ class Settings:
         s = cls(**raw)
         if s.checksum_policy not in ChecksumPolicy.ALL:
             raise ValueError(f"checksum_policy must be one of {ChecksumPolicy.ALL}")
+        if not s.tier_probe_interval_s >= 0:
+            raise ValueError("tier_probe_interval_s must be >= 0 (0: no tier probe)")
         if s.checksum_algorithm not in ALGORITHMS:
             raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
         return s
@@ -109,7 +115,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     vllm_config=vllm_config,
                     kv_cache_config=kv_cache_config,
                     checksum_policy=effective_policy(self.kvscope_settings.checksum_policy,
-                                                     kv_cache_config, extra))
+                                                     kv_cache_config, extra),
+                    tier_probe_interval_s=self.kvscope_settings.tier_probe_interval_s)
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()

@@ -10,7 +10,8 @@ and never reaches vLLM. The rooms:
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
 * ``integrity``: promoted-row digests, checked loads, quarantine;
 * ``request_states``: queued / deferred / loading / running, counted incrementally;
-* ``step_gauges``: snapshot gauges and the info gauges.
+* ``step_gauges``: snapshot gauges and the info gauges;
+* ``tier_probe``: its own daemon thread: recently written tier data still there?
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts
 from kvscope.connector.step_gauges import StepGauges
 from kvscope.connector.store_refusals import RefusedStores
+from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S, TierProbe
 from kvscope.connector.tier_taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
@@ -110,7 +112,8 @@ class SchedulerObserver:
 
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
                  spec: Any, vllm_config: Any, kv_cache_config: Any,
-                 checksum_policy: str = ChecksumPolicy.REFUSE) -> None:
+                 checksum_policy: str = ChecksumPolicy.REFUSE,
+                 tier_probe_interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.rec = recorder
         self.tracer = tracer
         self.cs = connector_scheduler
@@ -156,6 +159,8 @@ class SchedulerObserver:
         self._lookup_guard = recorder.guard(ErrorSite.LOOKUP)
         self._round_guard = recorder.guard(ErrorSite.ROUND)
         self._declare_series()
+        self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
+                               interval_s=tier_probe_interval_s).start()
 
     # The checksum room's state, under the names faults.py and tests use.
     @property
@@ -229,7 +234,8 @@ class SchedulerObserver:
             self.rec.error(ErrorSite.STEP, exc)
 
     def close(self) -> None:
-        """Drop buffer exports so vLLM can close the primary tier's mmap."""
+        """Stop the tier probe; drop buffer exports so vLLM can close the primary tier's mmap."""
+        self.probe.close()
         self.rows.close()
 
     # ---- checked loads ---------------------------------------------------------------------

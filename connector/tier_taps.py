@@ -10,6 +10,7 @@ decides why the round's scan stopped) and counted.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -17,6 +18,7 @@ from opentelemetry.trace import Tracer
 from kvscope.connector import compat
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.tier_probe import WRITTEN_JOBS
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CascadeResult, Direction, ErrorSite, PromotionResult
@@ -52,6 +54,8 @@ class TierTaps:
         self.tiers = compat.secondary_tiers(manager)
         self.promotions: dict[int, TierJob] = {}
         self.cascades: dict[int, TierJob] = {}
+        # (tier, keys) of completed cascades, for the tier probe's thread (tier_probe.py)
+        self.written: deque[tuple[str, list[bytes]]] = deque(maxlen=WRITTEN_JOBS)
         self._guard = recorder.guard(ErrorSite.TIER)
         with self._guard:
             for tier in self.tiers:
@@ -144,6 +148,8 @@ class TierTaps:
             keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
             result = CascadeResult.COMPLETED if success else CascadeResult.FAILED
             self.rec.inc(signals.CASCADES, (result.value,), len(keys))
+            if success:
+                self.written.append((tj.tier, keys))
             labels = _CPU_TO_DISK
         if success:
             self.rec.inc(signals.TRANSFER_BYTES, labels, len(rows) * self.row_bytes)

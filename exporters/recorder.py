@@ -167,6 +167,25 @@ class Recorder:
                     if key in self._gauges:
                         self._delta_gauges[key] = self._gauges[key]
 
+    # ---- from another thread (a probe off the scheduler thread) --------------
+    # The hot-path methods above are single-writer (no lock): a second thread writing
+    # them could race flush()'s swap. These apply straight to the flushed state under
+    # the lock, as flush() does; the series should be declared (or set) first on the
+    # owning thread so that no new gauge key appears under a hot-path iteration.
+    def inc_threadsafe(self, metric: Metric, labels: Labels = (), value: float = 1.0) -> None:
+        key = (metric, labels)
+        with self._lock:
+            self._counters[key] = self._counters.get(key, 0.0) + value
+            if self._keep_delta:
+                self._delta_counts[key] += value
+
+    def set_threadsafe(self, metric: Metric, labels: Labels, value: float) -> None:
+        key = (metric, labels)
+        with self._lock:
+            self._gauges[key] = value
+            if self._keep_delta:
+                self._delta_gauges[key] = value
+
     def take_delta(self) -> Delta:
         with self._lock:
             delta = Delta(dict(self._delta_counts), dict(self._delta_gauges),

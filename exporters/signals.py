@@ -199,6 +199,7 @@ class ErrorSite(str, Enum):
     OTEL = "otel"
     WORKER = "worker"
     CHECKSUM = "checksum"
+    TIER_PROBE = "tier_probe"  # the secondary-tier probe's own thread (tier_probe.py)
 
 
 # ``rank`` label value for transfers made by the scheduler-side manager process
@@ -405,6 +406,27 @@ KV_GROUP_INFO = Metric(
     "Always 1; one series per KV-cache group with its attention kind and block size.",
     (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK),
 )
+# ---- secondary-tier probe (its own thread, every few seconds; tier_probe.py) ------------
+TIER_LOST_KEYS = Metric(
+    "kvscope_tier_lost_keys_total", Kind.COUNTER,
+    "Keys a secondary tier had confirmed written (a completed cascade) whose data is gone: the "
+    "probe found the block file of a recently written key missing (directory removed, volume "
+    "unmounted or wiped, files cleaned out of band). Those prefixes are recomputed; nothing "
+    "fails. Counted once per key, over a bounded sample of the latest keys written.",
+    (L_TIER,),
+)
+TIER_ROOT_PRESENT = Metric(
+    "kvscope_tier_root_present", Kind.GAUGE,
+    "1 while the directory a secondary tier created at start-up (its config.json's folder "
+    "under root_dir) exists, 0 once it is gone (removed or unmounted). vLLM's fs tier "
+    "recreates its block folders on the next write, not this one.",
+    (L_TIER,),
+)
+TIER_LAST_LOSS_TIMESTAMP = Metric(
+    "kvscope_tier_last_loss_timestamp_seconds", Kind.GAUGE,
+    "Unix time the probe last found keys of a secondary tier lost (0: never).",
+    (L_TIER,),
+)
 TELEMETRY_ERRORS = Metric(
     "kvscope_telemetry_errors_total", Kind.COUNTER,
     "Exceptions the instrumentation caught and swallowed (serving went on).",
@@ -453,6 +475,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_COVERAGE,
     RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
     LAST_CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
+    TIER_LOST_KEYS, TIER_ROOT_PRESENT, TIER_LAST_LOSS_TIMESTAMP,
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,

@@ -86,6 +86,16 @@ def secondary_holds(tier: Any, key: bytes) -> bool:
     return os.path.exists(mapper.get_file_name(key))
 
 
+def tier_home(tier: Any) -> str | None:
+    """The directory a file-backed tier created at start-up (its FileMapper's base path,
+    ``<root_dir>/<model>_<digest>``, holding ``config.json``); None without a file mapper.
+    vLLM 0.26 .. 0.33 write it once in the tier's constructor and never again: block files
+    live beside it (``<base>_r<rank>/...``, recreated by each write)."""
+    mapper = getattr(tier, "file_mapper", None)
+    base = getattr(mapper, "base_path", None)
+    return str(base) if base else None
+
+
 def tier_type(tier: Any) -> str:
     return str(getattr(tier, "tier_type", type(tier).__name__))
 

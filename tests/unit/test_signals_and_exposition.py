@@ -105,6 +105,35 @@ def test_recorder_delta_and_snapshot():
     assert hist.counts[S.PENDING_KEY_BUCKETS.index(4)] == 1
 
 
+def test_threadsafe_writes_reach_scrapes_and_the_stats_delta_at_once():
+    """A probe thread's writes: visible without a flush (an idle engine takes no steps),
+    in the delta vLLM's stats path takes next, and never lost to a concurrent flush."""
+    import threading
+
+    rec = Recorder()
+    rec.inc_threadsafe(S.TIER_LOST_KEYS, ("fs",), 3)
+    rec.set_threadsafe(S.TIER_ROOT_PRESENT, ("fs",), 0)
+    assert rec.value(S.TIER_LOST_KEYS, ("fs",)) == 3
+    assert rec.value(S.TIER_ROOT_PRESENT, ("fs",)) == 0
+    delta = rec.take_delta()
+    assert delta.counters[(S.TIER_LOST_KEYS, ("fs",))] == 3
+    assert delta.gauges[(S.TIER_ROOT_PRESENT, ("fs",))] == 0
+    stop = threading.Event()
+
+    def steps():  # the scheduler thread: its own counter, flushed per step
+        while not stop.is_set():
+            rec.inc(S.SCHEDULER_STEPS)
+            rec.flush()
+
+    t = threading.Thread(target=steps)
+    t.start()
+    for _ in range(20_000):
+        rec.inc_threadsafe(S.TIER_LOST_KEYS, ("fs",))
+    stop.set()
+    t.join()
+    assert rec.value(S.TIER_LOST_KEYS, ("fs",)) == 20_003
+
+
 def test_guard_counts_and_swallows():
     rec = Recorder()
     with rec.guard(S.ErrorSite.LOOKUP):

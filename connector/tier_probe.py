@@ -1,0 +1,145 @@
+"""The secondary-tier probe: data a tier confirmed written that is gone.
+
+vLLM's fs tier never deletes a file it wrote (no eviction; it removes only a file
+it could not read back), and each write ``os.makedirs`` its folders again. So when
+the tier's directory is removed (or its volume unmounted or wiped) mid-run, every
+later write succeeds and every earlier key silently misses: the data is lost, the
+restores are recomputed, and nothing fails or is counted anywhere.
+
+The tier taps (``tier_taps.py``) append the keys of each completed cascade to a
+bounded deque on the scheduler thread (one append per job, nothing else). This
+module's daemon thread, every ``interval_s`` seconds, moves them into a bounded
+sample of the latest keys written, checks that each sampled key's block file still
+exists (``os.stat`` through vLLM's file mapper, in ``compat``) and that the
+directory the tier created at start-up is there. A sampled key whose file is gone
+is counted once (``kvscope_tier_lost_keys_total{tier}``) and leaves the sample.
+
+Off the scheduler thread: file-system calls may block on a sick volume, and they
+must never stall a step. Errors are caught, counted
+(``kvscope_telemetry_errors_total{where="tier_probe"}``) and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+from kvscope.connector import compat
+from kvscope.exporters import signals
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import ErrorSite
+
+logger = logging.getLogger("kvscope")
+
+DEFAULT_INTERVAL_S = 5.0
+# Completed cascade jobs the taps keep for the probe between two probes (oldest dropped).
+WRITTEN_JOBS = 1024
+# Keys whose files one probe checks: the latest written. os.stat each, off-thread.
+SAMPLE_KEYS = 1024
+_ERROR = (ErrorSite.TIER_PROBE.value,)
+
+
+class TierProbe:
+    """Checks, off the scheduler thread, that recently written tier data still exists."""
+
+    def __init__(self, *, recorder: Recorder, tiers: list[Any], written: deque,
+                 interval_s: float = DEFAULT_INTERVAL_S, sample_keys: int = SAMPLE_KEYS) -> None:
+        self.rec = recorder
+        self.written = written  # (tier name, keys) per completed cascade, from the taps
+        self.interval_s = interval_s
+        self.sample_keys = sample_keys
+        # probed tiers: the file-backed ones (a name once: it is the series' label)
+        self.tiers: dict[str, Any] = {}
+        for tier in tiers:
+            name = compat.tier_type(tier)
+            if compat.tier_home(tier) is not None and name not in self.tiers:
+                self.tiers[name] = tier
+        self.samples: dict[str, OrderedDict[bytes, None]] = {n: OrderedDict() for n in self.tiers}
+        self.probes = 0  # completed probes (tests poll it)
+        self._logged = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Declared on the constructing thread: the probe thread then only updates them.
+        for name, tier in self.tiers.items():
+            labels = (name,)
+            recorder.declare(signals.TIER_LOST_KEYS, labels)
+            recorder.set(signals.TIER_LAST_LOSS_TIMESTAMP, labels, 0.0)
+            recorder.set(signals.TIER_ROOT_PRESENT, labels, float(_home_present(tier)))
+
+    def start(self) -> TierProbe:
+        if self.tiers and self.interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvscope-tier-probe",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(self.interval_s, 1.0) + 5.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.probe()
+
+    def probe(self) -> None:
+        """One pass: take the newly written keys, check the sample, export. Never raises."""
+        try:
+            self._take_written()
+            for name, tier in self.tiers.items():
+                self._check(name, tier)
+        except Exception as exc:
+            self._error(exc)
+        self.probes += 1
+
+    def _take_written(self) -> None:
+        popleft = self.written.popleft
+        while True:
+            try:
+                name, keys = popleft()  # the taps append on the scheduler thread meanwhile
+            except IndexError:
+                return
+            sample = self.samples.get(name)
+            if sample is None:
+                continue
+            for key in keys:
+                sample[key] = None
+                sample.move_to_end(key)
+            while len(sample) > self.sample_keys:
+                sample.popitem(last=False)
+
+    def _check(self, name: str, tier: Any) -> None:
+        labels = (name,)
+        self.rec.set_threadsafe(signals.TIER_ROOT_PRESENT, labels, float(_home_present(tier)))
+        sample = self.samples[name]
+        lost = [key for key in sample if not compat.secondary_holds(tier, key)]
+        if not lost:
+            return
+        for key in lost:
+            del sample[key]
+        self.rec.inc_threadsafe(signals.TIER_LOST_KEYS, labels, len(lost))
+        self.rec.set_threadsafe(signals.TIER_LAST_LOSS_TIMESTAMP, labels, time.time())
+        logger.warning("kvscope: %d key(s) the %s tier confirmed written are gone (its "
+                       "directory %s %s)", len(lost), name, compat.tier_home(tier),
+                       "exists" if _home_present(tier) else "is gone")
+
+    def _error(self, exc: BaseException) -> None:
+        try:
+            self.rec.inc_threadsafe(signals.TELEMETRY_ERRORS, _ERROR)
+            if not self._logged:
+                self._logged = True
+                logger.warning("kvscope telemetry error in the tier probe (serving continues; "
+                               "further errors are only counted in %s): %r",
+                               signals.TELEMETRY_ERRORS.name, exc, exc_info=exc)
+        except Exception:  # pragma: no cover - last line of defence
+            pass
+
+
+def _home_present(tier: Any) -> bool:
+    home = compat.tier_home(tier)
+    return home is not None and os.path.isdir(home)

@@ -1,0 +1,135 @@
+"""The secondary-tier probe (connector/tier_probe.py) on vLLM's real scheduler on CPU.
+
+The fs tier's directory removed mid-run: every later write succeeds (vLLM recreates
+the folders) and every earlier key silently misses. Judged by engine truth first (the
+block files on disk before the removal, the tokens the re-ask restored), then by
+what kvscope exported about it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import replace
+
+import pytest
+
+from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.exporters import signals as S
+from kvscope.exporters.prometheus import start_exporter
+from tests.connector.support import Exposition
+
+pytestmark = pytest.mark.vllm
+
+TOKENS = 96  # 6 chunks of 16 tokens
+PROBE_S = 0.05
+CFG = EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
+                   max_num_batched_tokens=16, kvscope_options={"tier_probe_interval_s": PROBE_S})
+
+
+@contextlib.contextmanager
+def engine(**kw):
+    e = CPUEngine(replace(CFG, **kw))
+    exporter = start_exporter([e.connector.kvscope_recorder], 0)
+    try:
+        yield e, lambda: Exposition.scrape(exporter.url)
+    finally:
+        exporter.close()
+        e.close()
+
+
+def probe(e: CPUEngine):
+    return e.connector._kvscope_observer.probe
+
+
+def block_files(root: str) -> set[str]:
+    return {os.path.join(d, f) for d, _, files in os.walk(root) for f in files
+            if f.endswith(".bin")}
+
+
+def until(cond, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(PROBE_S / 2)
+
+
+def probes_after(e: CPUEngine, n: int) -> None:
+    """Wait until ``n`` more probes than now have completed."""
+    target = probe(e).probes + n
+    until(lambda: probe(e).probes >= target, what=f"{n} probes")
+
+
+def stored_then_flooded(e: CPUEngine):
+    """The target's prompt, then others that push it out of the GPU and the CPU tier:
+    from here on only the disk tier holds it."""
+    target = prompt(1, TOKENS)
+    first = e.generate(target, 4)
+    e.drain()
+    for seed in range(100, 103):
+        e.generate(prompt(seed, TOKENS), 2)
+        e.drain()
+    return target, first
+
+
+def test_directory_removed_mid_run_counts_every_key_that_was_on_disk():
+    with engine() as (e, scrape):
+        target, first = stored_then_flooded(e)
+        on_disk = block_files(e.fs_root)
+        assert on_disk  # engine truth: these blocks had been written
+        # every file on disk came from a completed cascade the probe has taken in
+        until(lambda: sum(map(len, probe(e).samples.values())) >= len(on_disk),
+              what="the probe's sample to cover the files on disk")
+        removed_at = time.time()
+        shutil.rmtree(e.fs_root)
+        probes_after(e, 2)
+        again = e.generate(target, 4)
+        e.drain()
+        assert not e.scheduler.has_requests()
+        probes_after(e, 2)
+        ex = scrape()
+    # engine truth: the prefix that was on disk restored 0 tokens, recomputed, same tokens
+    assert again.num_external_tokens == 0 and again.output == first.output
+    (labels, lost), = ex.series(S.TIER_LOST_KEYS.name)
+    tier = labels[S.L_TIER]
+    assert lost == len(on_disk)  # each key confirmed written, found gone once
+    # the start-up directory stays gone: vLLM's writes recreate only the block folders
+    assert ex.value(S.TIER_ROOT_PRESENT.name, tier=tier) == 0
+    assert removed_at <= ex.value(S.TIER_LAST_LOSS_TIMESTAMP.name, tier=tier) <= time.time()
+    assert ex.value(S.TELEMETRY_ERRORS.name) == 0
+
+
+def test_control_nothing_removed_nothing_lost():
+    with engine() as (e, scrape):
+        target, first = stored_then_flooded(e)
+        probes_after(e, 3)
+        again = e.generate(target, 4)
+        e.drain()
+        probes_after(e, 2)
+        ex = scrape()
+    # engine truth: the whole prompt came back from disk
+    assert again.num_external_tokens == TOKENS and again.output == first.output
+    assert ex.has(S.TIER_LOST_KEYS.name)
+    assert ex.value(S.TIER_LOST_KEYS.name) == 0
+    assert ex.value(S.TIER_LAST_LOSS_TIMESTAMP.name) == 0
+    assert [v for _, v in ex.series(S.TIER_ROOT_PRESENT.name)] == [1.0]
+
+
+def test_a_probe_error_is_counted_and_serving_goes_on():
+    with engine() as (e, scrape):
+        (tier,) = probe(e).tiers
+        e.connector._kvscope_observer.taps.written.append((tier, [None]))  # not a key
+        probes_after(e, 2)
+        out = e.generate(prompt(5, TOKENS), 4)
+        e.drain()
+        ex = scrape()
+    assert len(out.output) == 4
+    assert ex.value(S.TELEMETRY_ERRORS.name, where=S.ErrorSite.TIER_PROBE.value) >= 1
+
+
+def test_interval_zero_runs_no_probe_thread():
+    with engine(kvscope_options={"tier_probe_interval_s": 0}) as (e, _):
+        assert probe(e)._thread is None
