@@ -92,6 +92,12 @@ class Config:
     stores_refused_window: str = "10m"
     stores_refused_for: str = "5m"
 
+    # ---- tier data lost ----------------------------------------------------------------------
+    # Keys a secondary tier had confirmed written whose files the tier probe found gone (the
+    # directory removed, the volume unmounted or wiped). Each one is a fact, not a blip, so
+    # there is no "for": it fires at once and stays while a loss is within the window.
+    tier_data_lost_window: str = "30m"
+
     # ---- row checksum mismatch ---------------------------------------------------------------
     # A mismatch means a rank read bytes for a promoted row that differ from what was written:
     # the load was refused (vLLM recomputed), but the tier is corrupt or mis-addressed. One is
@@ -149,6 +155,7 @@ class Config:
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
             "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",
             "tier_write_failures_for", "stores_refused_window", "stores_refused_for",
+            "tier_data_lost_window",
         ):
             value = getattr(self, name)
             if not _DURATION.match(value):

@@ -141,6 +141,35 @@ def loads_refused(cfg: Config):
     )
 
 
+def tier_keys_lost(cfg: Config):
+    return c.stat(
+        "Disk tier keys lost (time range)",
+        "Keys a secondary tier had confirmed written whose files kvscope's tier probe found "
+        "gone, in the selected time range (KVOffloadTierDataLost). Nothing fails when that "
+        "happens: vLLM recreates the tier's folders on the next write and recomputes every "
+        "prefix that was lost. Check the volume and who removed the files.",
+        [(f"sum(increase({s.TIER_LOST_KEYS.name}{c.dsel(cfg)}[{RANGE}])) or vector(0)",
+          "keys lost")],
+        width=6, height=8, red_at=1,
+    )
+
+
+def tier_lost_and_present(cfg: Config):
+    return c.timeseries(
+        "Disk tier: keys lost and directory present",
+        "Keys found lost per probe interval (bars of a loss), and whether the directory the "
+        "tier created at start-up still exists (1) or is gone (0: removed or unmounted; vLLM "
+        "recreates only the block folders). Losses with the directory present: files were "
+        "deleted out of band, or vLLM removed files it could not read back.",
+        [(f"sum by (instance, {s.L_TIER}) "
+          f"(increase({s.TIER_LOST_KEYS.name}{c.dsel(cfg)}[{R}]))",
+          f"lost {{{{{s.L_TIER}}}}} {{{{instance}}}}"),
+         (f"min by (instance, {s.L_TIER}) ({s.TIER_ROOT_PRESENT.name}{c.dsel(cfg)})",
+          f"directory present {{{{{s.L_TIER}}}}} {{{{instance}}}}")],
+        width=18,
+    )
+
+
 def pending_vs_requests(cfg: Config):
     return c.timeseries(
         "Pending transfers vs requests",
@@ -273,6 +302,9 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_panel(quarantined_keys(cfg))
         .with_panel(checksums_by_rank(cfg).span(8))
         .with_panel(loads_refused(cfg).span(8))
+        .with_row(db.Row("Disk tier"))
+        .with_panel(tier_keys_lost(cfg))
+        .with_panel(tier_lost_and_present(cfg))
         .with_row(db.Row("Stuck transfers"))
         .with_panel(pending_vs_requests(cfg))
         .with_panel(oldest_pending(cfg))

@@ -22,6 +22,7 @@ ALERT_STATS_STALE = "KVOffloadStatsStale"
 ALERT_RESTORE_COVERAGE = "KVOffloadRestoreCoverageCollapsed"
 ALERT_TIER_WRITES_FAILING = "KVOffloadTierWritesFailing"
 ALERT_STORES_REFUSED = "KVOffloadStoresRefused"
+ALERT_TIER_DATA_LOST = "KVOffloadTierDataLost"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -32,6 +33,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_RESTORE_COVERAGE,
     ALERT_TIER_WRITES_FAILING,
     ALERT_STORES_REFUSED,
+    ALERT_TIER_DATA_LOST,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -247,6 +249,13 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # ... or a series born within the window with a value > 0
         f"or sum by ({by}) ({refused} > 0 unless {refused} offset {rw})"
     )
+    lost = f"{s.TIER_LOST_KEYS.name}{sel()}"
+    lw, by_tier = cfg.tier_data_lost_window, f"{by}, {s.L_TIER}"
+    tier_data_lost = (
+        f"sum by ({by_tier}) (increase({lost}[{lw}])) > 0\n"
+        # a lost-keys series born within the window with a value > 0
+        f"or sum by ({by_tier}) ({lost} > 0 unless {lost} offset {lw})"
+    )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -320,6 +329,13 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"(for more than {cfg.stores_refused_for}) because their store jobs had been refused "
             f"for lack of a free primary-tier row: those prompts were stored only in part and "
             f"every re-ask recomputes the rest.",
+        ),
+        _alert(
+            cfg, ALERT_TIER_DATA_LOST, tier_data_lost, "0m", cfg.severity_warning,
+            "A KV offload tier lost data it had confirmed written.",
+            f"The {{{{ $labels.{s.L_TIER} }}}} tier of {_WHO} lost {{{{ printf \"%.0f\" $value }}}} "
+            f"key(s) it had confirmed written, in the last {lw}: their files are gone (directory "
+            f"removed, volume unmounted or wiped). Those prefixes are recomputed; nothing fails.",
         ),
     ]
 
