@@ -78,6 +78,11 @@ class Tiers:
     store_jobs: dict[str, Quantity]  # StoreJobResult value
     row_bytes: Quantity = ABSENT  # kvscope_primary_row_bytes (max over targets)
     quarantined_keys: Quantity = ABSENT  # kvscope_quarantined_keys
+    # per secondary tier (the tier probe's series): keys lost, start-up directory present
+    # (min over targets: gone on any), the latest loss's Unix time (max over targets)
+    lost_keys: dict[str, Quantity] = field(default_factory=dict)
+    root_present: dict[str, Quantity] = field(default_factory=dict)
+    last_loss: dict[str, Quantity] = field(default_factory=dict)
 
     def row(self, state: S.RowState) -> Quantity:
         return _q(self.rows, state.value)

@@ -2,8 +2,9 @@
 
 A :class:`Read` names the series, the label whose values key the field (a
 ``dict`` of Quantities) or none (one Quantity), and how series are combined:
-``sum`` (counters and counts, summed over targets and ranks) or ``max``
-(latest-value gauges and timestamps, where a sum would mean nothing).
+``sum`` (counters and counts, summed over targets and ranks), ``max``
+(latest-value gauges and timestamps, where a sum would mean nothing) or ``min``
+(presence flags: absent on one target is absent).
 :func:`kvscope.diagnostics.evidence.build_evidence` applies the tables; a new
 evidence field is a new row here and a field in :mod:`.evidence_model`.
 """
@@ -31,7 +32,7 @@ from .evidence_model import (
 class Read:
     series: S.Metric | str
     by: str = ""  # label whose values key the field; "" = one Quantity
-    how: str = "sum"  # "sum" | "max" over the series
+    how: str = "sum"  # "sum" | "max" | "min" over the series
 
     @property
     def name(self) -> str:
@@ -39,6 +40,7 @@ class Read:
 
 
 MAX = "max"
+MIN = "min"  # a presence flag: 0 on any target reads 0
 
 # Parts of the Evidence read straight from series (the Evidence field -> its part's rows)
 PARTS: dict[str, tuple[type, dict[str, Read]]] = {
@@ -56,6 +58,9 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
         "store_jobs": Read(S.STORE_JOBS, S.L_RESULT),
         "row_bytes": Read(S.PRIMARY_ROW_BYTES, how=MAX),
         "quarantined_keys": Read(S.QUARANTINED_KEYS),
+        "lost_keys": Read(S.TIER_LOST_KEYS, S.L_TIER),
+        "root_present": Read(S.TIER_ROOT_PRESENT, S.L_TIER, MIN),
+        "last_loss": Read(S.TIER_LAST_LOSS_TIMESTAMP, S.L_TIER, MAX),
     }),
     "pending": (Pending, {
         "transfers": Read(S.PENDING_TRANSFERS, S.L_KIND),

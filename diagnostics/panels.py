@@ -152,6 +152,20 @@ def _store_never_fits(ev: Evidence, th: Thresholds) -> list[Panel]:
                        f"{_n(ev.primary_rows)} rows")]
 
 
+def _tier_data_lost(ev: Evidence, th: Thresholds) -> list[Panel]:
+    t = ev.tiers
+    lost = sum(q.increase for q in t.lost_keys.values())
+    return [Panel("stores", "keys the disk tier confirmed written vs keys found gone (cumulative)",
+                  _line("keys cascaded to disk", t.cascade(S.CascadeResult.COMPLETED),
+                        color="tab:green")
+                  + [ln for tier, q in t.lost_keys.items()
+                     for ln in _line(f"{tier} keys lost", q, color="tab:red")],
+                  mark_keys=frozenset({"stores"}),
+                  note=f"{_n(lost)} keys lost, "
+                       f"{_n(t.promotion(S.PromotionResult.COMPLETED).increase)} promotions "
+                       "completed")]
+
+
 def _stores_without_restores(ev: Evidence, th: Thresholds) -> list[Panel]:
     t = ev.tiers
     lookups = Panel("lookups", "keys stored vs keys found (cumulative)",
@@ -246,6 +260,7 @@ BUILDERS: dict[str, Callable[[Evidence, Thresholds], list[Panel]]] = {
     "pending_at_idle": _pending,
     "store_never_fits": _store_never_fits,
     "stores_without_restores": _stores_without_restores,
+    "tier_data_lost": _tier_data_lost,
     "queue_wait": _queue,
     "stale_telemetry": _stale_telemetry,
     "unclassified_anomaly": _anomaly,

@@ -77,7 +77,7 @@ def aggregate(
     series: Iterable[Series], src: SourceInfo, how: str = "sum",
     first_seen: dict[str, float] | None = None,
 ) -> Quantity:
-    """Sum (or max) series into one Quantity; per-series reset handling first.
+    """Sum (or max, or min) series into one Quantity; per-series reset handling first.
 
     ``first_seen``: target -> its first sample time in the window (see
     :func:`_series_quantity`); without it, the window start.
@@ -89,7 +89,7 @@ def aggregate(
     fs = first_seen or {}
     parts = [_series_quantity(s, src, counter, fs.get(s.target)) for s in series]
     times = sorted({t for s in series for t, _ in s.samples})
-    combine: Callable[[Iterable[float]], float] = sum if how == "sum" else max
+    combine: Callable[[Iterable[float]], float] = {"sum": sum, "min": min}.get(how, max)
     columns = [_step_values(s.samples, times) for s in series]
     timeline = tuple(
         (t, float(combine(vals))) for t, vals in zip(times, zip(*columns, strict=True), strict=True)

@@ -570,6 +570,41 @@ def test_tier_writes_failing_quiet_when_writes_succeed_or_cpu_only():
     assert tier_writes_failing.classify(evidence(cpu_only, lifetime=False), TH) is None
 
 
+def _lost(present: float) -> dict:
+    d = base() | declared()
+    d[L(S.CASCADES.name, result="completed")] = [24, 24]
+    d[L(S.TIER_LOST_KEYS.name, tier="fs")] = [0, 24]  # the directory removed between scrapes
+    d[L(S.TIER_ROOT_PRESENT.name, tier="fs")] = [1, present]
+    d[L(S.TIER_LAST_LOSS_TIMESTAMP.name, tier="fs")] = [0, T0 - 2]  # 3 s before the window ends (T0 + 1)
+    return d
+
+
+def test_tier_data_lost_names_the_keys_when_and_the_directory():
+    from kvscope.diagnostics.classifiers import tier_data_lost
+
+    f = tier_data_lost.classify(evidence(_lost(0), lifetime=False), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert f.evidence[0].startswith("24 key(s) the fs tier had confirmed written were found gone")
+    assert any(e.startswith("latest loss found at ") and "3.0 s before" in e for e in f.evidence)
+    assert any("start-up is gone" in e for e in f.evidence)
+    assert "mount" in f.next_step and "restart the engine" in f.next_step
+    assert diagnose(evidence(_lost(0), lifetime=False)).top.id == "tier_data_lost"
+    kept = tier_data_lost.classify(evidence(_lost(1), lifetime=False), TH)
+    assert any("deleted out of band" in e for e in kept.evidence)
+    assert "restart the engine" not in kept.next_step
+
+
+def test_tier_data_lost_quiet_when_nothing_is_lost_or_no_probe():
+    from kvscope.diagnostics.classifiers import tier_data_lost
+
+    d = _lost(1)
+    d[L(S.TIER_LOST_KEYS.name, tier="fs")] = [0, 0]
+    assert tier_data_lost.classify(evidence(d, lifetime=False), TH) is None
+    old = {k: v for k, v in _lost(1).items()  # a kvscope without the tier probe
+           if not (isinstance(k, tuple) and k[0].startswith("kvscope_tier_"))}
+    assert tier_data_lost.classify(evidence(old, lifetime=False), TH) is None
+
+
 def _stalled(deferred_requests: int, age: float) -> dict:
     d = base() | declared()
     d[L(S.PENDING_TRANSFERS.name, kind="promotion")] = [1, 1]

@@ -1,0 +1,93 @@
+"""Tier data lost: keys the disk tier confirmed written whose files are gone.
+
+vLLM's fs tier never deletes what it wrote (no eviction) and recreates its folders on
+each write, so a directory removed, a volume unmounted or wiped mid-run fails nothing:
+later writes succeed, earlier keys silently miss and are recomputed. kvscope's tier
+probe (``connector/tier_probe.py``) checks that the latest keys written still have
+their files and counts each one gone (``kvscope_tier_lost_keys_total{tier}``).
+
+The series is optional: a kvscope without the probe does not export it, and then
+nothing here can hold (the other checks still judge the window).
+"""
+
+from __future__ import annotations
+
+import time
+
+from kvscope.exporters import signals as S
+
+from ..evidence import Evidence
+from ..model import Finding, Mark, Quantity
+from ..thresholds import Thresholds
+from ._common import n, secs, window_word
+
+ID = "tier_data_lost"
+TITLE = "The disk tier lost data it had confirmed written"
+SEVERITY = 66
+CHECK = ("keys the disk tier confirmed written found gone (directory removed, volume unmounted "
+         "or wiped; from kvscope's tier probe where the engine exports it)")
+EXPLAINS = frozenset({"coverage"})  # what is gone from disk cannot be restored
+NEEDS = ()
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _first_rise(q: Quantity) -> float | None:
+    """When the (summed) counter first rose within the window's samples."""
+    for (_, before), (t, v) in zip(q.samples, q.samples[1:]):
+        if v > before:
+            return t
+    return None
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    lost = {tier: q for tier, q in ev.tiers.lost_keys.items() if q.increase > 0}
+    if not lost:
+        return None
+    w = window_word(ev)
+    lines: list[str] = []
+    marks: list[Mark] = []
+    gone = False
+    for tier, q in lost.items():
+        lines.append(f"{n(q.increase)} key(s) the {tier} tier had confirmed written were found "
+                     f"gone {w} (their block files no longer exist)")
+        first = _first_rise(q)
+        last = ev.tiers.last_loss.get(tier)
+        if first is not None:
+            lines.append(f"first found in the window at {_utc(first)}")
+            marks.append(Mark("stores", first, f"{tier} keys lost"))
+        if last is not None and last.present and last.last > 0:
+            ago = ev.source.end - last.last
+            lines.append(f"latest loss found at {_utc(last.last)}"
+                         + (f" ({secs(ago)} before the window's end)" if ago >= 0 else ""))
+        root = ev.tiers.root_present.get(tier)
+        if root is not None and root.present:
+            if root.last == 0:
+                gone = True
+                lines.append(f"the directory the {tier} tier created at start-up is gone "
+                             "(kvscope_tier_root_present 0): removed, or its mount is gone")
+            else:
+                lines.append(f"the {tier} tier's start-up directory still exists: block files "
+                             "were deleted out of band, or vLLM removed files it could not read")
+    done = ev.tiers.cascade(S.CascadeResult.COMPLETED).increase
+    promoted = ev.tiers.promotion(S.PromotionResult.COMPLETED).increase
+    lines.append(f"{n(done)} cascades completed and {n(promoted)} promotions completed {w}: "
+                 "nothing failed, the lost prefixes are recomputed")
+    return Finding(
+        id=ID,
+        title=TITLE,
+        confidence=0.9,
+        evidence=lines,
+        next_step=(
+            "Check the disk tier's volume on the engine host: ls -ld <root_dir>, mount | grep "
+            "<root_dir>, the host journal around the loss time (an unmount, a volume detach, a "
+            "pod given a fresh emptyDir). Then find who removed the files: cleanup jobs or tmp "
+            "cleaners over <root_dir>, other processes sharing it. Serving is correct (lost "
+            "prefixes are recomputed and stored again)"
+            + ("; restart the engine at a quiet moment so vLLM rewrites the tier's start-up "
+               "directory." if gone else ".")),
+        severity=SEVERITY,
+        marks=marks,
+    )
