@@ -10,6 +10,11 @@ and each rank serves its kvscope endpoint (job ``kvscope-rank``); both are recor
 every second as timestamped OpenMetrics for ``campaign_replay.py``.
 
     python benchmarks/cpu_campaign.py --out benchmarks/results/campaign-cpu
+    python benchmarks/cpu_campaign.py --out benchmarks/results/campaign-cpu --only dir_removed
+
+``--only`` runs the named phases alone, as a run of their own (``faults-cpu-<names>``).
+kvscope's tier probe checks every ``PROBE_S`` seconds here (5 in production), scaled to
+the runs like the replay's rule windows.
 """
 
 from __future__ import annotations
@@ -29,9 +34,14 @@ from gpu_campaign import fill, mount_small_tmpfs  # noqa: E402
 from openmetrics_recording import Recorder, Target  # noqa: E402
 
 from kvscope.connector import faults  # noqa: E402
+from kvscope.exporters import signals  # noqa: E402
 
 TOKENS = 96
 FLOODS = 3
+PROBE_S = 1.0
+# A serving engine keeps serving after its disk tier lost data: a new prompt this often
+# while the fault is held (vLLM publishes kvscope's series with its per-step stats).
+TRAFFIC_EVERY_S = 2.0
 
 
 class LiveEngine:
@@ -45,7 +55,8 @@ class LiveEngine:
 
         self.e = CPUEngine(EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
                                         max_num_batched_tokens=16, vllm_metrics=True,
-                                        fs_root=fs_root, step_time_s=0.01))
+                                        fs_root=fs_root, step_time_s=0.01,
+                                        kvscope_options={"tier_probe_interval_s": PROBE_S}))
         self.server, _ = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
         self.ranks = [start_exporter([r.connector.kvscope_recorder], 0) for r in self.e.ranks]
         self.lock = threading.Lock()
@@ -95,7 +106,12 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--hold", type=float, default=20.0)
     p.add_argument("--idle", type=float, default=14.0)
+    p.add_argument("--only", nargs="+", metavar="PHASE",
+                   help="run only these phases (control, a fault name, dir_removed, disk_full)")
     args = p.parse_args()
+    phase_names = {"control", *faults.SWITCHABLE, "dir_removed", "disk_full"}
+    if args.only and not set(args.only) <= phase_names:
+        p.error(f"unknown phases {sorted(set(args.only) - phase_names)}")
     os.makedirs(args.out, exist_ok=True)
     switch = os.path.join(tempfile.mkdtemp(prefix="kvscope-faults-"), "fault.json")
     os.environ[faults.ENV] = switch
@@ -179,12 +195,21 @@ def main() -> int:
     def dir_removed(phase):
         target = new_prompt()
         first = ask_flood(target)
+        # engine truth: the block files the fs tier holds before the removal
+        phase["block_files_before"] = sum(f.endswith(".bin") for _, _, fs in os.walk(root)
+                                          for f in fs)
         shutil.rmtree(root, ignore_errors=True)
         phase["fault_on"] = time.time()
         verdict(phase, first, eng.ask(target))
-        time.sleep(args.hold)
+        deadline = time.time() + args.hold
+        while time.time() < deadline:  # the engine keeps serving (new prompts, stored anew)
+            eng.ask(new_prompt(), 2)
+            time.sleep(TRAFFIC_EVERY_S)
         diagnose(phase)
-        phase["fault_off"] = time.time()  # the next store recreates the directory
+        phase["fault_off"] = time.time()  # the next store recreated the block folders
+        snap = eng.e.connector.kvscope_recorder.snapshot()  # kvscope's count, beside the truth
+        phase["lost_keys_exported"] = sum(v for (m, _), v in snap.counters.items()
+                                          if m is signals.TIER_LOST_KEYS)
 
     def disk_full(phase):
         ballast = os.path.join(mnt, "ballast")
@@ -207,8 +232,19 @@ def main() -> int:
             ("dir_removed", dir_removed)]
     if tmpfs:
         plan.append(("disk_full", disk_full))
+    run = "faults-cpu"
+    if args.only:
+        plan = [(name, body) for name, body in plan if name in args.only]
+        run = "faults-cpu-" + "-".join(name for name, _ in plan)
     try:
         with Recorder(eng.targets()) as rec:
+            # A baseline: vLLM shows kvscope's series from the first step's stats on, so a
+            # short request first, then two scrapes of every target, before the first phase
+            # (a counter born holding a phase's events shows no increase() over that phase).
+            eng.ask(prompt(1, 16), 1)
+            scraped = rec.scrapes
+            while rec.scrapes < scraped + 2 * len(eng.targets()):
+                time.sleep(0.05)
             for name, body in plan:
                 phase = {"name": name, "start": time.time()}
                 print(f"== {name}", flush=True)
@@ -224,8 +260,8 @@ def main() -> int:
                 phase["end"] = time.time()
                 phases.append(phase)
                 print(json.dumps(phase), flush=True)
-        rec.recording.write(os.path.join(args.out, "faults-cpu.om.gz"))
-        with open(os.path.join(args.out, "faults-cpu.json"), "w") as f:
+        rec.recording.write(os.path.join(args.out, f"{run}.om.gz"))
+        with open(os.path.join(args.out, f"{run}.json"), "w") as f:
             json.dump({"harness": "cpu_engine", "tmpfs": tmpfs, "phases": phases}, f, indent=1)
     finally:
         eng.close()

@@ -9,10 +9,12 @@ restores are recomputed, and nothing fails or is counted anywhere.
 The tier taps (``tier_taps.py``) append the keys of each completed cascade to a
 bounded deque on the scheduler thread (one append per job, nothing else). This
 module's daemon thread, every ``interval_s`` seconds, moves them into a bounded
-sample of the latest keys written, checks that each sampled key's block file still
-exists (``os.stat`` through vLLM's file mapper, in ``compat``) and that the
-directory the tier created at start-up is there. A sampled key whose file is gone
-is counted once (``kvscope_tier_lost_keys_total{tier}``) and leaves the sample.
+sample of the latest keys written with their file's identity (device, inode, mtime:
+``os.stat`` through vLLM's file mapper, in ``compat``), checks that each sampled key
+still has that very file and that the directory the tier created at start-up is
+there. A sampled key whose file is gone, or was replaced by a new one (removed, then
+written anew before the probe looked), is counted once
+(``kvscope_tier_lost_keys_total{tier}``) and leaves the sample.
 
 Off the scheduler thread: file-system calls may block on a sick volume, and they
 must never stall a step. Errors are caught, counted
@@ -36,6 +38,10 @@ from kvscope.exporters.signals import ErrorSite
 logger = logging.getLogger("kvscope")
 
 DEFAULT_INTERVAL_S = 5.0
+# How often the thread takes newly written keys in (one os.stat each, once). A key whose
+# directory is removed and that is written anew before it was taken in looks untouched;
+# taking keys in often keeps that blind spot short, at no more stats overall.
+INTAKE_S = 0.25
 # Completed cascade jobs the taps keep for the probe between two probes (oldest dropped).
 WRITTEN_JOBS = 1024
 # Keys whose files one probe checks: the latest written. os.stat each, off-thread.
@@ -58,8 +64,10 @@ class TierProbe:
             name = compat.tier_type(tier)
             if compat.tier_home(tier) is not None and name not in self.tiers:
                 self.tiers[name] = tier
-        self.samples: dict[str, OrderedDict[bytes, None]] = {n: OrderedDict() for n in self.tiers}
+        # tier -> key -> (device, inode, mtime ns) of its file when sampled, latest last
+        self.samples: dict[str, OrderedDict[bytes, tuple]] = {n: OrderedDict() for n in self.tiers}
         self.probes = 0  # completed probes (tests poll it)
+        self._intake_lost: dict[str, int] = {}  # found lost on intake, not yet exported
         self._logged = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,48 +92,76 @@ class TierProbe:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.probe()
+        intake_s = min(self.interval_s, INTAKE_S)
+        checked = time.monotonic()
+        while not self._stop.wait(intake_s):
+            if time.monotonic() - checked >= self.interval_s:
+                checked = time.monotonic()
+                self.probe()
+            else:
+                self.intake()
+
+    def intake(self) -> None:
+        """Take the newly written keys in (their files' identities). Never raises."""
+        try:
+            for name, count in self._take_written().items():
+                self._intake_lost[name] = self._intake_lost.get(name, 0) + count
+        except Exception as exc:
+            self._error(exc)
 
     def probe(self) -> None:
-        """One pass: take the newly written keys, check the sample, export. Never raises."""
+        """One pass: take the newly written keys in, check the sample, export. Never raises."""
+        self.intake()
         try:
-            self._take_written()
+            lost, self._intake_lost = self._intake_lost, {}
             for name, tier in self.tiers.items():
-                self._check(name, tier)
+                self._check(name, tier, lost.get(name, 0))
         except Exception as exc:
             self._error(exc)
         self.probes += 1
 
-    def _take_written(self) -> None:
+    def _take_written(self) -> dict[str, int]:
+        """Newly written keys into the samples, with their file's identity; returns the keys
+        found lost on the way, per tier (gone already, or replaced since it was sampled)."""
+        lost: dict[str, int] = {}
         popleft = self.written.popleft
         while True:
             try:
                 name, keys = popleft()  # the taps append on the scheduler thread meanwhile
             except IndexError:
-                return
-            sample = self.samples.get(name)
+                return lost
+            sample, tier = self.samples.get(name), self.tiers.get(name)
             if sample is None:
                 continue
             for key in keys:
-                sample[key] = None
-                sample.move_to_end(key)
+                now = compat.secondary_file_identity(tier, key)
+                if (sample[key] != now) if key in sample else now is None:
+                    lost[name] = lost.get(name, 0) + 1
+                if now is None:
+                    sample.pop(key, None)
+                else:
+                    sample[key] = now
+                    sample.move_to_end(key)
             while len(sample) > self.sample_keys:
                 sample.popitem(last=False)
 
-    def _check(self, name: str, tier: Any) -> None:
+    def _check(self, name: str, tier: Any, lost_on_intake: int) -> None:
         labels = (name,)
         self.rec.set_threadsafe(signals.TIER_ROOT_PRESENT, labels, float(_home_present(tier)))
         sample = self.samples[name]
-        lost = [key for key in sample if not compat.secondary_holds(tier, key)]
-        if not lost:
-            return
+        # gone, or another file under its name (removed, then written anew: the data the
+        # tier had confirmed is lost all the same)
+        lost = [key for key, ident in sample.items()
+                if compat.secondary_file_identity(tier, key) != ident]
         for key in lost:
             del sample[key]
-        self.rec.inc_threadsafe(signals.TIER_LOST_KEYS, labels, len(lost))
+        count = len(lost) + lost_on_intake
+        if not count:
+            return
+        self.rec.inc_threadsafe(signals.TIER_LOST_KEYS, labels, count)
         self.rec.set_threadsafe(signals.TIER_LAST_LOSS_TIMESTAMP, labels, time.time())
         logger.warning("kvscope: %d key(s) the %s tier confirmed written are gone (its "
-                       "directory %s %s)", len(lost), name, compat.tier_home(tier),
+                       "directory %s %s)", count, name, compat.tier_home(tier),
                        "exists" if _home_present(tier) else "is gone")
 
     def _error(self, exc: BaseException) -> None:

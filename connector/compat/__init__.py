@@ -86,6 +86,20 @@ def secondary_holds(tier: Any, key: bytes) -> bool:
     return os.path.exists(mapper.get_file_name(key))
 
 
+def secondary_file_identity(tier: Any, key: bytes) -> tuple[int, int, int] | None:
+    """(device, inode, mtime ns) of the fs tier's file for ``key``; None when it does not
+    exist. vLLM writes a block to a temp file and renames it, so a rewritten block is a new
+    file: another identity under the same name."""
+    mapper = getattr(tier, "file_mapper", None)
+    if mapper is None:
+        return None
+    try:
+        st = os.stat(mapper.get_file_name(key))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 def tier_home(tier: Any) -> str | None:
     """The directory a file-backed tier created at start-up (its FileMapper's base path,
     ``<root_dir>/<model>_<digest>``, holding ``config.json``); None without a file mapper.

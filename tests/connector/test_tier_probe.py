@@ -85,7 +85,8 @@ def test_directory_removed_mid_run_counts_every_key_that_was_on_disk():
               what="the probe's sample to cover the files on disk")
         removed_at = time.time()
         shutil.rmtree(e.fs_root)
-        probes_after(e, 2)
+        # asked again at once: its blocks are recomputed and written anew, likely before the
+        # probe looks; they count as lost all the same (another file under the same name)
         again = e.generate(target, 4)
         e.drain()
         assert not e.scheduler.has_requests()

@@ -48,6 +48,10 @@ EXPECTED = {
     ("faults-cpu", "stall_writes"): PENDING,
     ("faults-cpu", "withhold_store"): PENDING,
     ("faults-cpu", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, "tier_writes_failing"),
+    # re-recorded alone, with a clean control, once kvscope probed the disk tier
+    ("faults-cpu-control-dir_removed", "control"): (set(), "healthy"),
+    ("faults-cpu-control-dir_removed", "dir_removed"): ({r.ALERT_TIER_DATA_LOST},
+                                                        "tier_data_lost"),
 }
 # The re-ask waits for the stalled promotion, so the engine is not idle: no alert is due
 # (pending at idle must not fire; aborting that request kills vLLM 0.26:
@@ -55,8 +59,8 @@ EXPECTED = {
 EXPECTED[("faults-cpu", "stall_reads")] = (set(), "promotion_stalled")
 # Recorded and shown by `campaign_replay.py`, not judged: kvscope has nothing that must fire.
 NOT_JUDGED = {
-    ("faults-cpu", "dir_removed"): "no kvscope signal for a tier that lost its data (kv-diagnose "
-    "says healthy); the next store recreates the directory",
+    ("faults-cpu", "dir_removed"): "recorded before kvscope probed the disk tier (no signal, "
+    "kv-diagnose said healthy); re-recorded as run faults-cpu-control-dir_removed",
 }
 # A switched fault diagnosed while it lasts (window ending when it cleared), stuck after 10 s
 WHILE_IT_LASTS = {"pending_at_idle", "promotion_stalled"}
@@ -95,7 +99,7 @@ def test_alerts(prom, phase):
             assert fired == [], fired
         return
     step = durations.seconds(replay.CAMPAIGN_CONFIG.rule_interval)
-    if want & {r.ALERT_PENDING_AT_IDLE, r.ALERT_TIER_WRITES_FAILING}:
+    if want & {r.ALERT_PENDING_AT_IDLE, r.ALERT_TIER_WRITES_FAILING, r.ALERT_TIER_DATA_LOST}:
         # fires while the fault holds, and first
         (alert,) = want
         during = replay.firing(prom, phase["fault_on"], phase["fault_off"] + step)

@@ -585,7 +585,8 @@ def test_tier_data_lost_names_the_keys_when_and_the_directory():
     f = tier_data_lost.classify(evidence(_lost(0), lifetime=False), TH)
     assert f is not None and f.confidence_label == "high"
     assert f.evidence[0].startswith("24 key(s) the fs tier had confirmed written were found gone")
-    assert any(e.startswith("latest loss found at ") and "3.0 s before" in e for e in f.evidence)
+    assert any(e.startswith("the probe last found keys lost at ") and "3.0 s before" in e
+               for e in f.evidence)
     assert any("start-up is gone" in e for e in f.evidence)
     assert "mount" in f.next_step and "restart the engine" in f.next_step
     assert diagnose(evidence(_lost(0), lifetime=False)).top.id == "tier_data_lost"
