@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import pytest
 
-from kvscope.connector.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.exporters import signals as S
 from kvscope.exporters.prometheus import start_exporter
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from tests.connector.support import Exposition
 
 pytestmark = pytest.mark.vllm
