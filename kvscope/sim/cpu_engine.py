@@ -17,6 +17,7 @@ restore with wrong bytes changes the output, as on a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import glob
 import hashlib
@@ -25,7 +26,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,11 +309,9 @@ class CPUEngine:
                                kv_connector_extra_config=extra)
         model_config = ModelConfig(model=model_dir, tokenizer=None, skip_tokenizer_init=True,
                                    dtype="float16", max_model_len=cfg.max_model_len, seed=0)
-        parallel = ParallelConfig()
         # Ranks are simulated in this process; the offload geometry (rank slots
         # per row) follows the configured world size.
-        object.__setattr__(parallel, "tensor_parallel_size", cfg.world_size)
-        object.__setattr__(parallel, "world_size", cfg.world_size)
+        parallel = ParallelConfig(tensor_parallel_size=cfg.world_size)
         self.vllm_config = VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True),
@@ -325,11 +324,8 @@ class CPUEngine:
             kv_transfer_config=ktc)
         self.vllm_config.cache_config.num_gpu_blocks = cfg.num_gpu_blocks
 
-        if cfg.hash_seed is None:
-            os.environ.pop("PYTHONHASHSEED", None)
-        else:
-            os.environ["PYTHONHASHSEED"] = cfg.hash_seed
-        init_none_hash(sha256)
+        with _hash_seed_env(cfg.hash_seed):
+            init_none_hash(sha256)  # vLLM's engine core does this at start, from the env
         self._block_hasher = get_request_block_hasher(cfg.block_size, sha256)
 
         self.scheduler = Scheduler(
@@ -574,6 +570,24 @@ class CPUEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _hash_seed_env(seed: str | None) -> Iterator[None]:
+    """PYTHONHASHSEED = ``seed`` (None: unset) while vLLM derives NONE_HASH from it, then
+    as it was: the environment belongs to the process that runs the harness."""
+    before = os.environ.get("PYTHONHASHSEED")
+    try:
+        if seed is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = seed
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = before
 
 
 def _round_up(x: int, m: int) -> int:

@@ -61,7 +61,7 @@ EXPECTED_ALERT_EXPRS: dict[str, set[str]] = {
 VLLM_SCENARIO = "pending-at-idle"
 VLLM_ID = f"{VLLM_SCENARIO} (vLLM /metrics)"
 # Scenarios that keep stepping in the background start last, so no engine steps while another
-# scenario is being set up (PYTHONHASHSEED and vLLM's NONE_HASH are process-global).
+# scenario is being set up (vLLM's NONE_HASH, seeded by each engine at start, is global).
 ONGOING = {"livelock", "queue-wait", "pending-at-idle"}
 
 
