@@ -1,6 +1,6 @@
 """Prometheus export of a :class:`~kvscope.exporters.recorder.Recorder`.
 
-Two paths (see ARCHITECTURE.md):
+Two paths (see docs/architecture.md):
 
 * :class:`RecorderCollector` + :func:`start_exporter` - kvscope's standalone
   endpoint: one process (the scheduler, or one worker rank) serves its own
