@@ -55,7 +55,8 @@ def main() -> int:
             with open(path, "wb") as f:
                 f.write(b"\0" * 4096)
         rec = Recorder()
-        probe = TierProbe(recorder=rec, tiers=[tier], written=deque(), interval_s=0)
+        # never started: the passes below are called here, timed
+        probe = TierProbe(recorder=rec, tiers=[tier], written=deque(), interval_s=5.0)
         tier_name = next(iter(probe.tiers))
         for i in range(0, len(keys), 6):  # jobs of 6 keys (a 96-token prompt's chunks)
             probe.written.append((tier_name, keys[i:i + 6]))

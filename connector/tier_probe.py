@@ -58,9 +58,10 @@ class TierProbe:
         self.written = written  # (tier name, keys) per completed cascade, from the taps
         self.interval_s = interval_s
         self.sample_keys = sample_keys
-        # probed tiers: the file-backed ones (a name once: it is the series' label)
+        # probed tiers: the file-backed ones (a name once: it is the series' label); none
+        # when the probe is off (no series then: a gauge nobody updates would lie)
         self.tiers: dict[str, Any] = {}
-        for tier in tiers:
+        for tier in tiers if interval_s > 0 else ():
             name = compat.tier_type(tier)
             if compat.tier_home(tier) is not None and name not in self.tiers:
                 self.tiers[name] = tier

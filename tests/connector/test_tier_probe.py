@@ -131,6 +131,12 @@ def test_a_probe_error_is_counted_and_serving_goes_on():
     assert ex.value(S.TELEMETRY_ERRORS.name, where=S.ErrorSite.TIER_PROBE.value) >= 1
 
 
-def test_interval_zero_runs_no_probe_thread():
-    with engine(kvscope_options={"tier_probe_interval_s": 0}) as (e, _):
+def test_interval_zero_runs_no_probe_and_exports_none_of_its_series():
+    with engine(kvscope_options={"tier_probe_interval_s": 0}) as (e, scrape):
+        e.generate(prompt(5, TOKENS), 2)
+        e.drain()
+        ex = scrape()
         assert probe(e)._thread is None
+    assert ex.has(S.CASCADES.name)
+    for m in (S.TIER_LOST_KEYS, S.TIER_ROOT_PRESENT, S.TIER_LAST_LOSS_TIMESTAMP):
+        assert not ex.series(m.name), m.name
