@@ -1,8 +1,8 @@
 """Run every classifier on one Evidence and rank what holds.
 
 Healthy means checked: a classifier whose series are missing or non-finite is
-not run and is reported as "could not check"; one that raises becomes an error
-finding. The verdict is healthy only when every check ran and none holds.
+not run and is reported as "could not check", as is one that read a label value
+the export lacks (:mod:`.partial`); one that raises becomes an error finding. The verdict is healthy only when every check ran and none holds.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from . import classifiers as C
+from . import partial
 from .checks import needs_of, unmet
 from .classifiers import healthy, stale_telemetry
 from .evidence import Evidence, build_evidence
@@ -40,9 +41,13 @@ def _run(mod, ev: Evidence, th: Thresholds, *extra) -> tuple[Finding | None, Unc
     if reasons:
         return None, Unchecked(mod.ID, mod.CHECK, tuple(reasons))
     try:
-        return mod.classify(ev, th, *extra), None
+        with partial.reads() as dropped:
+            found = mod.classify(ev, th, *extra)
     except Exception as e:  # one broken classifier must not hide the others, nor pass
         return _error(mod, e), None
+    # It read a label value the export lacks: its silence is no pass (a finding it made
+    # anyway stands, with the gap named beside it).
+    return found, Unchecked(mod.ID, mod.CHECK, partial.reasons(dropped)) if dropped else None
 
 
 def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:

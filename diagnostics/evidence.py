@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kvscope.exporters import signals as S
 
 from . import evidence_table as T
+from . import partial
 from .evidence_model import (
     Evidence,
     Freshness,
@@ -93,16 +94,20 @@ def build_evidence(raw: RawWindow) -> Evidence:
 
 
 def _reader(src: SourceInfo, first_seen: dict[str, float]):
-    """``read(row, series)``: one evidence field from its series, as the row says."""
-    def read(row: T.Read, series: list[Series]) -> Quantity | dict[str, Quantity]:
+    """``read(row, series)``: one evidence field from its series, as the row says.
+    ``others_present``: the row's series exist for another part of a split."""
+    def read(row: T.Read, series: list[Series],
+             others_present: bool = False) -> Quantity | dict[str, Quantity]:
         if row.by:
-            return by_label(series, row.by, src, row.how, first_seen)
+            return partial.label_values(by_label(series, row.by, src, row.how, first_seen),
+                                        row.name, row.by, others_present)
         return aggregate(series, src, row.how, first_seen)
     return read
 
 
-def _fill(rows: dict[str, T.Read], series_of: SeriesOf, read) -> dict:
-    return {f: read(row, series_of(row.name)) for f, row in rows.items()}
+def _fill(rows: dict[str, T.Read], series_of: SeriesOf, read,
+          present: frozenset[str] = frozenset()) -> dict:
+    return {f: read(row, series_of(row.name), row.name in present) for f, row in rows.items()}
 
 
 def _split(split: T.Split, series_of: SeriesOf, read, extra_keys=()) -> dict:
@@ -112,7 +117,12 @@ def _split(split: T.Split, series_of: SeriesOf, read, extra_keys=()) -> dict:
         for s in series_of(row.name):
             parts[s.label(split.label)][row.name].append(s)
     keys = sorted(set(parts) | set(extra_keys), key=_natural)
-    return {k: split.part(**{split.key: k}, **_fill(split.rows, parts[k].__getitem__, read))
+    # A KV group the engine lists (extra_keys), or a worker rank other series name, without
+    # series the other groups or ranks have: its values were dropped, not never exported.
+    present = frozenset(n for k, ss in parts.items() if k not in split.exempt for n in ss)
+    return {k: split.part(**{split.key: k}, **_fill(
+                split.rows, parts[k].__getitem__, read,
+                frozenset() if k in split.exempt else present))
             for k in keys}
 
 

@@ -109,6 +109,8 @@ class Split:
     part: type
     key: str
     rows: dict[str, Read]
+    # values of ``label`` whose parts legitimately lack series the others have
+    exempt: tuple[str, ...] = ()
 
 
 # Evidence.lookups: one GroupLookups per KV group
@@ -122,7 +124,7 @@ RANKS = Split(S.L_RANK, RankTransfers, "rank", {
     "checksums": Read(S.ROW_CHECKSUMS, S.L_OUTCOME),
     "refused": Read(S.LOADS_REFUSED, S.L_REASON),
     "last_report": Read(S.WORKER_LAST_STEP_TIMESTAMP, how=MAX),
-})
+}, exempt=(S.RANK_MANAGER,))  # the manager moves disk rows: no checksums, no refusals
 
 # Evidence.freshness: steps from the table; last_step is one max per target
 # (model and engine labels kept apart), now is the source's clock.

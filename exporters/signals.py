@@ -484,6 +484,22 @@ WORKER_METRICS: tuple[Metric, ...] = (
 ALL_METRICS: tuple[Metric, ...] = SCHEDULER_METRICS + WORKER_METRICS
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL_METRICS}
 
+# Exported with EVERY value of their closed labels (``label_values``) from a process's
+# first step on, for each value of their open labels (kv_group, rank): counters declared
+# at 0 (Recorder.declare), snapshot gauges set on every refresh. A value missing from
+# an input that has the series is therefore a partial export (a relabel rule, a
+# federation filter, a cut scrape), never a zero: kv-diagnose does not judge by it.
+# Not here: series whose values appear with their first event (transfer histograms,
+# transfers in flight, latest-round gauges) or depend on the process (transfer bytes:
+# workers move gpu<->cpu, the manager cpu<->disk). Promotions and cascades exist only
+# with a secondary tier. tests/connector/test_preset_values.py checks this list.
+PRESET_VALUES: tuple[Metric, ...] = (
+    LOOKUPS, LOOKUP_ROUNDS, ROUNDS_AT_ROW_CEILING, PRIMARY_ROWS, PROMOTIONS, CASCADES,
+    STORE_JOBS, PENDING_TRANSFERS, OLDEST_PENDING_TRANSFER, REQUESTS, TELEMETRY_ERRORS,
+    RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_CEILING_ROUNDS, ROW_CHECKSUMS,
+    LOADS_REFUSED,
+)
+
 
 def exposed_series(metric: Metric) -> tuple[str, ...]:
     """Every series name a scrape of ``metric`` yields (histograms fan out)."""

@@ -24,14 +24,14 @@ def window(values: dict, *, t0: float = T0, t1: float | None = None, lifetime: b
            declare: bool = True):
     """values: {(name, {labels}) or name: [v0, v1, ...]} -> RawWindow, samples spread t0..t1.
 
-    ``declare``: add the zero series the connector declares (:func:`declared`) for
-    every metric ``values`` has no series of, as a real exporter shows them.
+    ``declare``: add the zero series the connector declares (:func:`declared`) that
+    ``values`` does not give, as a real exporter shows them: every value of the closed
+    labels, for every worker rank and KV group ``values`` names (rank 0, group 0 when
+    it names none).
     """
     t1 = t0 + 1.0 if t1 is None else t1
     if declare:
-        given = {k if isinstance(k, str) else k[0] for k in values}
-        values = {k: v for k, v in declared().items()
-                  if (k if isinstance(k, str) else k[0]) not in given} | values
+        values = _with_declared(values)
     series = []
     for key, vals in values.items():
         name, labels = (key, {}) if isinstance(key, str) else (key[0], dict(key[1]))
@@ -45,6 +45,19 @@ def window(values: dict, *, t0: float = T0, t1: float | None = None, lifetime: b
                      now=t1 if now is None else now, lifetime=lifetime,
                      recent_span=(t1 - t0) if recent_span is None else recent_span)
     return RawWindow(src, tuple(series))
+
+
+def _with_declared(values: dict) -> dict:
+    seen: dict[str, set[str]] = {S.L_RANK: set(), S.L_KV_GROUP: set()}
+    for key in values:
+        for k, v in (() if isinstance(key, str) else key[1]):
+            if k in seen and v != S.RANK_MANAGER:
+                seen[k].add(v)
+    extra: dict = {}
+    for rank in sorted(seen[S.L_RANK]) or ["0"]:  # every worker rank and KV group given
+        for group in sorted(seen[S.L_KV_GROUP]) or ["0"]:
+            extra |= declared(rank, group)
+    return {k: v for k, v in extra.items() if k not in values} | values
 
 
 def evidence(values: dict, **kw):
@@ -68,6 +81,7 @@ def base(rows: int = 8, steps=(100, 110), last_step=None, seed="a1b2c3") -> dict
         info(seed, rows): [1, 1],
         L(S.PRIMARY_ROWS.name, state="total"): [rows, rows],
         L(S.PRIMARY_ROWS.name, state="occupied"): [rows // 2, rows // 2],
+        L(S.PRIMARY_ROWS.name, state="in_flight"): [0, 0],
         S.SCHEDULER_STEPS.name: list(steps),
         S.LAST_STEP_TIMESTAMP.name: ls,
         S.REQUESTS_IN_FLIGHT.name: [0, 0],

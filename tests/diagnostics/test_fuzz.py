@@ -1,8 +1,8 @@
 """Property/fuzz campaign (hypothesis) over expositions, Prometheus answers and
 bundles: kv-diagnose answers with a report or one DiagnoseError line, never a
 traceback or a hang; and an input carrying an incident, stripped of evidence the
-way an older exporter, a relabel rule or a partial scrape strips it, is never
-called healthy. Derandomized: CI runs the same examples every time."""
+way a relabel rule, a federation filter or a partial scrape strips it (whole series,
+label names, single label values), is never called healthy. Derandomized: CI runs the same examples every time."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from kvscope.diagnostics.prometheus import prometheus_window  # noqa: E402
 from kvscope.diagnostics.report import format_text  # noqa: E402
 from kvscope.diagnostics.scrape import parse_exposition  # noqa: E402
 from kvscope.sim.catalog import SCENARIOS  # noqa: E402
+
+from .test_partial import bounded_values  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAMPAIGN = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -195,10 +197,13 @@ def test_any_bundle_document_is_a_report_or_one_error(doc, src):
 
 # ---- never healthy on an incident stripped of evidence --------------------------------
 def _mutate(raw: RawWindow, data) -> RawWindow:
-    """Strip evidence as the field does: whole series names gone (older exporter,
-    partial scrape), a label name dropped (relabel rule), non-finite values."""
+    """Strip evidence as the field does: whole series names gone (partial scrape),
+    a label name dropped (relabel rule), one label value of a present series dropped
+    (a relabel or federation filter: verdict="vetoed" gone, verdict="hit" kept),
+    non-finite values."""
     names = sorted({s.name for s in raw.series})
     gone = set(data.draw(st.lists(st.sampled_from(names), max_size=6)))
+    dropped = set(data.draw(st.lists(st.sampled_from(bounded_values(raw)), max_size=3)))
     strip = dict(data.draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from(
         ["verdict", "kind", "state", "result", "rank", "outcome", "reason", "hash_seed"])),
         max_size=3)))
@@ -206,7 +211,7 @@ def _mutate(raw: RawWindow, data) -> RawWindow:
     bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf]))
     out = []
     for s in raw.series:
-        if s.name in gone:
+        if s.name in gone or any(n == s.name and (k, v) in s.labels for n, k, v in dropped):
             continue
         labels = tuple((k, v) for k, v in s.labels if strip.get(s.name) != k)
         samples = s.samples
