@@ -30,7 +30,8 @@ MOSTLY_REFUSED = 5
 ID = "store_never_fits"
 TITLE = "Store never fits the primary tier"
 SEVERITY = 75
-CHECK = "store jobs refused for lack of space with nothing reaching the disk tier"
+CHECK = ("store jobs refused for lack of space with nothing reaching the disk tier, or re-asks "
+         "cut at a chunk whose store job was refused (stored in part)")
 EXPLAINS = frozenset({"rounds", "coverage"})
 
 

@@ -91,6 +91,17 @@ CATALOG: dict[str, Scenario] = _all(
         lambda f: f["restored_tokens"] == 0,
         "the re-ask restored nothing"),
     Scenario(
+        "stored-in-part", "stored_in_part",
+        "A 12-chunk prompt whose later store jobs find no free row: stored in part, its "
+        "re-ask restores that part and recomputes the rest.",
+        "store_never_fits",
+        # with tiering nothing stored is dropped: held < prompt means part never reached a tier
+        lambda f: f["finished"] and f["same_output"]
+        and 0 < f["held_tokens"][0] < f["prompt_tokens"]
+        and f["restored_tokens"][0] >= f["held_tokens"][0],
+        "the tiers held part of the prompt (never all of it), the re-ask restored all they held "
+        "with the same output"),
+    Scenario(
         "stores-without-restores", "stores_without_restores",
         "The engine restarts without PYTHONHASHSEED: the same prompt gets new keys.",
         "stores_without_restores",

@@ -172,6 +172,24 @@ def store_never_fits(run: ScenarioRun, cfg: EngineConfig) -> None:
     _ask_flood_ask(e, run)
 
 
+def stored_in_part(run: ScenarioRun, cfg: EngineConfig) -> None:
+    # 12 rows; a step stores 4 chunks x 2 groups = 8 rows. The first job fits; the next
+    # finds the first one's rows still pinned (written, then cascading) and is refused,
+    # retried grown, never fits: 4 of the 12 chunks reach the tiers.
+    chunks = 12
+    e = CPUEngine(replace(cfg, rows=12, max_num_batched_tokens=64,
+                          num_gpu_blocks=2 * chunks + 16))
+    run.engines.append(e)
+    target = prompt(1, chunks * 16)
+    first = e.generate(target, 4)
+    e.drain()
+    for seed in range(2, 2 + FLOODS):  # evict the target from the GPU prefix cache
+        e.generate(prompt(seed, chunks * 16), 2)
+        e.drain()
+    run.facts["prompt_tokens"] = len(target)
+    _reask(e, run, [target], [first])
+
+
 def stores_without_restores(run: ScenarioRun, cfg: EngineConfig) -> None:
     shared = tempfile.mkdtemp(prefix="kvscope-restart-")
     run.facts["shared_dir"] = shared

@@ -176,6 +176,14 @@ def _check(name: str, report) -> None:
         assert "max_num_batched_tokens=256 tokens = 16 chunks of 16 tokens × 2 KV groups = 32 rows" \
             in ev_text, text
         assert "lower max_num_batched_tokens to ≤ 32 " in top.next_step, text
+    elif name == "stored-in-part":  # 12 rows, 8-row store jobs, 4 of 12 chunks stored
+        assert top.title == "Store never fits the primary tier (stored in part)", text
+        held, prompt_tokens = ev.coverage.held_tokens.last, 12 * CHUNK_TOKENS
+        assert "stopped at a chunk whose store job the primary tier had refused for lack of " \
+               f"space: the prompt was stored only in part, {int(prompt_tokens - held)} tokens " \
+               "of it not restored (recomputed)" in ev_text, text
+        assert "= 8 rows per store job; primary tier: 12 rows" in ev_text, text
+        assert "Grow the CPU primary tier to ≥ 20 rows (now 12;" in top.next_step, text
     elif name == "stores-without-restores":
         assert top.title.endswith("(hash seed differs)"), text
         assert len(ev.hash_seeds) == 2, text
