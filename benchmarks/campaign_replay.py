@@ -39,8 +39,10 @@ from kvscope.dashboards import rules as r
 from kvscope.dashboards.config import DEFAULT, Config
 
 ROOT = Path(__file__).resolve().parents[1]
-# Two H200s through `vllm serve` (gpu_campaign.py); vLLM's scheduler on CPU (cpu_campaign.py)
+# Two H200s through `vllm serve` (gpu_campaign.py); one H200, TP=1, through `vllm serve`
+# (gpu_campaign.py --tp 1); vLLM's scheduler on CPU (cpu_campaign.py)
 CAMPAIGN_DIRS = (ROOT / "benchmarks" / "results" / "campaign",
+                 ROOT / "benchmarks" / "results" / "campaign-h200",
                  ROOT / "benchmarks" / "results" / "campaign-cpu")
 
 CAMPAIGN_CONFIG: Config = replace(

@@ -315,6 +315,7 @@ def run_faults(args, result: dict) -> None:
                 target = c.new_prompt()
                 first = c.ask_flood(target)
                 shutil.rmtree(root, ignore_errors=True)
+                phase["fault_on"] = time.time()
                 phase["removed"] = not os.path.exists(root)
                 c.verdict(phase, first, s.complete(target))
                 for _ in range(2):  # traffic goes on; what comes back with the tier empty
@@ -327,12 +328,14 @@ def run_faults(args, result: dict) -> None:
             def disk_full(phase):
                 ballast = os.path.join(mnt, "ballast")
                 phase["ballast_bytes"] = fill(ballast)
+                phase["fault_on"] = time.time()
                 target = c.new_prompt()
                 first = c.ask_flood(target)
                 c.verdict(phase, first, s.complete(target))
                 time.sleep(hold)
                 phase["diagnose"] = diagnose(s.scrape_urls())
                 os.remove(ballast)
+                phase["fault_off"] = time.time()
 
             plan = [("control", ask_flood_ask),
                     (faults.FLIP_PROMOTED, lambda p: ask_flood_ask(p, faults.FLIP_PROMOTED)),

@@ -33,7 +33,9 @@ replay = pytest.importorskip("benchmarks.campaign_replay")
 pytestmark = pytest.mark.prometheus
 
 # (run, phase) -> (alerts the fault must fire, kv-diagnose verdict). Runs: "faults" and
-# "stale-rows-*" on two H200s through `vllm serve`; "faults-cpu" on vLLM's scheduler on CPU.
+# "stale-rows-*" on two H200s through `vllm serve`; "faults-h200-tp1" on one H200 (TP=1)
+# through `vllm serve`, the faults the TP=2 server did not survive; "faults-cpu" on vLLM's
+# scheduler on CPU.
 MISMATCH = ({r.ALERT_CHECKSUM_MISMATCH}, "stale_row_corruption")
 PENDING = ({r.ALERT_PENDING_AT_IDLE}, "pending_at_idle")
 EXPECTED = {
@@ -42,6 +44,10 @@ EXPECTED = {
     ("faults", "drop_promotion"): MISMATCH,
     ("stale-rows-observe", "stale-rows-observe"): MISMATCH,
     ("stale-rows-refuse", "stale-rows-refuse"): MISMATCH,
+    ("faults-h200-tp1", "control"): (set(), "healthy"),
+    ("faults-h200-tp1", "stall_writes"): PENDING,
+    ("faults-h200-tp1", "withhold_store"): PENDING,
+    ("faults-h200-tp1", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, "tier_writes_failing"),
     ("faults-cpu", "control"): (set(), "healthy"),
     ("faults-cpu", "flip_promoted"): MISMATCH,
     ("faults-cpu", "drop_promotion"): MISMATCH,
@@ -57,8 +63,11 @@ EXPECTED = {
 # (pending at idle must not fire; aborting that request kills vLLM 0.26:
 # tests/connector/test_vllm_026_limits.py); kv-diagnose names it.
 EXPECTED[("faults-cpu", "stall_reads")] = (set(), "promotion_stalled")
+EXPECTED[("faults-h200-tp1", "stall_reads")] = (set(), "promotion_stalled")
 # Recorded and shown by `campaign_replay.py`, not judged: kvscope has nothing that must fire.
 NOT_JUDGED = {
+    ("faults-h200-tp1", "dir_removed"): "recorded on the H200 before kvscope probed the disk "
+    "tier (no kvscope_tier_* series in the recording; kv-diagnose said healthy)",
     ("faults-cpu", "dir_removed"): "recorded before kvscope probed the disk tier (no signal, "
     "kv-diagnose said healthy); re-recorded as run faults-cpu-control-dir_removed",
 }
