@@ -23,7 +23,10 @@ switches, GC collections and GC time in the timed region, the GPU's NUMA node.
     python3 benchmarks/gpu_scheduler_bound.py case --arm observed --mode sync   # one process
 
 ``--pin auto`` (default) runs every process on the CPUs of the GPU's NUMA node (all CPUs
-where the machine has one node) minus CPU 0; ``--pin none`` leaves placement to the kernel.
+where the machine has one node) minus CPU 0; ``--pin none`` leaves placement to the kernel;
+``--pin main`` does as ``auto``, then, once the engine is up, gives the main thread (the
+engine's scheduler and the driver: in-process engine) the first of those CPUs alone and every
+other thread the rest, so no other thread of the process competes for the scheduler's CPU.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def gpu_numa_node() -> int | None:
 def pin_cpus(spec: str) -> list[int] | None:
     if spec == "none":
         return None
+    if spec == "main":
+        spec = "auto"
     if spec != "auto":
         out: list[int] = []
         for part in spec.split(","):
@@ -136,7 +141,22 @@ class GCWatch:
             self.count[info.get("generation", 0)] += 1
 
 
-def run_case(arm: str, mode: str, iters: int, warmup: int) -> dict:
+def pin_main_thread() -> dict:
+    """The main thread on one CPU of the process's set, every other thread on the rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    main, rest = cpus[:1], cpus[1:] or cpus
+    me = threading.get_native_id()
+    moved = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), main if int(tid) == me else rest)
+            moved += 1
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return {"main_cpu": main, "other_cpus": rest, "threads_pinned": moved}
+
+
+def run_case(arm: str, mode: str, iters: int, warmup: int, pin: str = "auto") -> dict:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
@@ -160,6 +180,8 @@ def run_case(arm: str, mode: str, iters: int, warmup: int) -> dict:
     res: dict = {"arm": arm, "mode": mode, "engine_up_s": round(time.perf_counter() - t0, 1),
                  "affinity": sorted(os.sched_getaffinity(0)), "gpu_numa_node": gpu_numa_node(),
                  "pid": os.getpid()}
+    if pin == "main":
+        res["pin_main"] = pin_main_thread()
     sp = SamplingParams(temperature=0.0, max_tokens=OUT, ignore_eos=True, detokenize=False)
     llm.generate(batch(-1), sp, use_tqdm=False)  # the first re-ask's batch
     watch = GCWatch()
@@ -167,6 +189,8 @@ def run_case(arm: str, mode: str, iters: int, warmup: int) -> dict:
     sampling = threading.Event()
 
     def sample_cpu(main_tid: int = threading.get_native_id()) -> None:
+        if pin == "main":  # off the scheduler's CPU (a thread inherits its creator's set)
+            os.sched_setaffinity(0, res["pin_main"]["other_cpus"])
         path = f"/proc/self/task/{main_tid}/stat"
         while not sampling.wait(0.05):
             try:
@@ -201,7 +225,7 @@ def run_case(arm: str, mode: str, iters: int, warmup: int) -> dict:
                ctx_switches={k: ctx1[k] - ctx0.get(k, 0) for k in ctx1},
                gc_collections=watch.count, gc_s=round(watch.seconds, 4),
                main_thread_cpus=sorted(cpus), torch_threads=_torch_threads(),
-               threads=threading.active_count())
+               threads=threading.active_count(), tasks=tasks_by_affinity())
     if observed:  # what kvscope saw (rows of the tier; hits), after the timed region
         res["kvscope"] = scrape(f"http://127.0.0.1:{port}/metrics", (
             "kvscope_primary_rows", "kvscope_primary_row_bytes", "kvscope_hit_tokens_total",
@@ -227,6 +251,19 @@ def scrape(url: str, names: tuple[str, ...]) -> dict[str, float]:
         return {"error": repr(exc)}
     return {k: float(v) for k, _, v in (ln.rpartition(" ") for ln in lines)
             if k.startswith(names) and not k.startswith("#")}
+
+
+def tasks_by_affinity() -> dict[str, int]:
+    """Threads of this process per allowed-CPU set (were threads born after the pinning?)."""
+    out: dict[str, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            cpus = sorted(os.sched_getaffinity(int(tid)))
+        except OSError:
+            continue
+        key = f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _torch_threads() -> int:
@@ -291,7 +328,7 @@ def main() -> int:
     for q in (c, a):
         q.add_argument("--iters", type=int, default=6)
         q.add_argument("--warmup", type=int, default=2)
-        q.add_argument("--pin", default="auto", help="auto | none | CPU list (2-9,12)")
+        q.add_argument("--pin", default="auto", help="auto | main | none | CPU list (2-9,12)")
     a.add_argument("--pairs", type=int, default=3)
     a.add_argument("--modes", nargs="+", default=["sync", "async"])
     a.add_argument("--out", default="gpu_scheduler_bound.json")
@@ -304,7 +341,8 @@ def main() -> int:
         cpus = pin_cpus(args.pin)
         if cpus:
             os.sched_setaffinity(0, cpus)  # before vLLM starts its threads: they inherit it
-        print(json.dumps(run_case(args.arm, args.mode, args.iters, args.warmup)), flush=True)
+        print(json.dumps(run_case(args.arm, args.mode, args.iters, args.warmup, args.pin)),
+              flush=True)
         return 0
     if args.cmd == "summarize":
         runs = [r for f in args.files for r in json.load(open(f))["runs"]]
