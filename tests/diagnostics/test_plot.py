@@ -20,6 +20,7 @@ DECISIVE = {
     "stale-rows-observe": ("stale_row_corruption", "checksums"),
     "pending-at-idle": ("pending_at_idle", "pending"),
     "store-never-fits": ("store_never_fits", "stores"),
+    "stored-in-part": ("store_never_fits", "stores"),
     "stores-without-restores": ("stores_without_restores", "lookups"),
     "queue-wait": ("queue_wait", "requests"),
     "truncated": ("capacity_ceiling_truncated", "coverage"),
