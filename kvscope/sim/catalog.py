@@ -108,6 +108,12 @@ CATALOG: dict[str, Scenario] = _all(
         lambda f: f["restored_tokens"] == 0,
         "the restarted engine restored nothing of the prompt it had stored"),
     Scenario(
+        "tier-data-lost", "tier_data_lost",
+        "The fs tier's directory removed mid-run: writes go on, what was on disk is gone.",
+        "tier_data_lost",
+        lambda f: f["block_files_before"] > 0 and f["same_output"] and f["restored_tokens"] == 0,
+        "the prompt was on disk before the removal; the re-ask restored nothing, same output"),
+    Scenario(
         "truncated", "truncated",
         "One 12-chunk prompt, 8 primary rows, 1 KV group: the restore stops at the rows.",
         "capacity_ceiling_truncated",

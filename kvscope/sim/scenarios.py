@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -207,6 +208,36 @@ def stores_without_restores(run: ScenarioRun, cfg: EngineConfig) -> None:
     run.facts.update(restored_tokens=out.num_external_tokens)
 
 
+def tier_data_lost(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """The fs tier's directory removed mid-run: every later write succeeds, the prompt that
+    was on disk is recomputed. kvscope's tier probe runs every 50 ms here (5 s by default)."""
+    e = CPUEngine(replace(cfg, rows=12, kvscope_options={**cfg.kvscope_options,
+                                                         "tier_probe_interval_s": 0.05}))
+    run.engines.append(e)
+    target = prompt(1, PROMPT_TOKENS)
+    first = e.generate(target, 4)
+    e.drain()
+    for seed in range(2, 2 + FLOODS):  # evict the target from the GPU and the CPU tier
+        e.generate(prompt(seed, PROMPT_TOKENS), 2)
+        e.drain()
+    files = [os.path.join(d, f) for d, _, fs in os.walk(e.fs_root) for f in fs
+             if f.endswith(".bin")]
+    probe = e.connector._kvscope_observer.probe
+    # the probe has seen every completed write before the removal (as it would over time)
+    if not wait_until(lambda: sum(map(len, probe.samples.values())) >= len(files)):
+        raise TimeoutError("the tier probe did not take the written keys in")
+    shutil.rmtree(e.fs_root)
+    again = e.generate(target, 4, max_steps=200)
+    e.drain()
+    probes = probe.probes
+    if not wait_until(lambda: probe.probes >= probes + 2):
+        raise TimeoutError("the tier probe did not run")
+    e.refresh()
+    run.facts.update(first_output=first.output, again_output=again.output,
+                     same_output=first.output == again.output,
+                     restored_tokens=again.num_external_tokens, block_files_before=len(files))
+
+
 def tiers_hold_tokens(e: CPUEngine, rid: str) -> int:
     """Engine truth: tokens of ``rid``'s prefix some tier holds now (files on the fs tier's
     disk, rows of the primary tier), the shortest over KV groups: what a full restore of it
@@ -321,8 +352,6 @@ def run_scenario(name: str, *, exporter_port: int | None = 0,
         for e in run.engines:
             e.close()
         if "shared_dir" in run.facts:
-            import shutil
-
             shutil.rmtree(run.facts["shared_dir"], ignore_errors=True)
 
 

@@ -57,6 +57,8 @@ EXPECTED_ALERT_EXPRS: dict[str, set[str]] = {
     # alert needs held tokens rising while Prometheus watches, which a finished run lacks
     "truncated": {r.ALERT_CAPACITY_CEILING},
     "concurrency": set(),  # no round reached the ceiling: each request fits alone
+    # keys lost before the first scrape: the born-in-window clause selects the engine
+    "tier-data-lost": {r.ALERT_TIER_DATA_LOST},
 }
 # The scenario served through vLLM's own /metrics (one per process: vLLM's global registry).
 # Pending at idle, so the pending-at-idle rule's join with vLLM's running/waiting gauges on the
