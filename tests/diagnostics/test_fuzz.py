@@ -230,6 +230,20 @@ def test_an_incident_stripped_of_evidence_is_never_healthy(name, data):
         f"{name} stripped of evidence called healthy:\n{format_text(report)}")
 
 
+@settings(CAMPAIGN, max_examples=400)  # cheap (no I/O): enough to reach the few decisive values
+@given(name=st.sampled_from(sorted(INCIDENTS)), data=st.data())
+def test_an_incident_missing_some_label_values_is_never_healthy(name, data):
+    """Only values dropped (one to three, any bounded label, any kvscope series): the
+    combinations test_partial's exhaustive single drops do not reach."""
+    raw = from_dict(_fixture_doc(name), name)
+    dropped = data.draw(st.lists(st.sampled_from(bounded_values(raw)), min_size=1, max_size=3))
+    out = tuple(s for s in raw.series
+                if not any(n == s.name and (k, v) in s.labels for n, k, v in dropped))
+    report = judged(dataclasses.replace(raw, series=out))
+    assert report is None or report.exit_code != 0, (
+        f"{name} without {dropped} called healthy:\n{format_text(report)}")
+
+
 @pytest.mark.parametrize("name", sorted(INCIDENTS))
 def test_the_unstripped_incidents_are_named(name):
     report = judged(from_dict(_fixture_doc(name), name))
