@@ -6,8 +6,9 @@ later writes succeed, earlier keys silently miss and are recomputed. kvscope's t
 probe (``connector/tier_probe.py``) checks that the latest keys written still have
 their files and counts each one gone (``kvscope_tier_lost_keys_total{tier}``).
 
-The series is optional: a kvscope without the probe does not export it, and then
-nothing here can hold (the other checks still judge the window).
+The series is optional: a kvscope with the probe off exports none of the probe's
+series, and then nothing here can hold (the other checks still judge the window);
+with the probe's other series there, a missing one is "could not check".
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ CHECK = ("keys the disk tier confirmed written found gone (directory removed, vo
 # 0.26's fs tier is deferred by the tier's asynchronous existence check, then misses
 # (rounds deferred without a hit).
 EXPLAINS = frozenset({"coverage", "rounds"})
-NEEDS = ()
+
+
+def needs(ev: Evidence) -> tuple:
+    """The probe exports its three series together from its first step: with one of the
+    others there, a missing lost-keys series was dropped (could not check), not a probe
+    that is off."""
+    probe_on = ev.has(S.TIER_ROOT_PRESENT) or ev.has(S.TIER_LAST_LOSS_TIMESTAMP)
+    return (S.TIER_LOST_KEYS,) if probe_on else ()
 
 
 def _utc(t: float) -> str:

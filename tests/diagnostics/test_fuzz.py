@@ -31,6 +31,7 @@ from kvscope.diagnostics.report import format_text  # noqa: E402
 from kvscope.diagnostics.scrape import parse_exposition  # noqa: E402
 from kvscope.sim.catalog import SCENARIOS  # noqa: E402
 
+from .test_partial import INCIDENTS as INCIDENT_FIXTURES  # noqa: E402
 from .test_partial import bounded_values  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -38,9 +39,7 @@ CAMPAIGN = settings(max_examples=60, deadline=None, derandomize=True, database=N
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 NAMES = sorted(WANTED_SERIES)
 # fixtures recorded from a scenario run -> the verdict it must get (test_scenarios checks them)
-INCIDENTS = {name: SCENARIOS[name].expected_verdict for name in (
-    "capacity-ceiling", "livelock", "stale-rows", "store-never-fits", "stores-without-restores",
-    "queue-wait", "truncated", "concurrency")}
+INCIDENTS = {name: SCENARIOS[name].expected_verdict for name in INCIDENT_FIXTURES}
 
 
 def judged(raw: RawWindow):
