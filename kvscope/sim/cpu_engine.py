@@ -7,20 +7,17 @@ its CPU primary tier in ``/dev/shm`` and the fs tier on disk, vLLM's
 ``KVOutputAggregator`` merging the ranks' outputs.
 
 What stands in for the GPU: each rank's KV cache is a CPU tensor, and
-:class:`CPUCopyWorker` implements vLLM's ``OffloadingWorker`` interface by
-copying bytes between that tensor and the rank's slot of the shared region
-(vLLM's own ``SharedOffloadRegion``), where the real worker would DMA. The
-"model" writes a KV pattern derived from each token's prefix and samples the
-next token from a digest of all KV bytes a request has on every rank, so a
-restore with wrong bytes changes the output, as on a GPU.
+:class:`~kvscope.sim.cpu_worker.CPUCopyWorker` copies bytes between that tensor and
+the rank's slot of the shared region where the real worker would DMA. The
+model (:mod:`kvscope.sim.cpu_model`) writes a KV pattern derived from each token's
+prefix and samples the next token from a digest of all KV bytes a request has on
+every rank, so a restore with wrong bytes changes the output, as on a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import glob
-import hashlib
 import os
 import shutil
 import tempfile
@@ -52,89 +49,15 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
-from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvscope.connector.compat import harness, renames
+from kvscope.connector.compat import harness
+from kvscope.sim import cpu_worker
+from kvscope.sim.cpu_model import PatternModel, prompt, write_tiny_llama
 
-VOCAB = 1024
-# Which simulated rank a worker-role connector being built belongs to, and
-# which ranks map a region of their own ("another node").
-_SIM_RANK: contextvars.ContextVar[int] = contextvars.ContextVar("kvscope_sim_rank", default=0)
-_SIM_OWN_REGION: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
-    "kvscope_sim_own_region", default=frozenset())
-_SIM_STUCK: contextvars.ContextVar[Callable[[int, str, int], bool] | None] = contextvars.ContextVar(
-    "kvscope_sim_stuck", default=None)
-
-
-class CPUCopyWorker(OffloadingWorker):
-    """vLLM's OffloadingWorker interface, with memcpy where a GPU would DMA."""
-
-    def __init__(self, kv_caches: Any, region: Any | None, rows: int,
-                 slot_size: int, rank: int = 0,
-                 stuck: Callable[[int, str, int], bool] | None = None) -> None:
-        self._rank = rank
-        self._tensors = [t.tensor for t in kv_caches.tensors]
-        self._group_refs = kv_caches.group_data_refs
-        self._mmap_region = region
-        if region is not None:
-            self._views = [harness.region_view(region, t.shape[1]) for t in self._tensors]
-        else:  # CPU spec: each rank owns private host memory
-            self._views = [torch.zeros((rows, t.shape[1]), dtype=torch.int8)
-                           for t in self._tensors]
-        self._slot_size = slot_size
-        self._stuck = stuck
-        self._done: list[TransferResult] = []
-        self._held: dict[int, TransferResult] = {}
-
-    def _copy(self, job_id: int, kind: str, gpu_spec, cpu_spec, to_cpu: bool) -> bool:
-        t0 = time.perf_counter()
-        gpu_blocks = [int(b) for b in gpu_spec.block_ids]
-        rows = [int(r) for r in cpu_spec.block_ids]
-        sizes = list(gpu_spec.group_sizes) if gpu_spec.group_sizes else [len(gpu_blocks)]
-        moved, i = 0, 0
-        for group, n in enumerate(sizes):
-            tensor_ids = {ref.tensor_idx for ref in self._group_refs[group]}
-            for _ in range(n):
-                g, r = gpu_blocks[i], rows[i]
-                i += 1
-                for t in tensor_ids:
-                    if to_cpu:
-                        self._views[t][r].copy_(self._tensors[t][g])
-                    else:
-                        self._tensors[t][g].copy_(self._views[t][r])
-                    moved += self._tensors[t].shape[1]
-        result = TransferResult(job_id, True, moved, time.perf_counter() - t0)
-        if self._stuck is not None and self._stuck(self._rank, kind, job_id):
-            self._held[job_id] = result  # never reported: a hung transfer
-        else:
-            self._done.append(result)
-        return True
-
-    def submit_store(self, job_id, src_spec, dst_spec) -> bool:
-        return self._copy(job_id, "store", src_spec, dst_spec, to_cpu=True)
-
-    def submit_load(self, job_id, src_spec, dst_spec, expedited: bool = False) -> bool:
-        # expedited (vLLM 0.33's sync loads): copies here complete at once anyway
-        return self._copy(job_id, "load", dst_spec, src_spec, to_cpu=False)
-
-    def get_finished(self) -> list[TransferResult]:
-        done, self._done = self._done, []
-        return done
-
-    def wait(self, job_ids: set[int]) -> None:
-        return None
-
-    def shutdown(self) -> None:
-        self._views = []
-        if self._mmap_region is not None:
-            self._mmap_region.cleanup()
-            self._mmap_region = None
-
+__all__ = ["CPUEngine", "EngineConfig", "Finished", "Rank", "prompt", "sweep_leftovers"]
 
 # Engines of this process not yet closed: (temp dir, engine id). A process
 # stopped mid-run (SIGTERM in `kvscope demo`) sweeps exactly these, never
@@ -161,37 +84,6 @@ def sweep_leftovers() -> int:
         _remove(tmp, engine_id)
         _OPEN.pop(key, None)
     return len(left)
-
-
-def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
-    rank = _SIM_RANK.get()
-    region = None
-    if tiering:
-        engine_id = spec._engine_id
-        if rank in _SIM_OWN_REGION.get():
-            engine_id = f"{engine_id}-node{rank}"  # this rank's own /dev/shm, as on another host
-        region = harness.shared_region(engine_id, spec, rank)
-    return CPUCopyWorker(kv_caches, region, renames.spec_rows_total(spec),
-                         spec.cpu_page_size_per_worker,
-                         rank, _SIM_STUCK.get())
-
-
-class CPUSimTieringSpec(TieringOffloadingSpec):
-    """TieringOffloadingSpec whose worker copies on CPU (manager side unchanged)."""
-
-    def get_worker(self, kv_caches):
-        if getattr(self, "_sim_worker", None) is None:
-            self._sim_worker = _make_worker(self, kv_caches, tiering=True)
-        return self._sim_worker
-
-
-class CPUSimOffloadingSpec(CPUOffloadingSpec):
-    """CPUOffloadingSpec whose worker copies on CPU (manager side unchanged)."""
-
-    def get_worker(self, kv_caches):
-        if getattr(self, "_sim_worker", None) is None:
-            self._sim_worker = _make_worker(self, kv_caches, tiering=False)
-        return self._sim_worker
 
 
 @dataclass
@@ -259,13 +151,15 @@ class CPUEngine:
         self.fs_root = cfg.fs_root or os.path.join(self._tmp, "fs")
         model_dir = cfg.model_dir or os.path.join(self._tmp, "model")
         if not os.path.exists(os.path.join(model_dir, "config.json")):
-            _write_tiny_llama(model_dir, cfg.num_layers * cfg.kv_groups, cfg.max_model_len)
+            write_tiny_llama(model_dir, cfg.num_layers * cfg.kv_groups, cfg.max_model_len)
 
         self.layers = [f"model.layers.{i}.self_attn.attn"
                        for i in range(cfg.num_layers * cfg.kv_groups)]
         spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=2, head_size=16,
                                  dtype=torch.float16)
         self.page = spec.page_size_bytes
+        self.model = PatternModel(self.layers, cfg.kv_groups, cfg.block_size, self.page,
+                                  cfg.sliding_window)
         # Groups of one attention kind with distinct head shapes (same page size):
         # vLLM keeps them as separate KV-cache groups, each with its own keys.
         shapes = ((2, 16), (1, 32), (4, 8))  # (kv heads, head size)
@@ -289,7 +183,7 @@ class CPUEngine:
         self.row_bytes = row_bytes
         extra: dict[str, Any] = {
             "spec_name": "CPUSimTieringSpec" if cfg.tiering else "CPUSimOffloadingSpec",
-            "spec_module_path": __name__,
+            "spec_module_path": cpu_worker.__name__,
             "cpu_bytes_to_use": cfg.rows * row_bytes,
             "block_size": cfg.block_size,
             "kvscope": {"checksum_policy": cfg.checksum_policy,
@@ -335,18 +229,12 @@ class CPUEngine:
         self.connector = self.scheduler.connector
         self.ranks = []
         for r in range(cfg.world_size):
-            tokens = (_SIM_RANK.set(r), _SIM_OWN_REGION.set(frozenset(cfg.own_region_ranks)),
-                      _SIM_STUCK.set(cfg.stuck))
-            try:
+            with cpu_worker.simulated_rank(r, cfg.own_region_ranks, cfg.stuck):
                 conn = type(self.connector)(self.vllm_config, KVConnectorRole.WORKER,
                                             self.kv_cache_config)
                 kv = {name: torch.zeros((cfg.num_gpu_blocks, self.page), dtype=torch.int8)
                       for name in self.layers}
                 conn.register_kv_caches(kv)
-            finally:
-                _SIM_RANK.reset(tokens[0])
-                _SIM_OWN_REGION.reset(tokens[1])
-                _SIM_STUCK.reset(tokens[2])
             self.ranks.append(Rank(r, conn, kv))
         self._aggregator = KVOutputAggregator(cfg.world_size)
         self.stat_logger = None
@@ -356,7 +244,6 @@ class CPUEngine:
             self.stat_logger = PrometheusStatLogger(self.vllm_config, [0])
         self._req_counter = 0
         self._outputs: dict[str, list[int]] = {}
-        self._prefix_digest: dict[str, tuple[int, bytes]] = {}
         self._prefill: dict[str, Any] = {}
         self.finished: dict[str, Finished] = {}
         self.steps = 0
@@ -422,8 +309,9 @@ class CPUEngine:
                 c.handle_preemptions(meta)
                 c.bind_connector_metadata(meta)
                 c.start_load_kv(None)
-            self._forward(rank, so)
-        sampled = self._sample_all(so)  # after every rank's forward, as one TP step
+            self.model.forward(self.scheduler, so, rank.rank, rank.kv)
+        # after every rank's forward, as one TP step
+        sampled = self.model.sample_all(self.scheduler, so, [rank.kv for rank in self.ranks])
         if self.cfg.settle_tiers:
             self._settle_tiers()
         outputs = []
@@ -453,36 +341,6 @@ class CPUEngine:
         self.steps += 1
         time.sleep(self.cfg.step_time_s)
 
-    def _forward(self, rank: Rank, so) -> None:
-        """Write each scheduled token's KV pattern into this rank's blocks."""
-        bs = self.cfg.block_size
-        tok_bytes = self.page // bs
-        for rid, n in so.num_scheduled_tokens.items():
-            req = self.scheduler.requests[rid]
-            end = req.num_computed_tokens  # already advanced by schedule()
-            start = end - n
-            tokens = req.all_token_ids
-            block_ids = self.scheduler.kv_cache_manager.get_block_ids(rid)
-            for pos in range(start, end):
-                h = self._prefix_hash(rid, tokens, pos)
-                for g, blocks in enumerate(block_ids):
-                    for li, name in enumerate(self.layers[g::self.cfg.kv_groups]):
-                        pattern = hashlib.blake2b(
-                            h + bytes([rank.rank, g, li]), digest_size=16).digest()
-                        reps = tok_bytes // len(pattern)
-                        off = (pos % bs) * tok_bytes
-                        rank.kv[name][blocks[pos // bs], off:off + tok_bytes] = torch.frombuffer(
-                            bytearray(pattern * reps), dtype=torch.int8)
-
-    def _prefix_hash(self, rid: str, tokens, pos: int) -> bytes:
-        done, h = self._prefix_digest.get(rid, (0, b""))
-        if pos < done:  # recompute from scratch (preemption / recompute)
-            done, h = 0, b""
-        for p in range(done, pos + 1):
-            h = hashlib.blake2b(h + int(tokens[p]).to_bytes(4, "little"), digest_size=16).digest()
-        self._prefix_digest[rid] = (pos + 1, h)
-        return h
-
     def _settle_tiers(self) -> None:
         """Let the secondary tiers' I/O of this step finish before the next step.
 
@@ -507,36 +365,6 @@ class CPUEngine:
                        for key, st in list(lookups._lookup_state.items())):
                     break
                 time.sleep(0.0002)
-
-    def _sample_all(self, so) -> list[list[int]]:
-        sampled = []
-        for rid in so.num_scheduled_tokens:
-            req = self.scheduler.requests[rid]
-            sampled.append([self._sample(req)] if req.num_computed_tokens >= req.num_tokens
-                           else [])
-        return sampled
-
-    def _sample(self, req) -> int:
-        """Next token = digest of every KV byte this request has, on every rank."""
-        h = hashlib.blake2b(digest_size=8)
-        bs = self.cfg.block_size
-        n = req.num_computed_tokens  # attention reads positions < n, nothing beyond
-        tok_bytes = self.page // bs
-        block_ids = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)
-        window = self.cfg.sliding_window
-        for rank in self.ranks:
-            for g, blocks in enumerate(block_ids):
-                # a sliding-window layer attends to the last `window` positions only
-                # (vLLM frees the blocks before them)
-                first = (max(n - window + 1, 0) // bs
-                         if window is not None and g == self.cfg.kv_groups - 1 else 0)
-                for name in self.layers[g::self.cfg.kv_groups]:
-                    for i, b in enumerate(blocks[:-(-n // bs)]):
-                        if i < first:
-                            continue
-                        used = min(bs, n - i * bs) * tok_bytes
-                        h.update(rank.kv[name][b, :used].numpy().tobytes())
-        return int.from_bytes(h.digest(), "little") % VOCAB
 
     def _collect(self, engine_outputs) -> None:
         for eco in engine_outputs.values():
@@ -592,19 +420,3 @@ def _hash_seed_env(seed: str | None) -> Iterator[None]:
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def _write_tiny_llama(path: str, num_layers: int, max_len: int) -> None:
-    """A config-only Llama (no weights): the scheduler needs the model's shape, not its values."""
-    from transformers import LlamaConfig
-
-    LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                max_position_embeddings=max_len).save_pretrained(path)
-
-
-def prompt(seed: int, n: int) -> list[int]:
-    import random
-
-    rnd = random.Random(seed)
-    return [rnd.randrange(3, VOCAB) for _ in range(n)]

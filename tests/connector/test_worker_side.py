@@ -1,7 +1,7 @@
 """The worker-side connector on CPU ranks (issue: worker side).
 
 Ranks are worker-role ObservedOffloadingConnectors whose OffloadingWorker copies
-bytes on CPU (``cpu_engine.CPUCopyWorker``) between the rank's KV tensor and its
+bytes on CPU (``kvscope.sim.cpu_worker.CPUCopyWorker``) between the rank's KV tensor and its
 slot of vLLM's SharedOffloadRegion. A rank given its own region file stands in
 for a rank on another node: the seeds' multi-node TP corruption, by construction.
 """
