@@ -7,8 +7,8 @@ difference, each naming the release that needs it:
 * ``renames``: 0.33 calls primary-tier rows chunks (``num_chunks``, ``chunk_ids``).
 * ``load_failures``: how a refused load reaches vLLM; 0.33's request-level
   ``failed_recving`` for models with several KV groups.
-* ``harness``: constructors and runner calls the CPU harness uses (0.33's
-  ``KVCacheTensor`` placement, ``SharedOffloadRegion`` sizes, ``get_transfer_results``).
+* The CPU harness has its own (``kvscope.sim.harness_compat``: 0.33's ``KVCacheTensor``
+  placement, ``SharedOffloadRegion`` sizes, ``get_transfer_results``).
 * ``vllm_api``: the vLLM classes the connector subclasses or builds, and named hooks for
   the private ones it must touch (declaring kvscope's metrics on vLLM's offload
   Prometheus metrics, the bound connector metadata, NONE_HASH).

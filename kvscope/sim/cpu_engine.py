@@ -53,8 +53,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvscope.connector.compat import harness
-from kvscope.sim import cpu_worker
+from kvscope.sim import cpu_worker, harness_compat
 from kvscope.sim.cpu_model import PatternModel, prompt, write_tiny_llama
 
 __all__ = ["CPUEngine", "EngineConfig", "Finished", "Rank", "prompt", "sweep_leftovers"]
@@ -175,8 +174,8 @@ class CPUEngine:
                   for g in range(cfg.kv_groups)]
         self.kv_cache_config = KVCacheConfig(
             num_blocks=cfg.num_gpu_blocks,
-            kv_cache_tensors=harness.kv_cache_tensors(self.layers, cfg.num_gpu_blocks,
-                                                      self.page),
+            kv_cache_tensors=harness_compat.kv_cache_tensors(self.layers, cfg.num_gpu_blocks,
+                                                             self.page),
             kv_cache_groups=groups)
         worker_bytes_per_block = self.page * len(self.layers)
         row_bytes = _round_up(worker_bytes_per_block * cfg.world_size, 4096)
@@ -317,8 +316,8 @@ class CPUEngine:
         outputs = []
         for rank in self.ranks:
             c = rank.connector
-            fs, fr, failed = harness.finish_step(c, so.finished_req_ids)
-            out = harness.connector_output(
+            fs, fr, failed = harness_compat.finish_step(c, so.finished_req_ids)
+            out = harness_compat.connector_output(
                 failed, finished_sending=fs or None, finished_recving=fr or None,
                 invalid_block_ids=c.get_block_ids_with_load_errors(),
                 kv_connector_stats=c.get_kv_connector_stats(),

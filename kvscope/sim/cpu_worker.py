@@ -20,7 +20,8 @@ from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from kvscope.connector.compat import harness, renames
+from kvscope.connector.compat import renames
+from kvscope.sim import harness_compat
 
 # Which simulated rank a worker-role connector being built belongs to, and
 # which ranks map a region of their own ("another node").
@@ -42,7 +43,7 @@ class CPUCopyWorker(OffloadingWorker):
         self._group_refs = kv_caches.group_data_refs
         self._mmap_region = region
         if region is not None:
-            self._views = [harness.region_view(region, t.shape[1]) for t in self._tensors]
+            self._views = [harness_compat.region_view(region, t.shape[1]) for t in self._tensors]
         else:  # CPU spec: each rank owns private host memory
             self._views = [torch.zeros((rows, t.shape[1]), dtype=torch.int8)
                            for t in self._tensors]
@@ -118,7 +119,7 @@ def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
         engine_id = spec._engine_id
         if rank in _SIM_OWN_REGION.get():
             engine_id = f"{engine_id}-node{rank}"  # this rank's own /dev/shm, as on another host
-        region = harness.shared_region(engine_id, spec, rank)
+        region = harness_compat.shared_region(engine_id, spec, rank)
     return CPUCopyWorker(kv_caches, region, renames.spec_rows_total(spec),
                          spec.cpu_page_size_per_worker,
                          rank, _SIM_STUCK.get())

@@ -1,7 +1,8 @@
-"""What the CPU harness (``kvscope/sim/cpu_engine.py``) builds differently per vLLM release.
+"""What the CPU harness builds differently per vLLM release: the harness's own compat.
 
-The harness plays the model runner and the GPU; these are the vLLM constructors
-and runner calls whose shape changed between 0.26 and 0.33.
+The harness (``cpu_engine.py``, ``cpu_worker.py``) plays the model runner and the GPU;
+these are the vLLM constructors and runner calls whose shape changed between 0.26 and
+0.33. The served connector's differences are in ``kvscope.connector.compat``.
 """
 
 from __future__ import annotations
