@@ -100,3 +100,9 @@ def test_reads_are_noted_only_for_missing_values_and_only_while_tracking():
     assert type(partial.label_values({"x": ABSENT}, S.LAST_ROUND_PENDING_KEYS.name,
                                      S.L_VERDICT)) is dict
     assert type(partial.label_values({}, S.LOOKUP_ROUNDS.name, S.L_VERDICT)) is dict
+
+
+def test_every_preset_metric_has_closed_values_to_miss():
+    for m in S.PRESET_VALUES:
+        assert m in S.ALL_METRICS and m.label_values, m.name
+        assert set(m.label_values) <= set(m.labels), m.name
