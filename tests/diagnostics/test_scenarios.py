@@ -7,14 +7,11 @@ Record fresh fixtures from real runs:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import time
-import traceback
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,8 @@ from kvscope.diagnostics import (
 from kvscope.diagnostics.bundle import write_bundle
 from kvscope.diagnostics.scrape import parse_exposition, scrape_window
 from kvscope.exporters import signals as S
-from kvscope.sim.catalog import CATALOG, SCENARIOS
+from kvscope.sim.catalog import SCENARIOS
+from tests.support.reproduced import judged
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -52,55 +50,10 @@ def _runner():
     return mod
 
 
-# The scenarios run on real threads (the fs tier's I/O pool); a run that did not
-# reproduce its incident (its catalogued premise, from engine facts, does not hold) is
-# run again: the test is about kv-diagnose, not about the harness. A scenario that
-# never reproduces it in ATTEMPTS runs fails the test; the expected verdict never moves.
-ATTEMPTS = 3
-
-
-def _vllm_store_after_finish(exc: BaseException) -> bool:
-    """vLLM 0.26's TieringOffloadingManager drops a request's state when it finishes
-    with no GPU->CPU store pending, yet the offloading scheduler still prepares a
-    final store for it next step: ``prepare_store`` then raises KeyError(req_id).
-    Reached when an earlier store of that request was refused (no_space) and the
-    final one fits: capacity-ceiling on a loaded machine. Not kv-diagnose's bug."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return (isinstance(exc, KeyError) and bool(frames)
-            and frames[-1].filename.endswith("kv_offload/tiering/manager.py")
-            and frames[-1].name == "prepare_store")
-
-
-def _judged(sc_mod, name: str, judge: Callable, **kw):
-    """``judge(run)`` on a run of scenario ``name`` that reproduced its incident.
-
-    The premise is checked twice: on the facts the run recorded, and, for the
-    livelock (its engine keeps stepping while judged), again after judging: a
-    request that escaped meanwhile makes the window a mix of livelock and veto.
-    """
-    scenario = CATALOG[name]
-    misses = []
-    for attempt in range(1, ATTEMPTS + 1):
-        with contextlib.ExitStack() as stack:
-            try:
-                sc = stack.enter_context(sc_mod.run_scenario(name, **kw))
-            except KeyError as exc:
-                if _vllm_store_after_finish(exc):
-                    misses.append(f"run {attempt}: vLLM 0.26 prepare_store KeyError({exc})")
-                    continue
-                raise
-            facts = {k: v for k, v in sc.facts.items() if k not in ("step_lock", "shared_dir")}
-            if not scenario.premise(sc.facts):
-                misses.append(f"run {attempt}: facts {facts}")
-                continue
-            result = judge(sc)
-            if name == "livelock" and not _livelocked(sc):
-                misses.append(f"run {attempt}: the request escaped the livelock while judged")
-                continue
-            return result
-    pytest.fail(f"scenario {name} did not reproduce its incident in {ATTEMPTS} runs (premise: "
-                f"{scenario.premise_doc}); its verdict would prove nothing:\n  "
-                + "\n  ".join(misses), pytrace=False)
+def _judged(name: str, judge, **kw):
+    """``judge(run)`` on a run that reproduced the incident (tests/support/reproduced.py);
+    the livelock's engine keeps stepping while judged, so it must still be livelocked."""
+    return judged(name, judge, still_holds=_livelocked if name == "livelock" else None, **kw)
 
 
 def _gauge(url: str, name: str, **labels: str) -> float:
@@ -202,14 +155,14 @@ def test_scenario_scraped_live(name):
                          force=True)
         return diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH)
 
-    _check(name, _judged(sc_mod, name, judge, exporter_port=0))
+    _check(name, _judged(name, judge, exporter_port=0))
 
 
 @pytest.mark.vllm
 @pytest.mark.prometheus
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_scenario_through_prometheus(name, prometheus):
-    sc_mod = _runner()
+    _runner()
 
     def judge(sc):
         prom = prometheus([sc.metrics_url])
@@ -223,7 +176,7 @@ def test_scenario_through_prometheus(name, prometheus):
         return diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}',
                                    thresholds=TH)
 
-    _check(name, _judged(sc_mod, name, judge, exporter_port=0))
+    _check(name, _judged(name, judge, exporter_port=0))
 
 
 # ---- vLLM's own /metrics: kvscope series with model_name/engine, vLLM's queue gauges ----
@@ -247,7 +200,7 @@ def _check_vllm_queue_wait(report) -> None:
 
 @pytest.mark.vllm
 def test_queue_wait_from_vllm_metrics_endpoint():
-    sc_mod = _runner()
+    _runner()
 
     def judge(sc):
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
@@ -255,14 +208,14 @@ def test_queue_wait_from_vllm_metrics_endpoint():
             write_bundle(scrape_window([sc.vllm_metrics_url], 1.0), str(FIXTURES / VLLM_FIXTURE))
         return diagnose_scrape([sc.vllm_metrics_url], interval=1.0, thresholds=TH)
 
-    report = _judged(sc_mod, "queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
+    report = _judged("queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
     _check_vllm_queue_wait(report)
 
 
 @pytest.mark.vllm
 @pytest.mark.prometheus
 def test_queue_wait_from_vllm_metrics_through_prometheus(prometheus):
-    sc_mod = _runner()
+    _runner()
 
     def judge(sc):
         prom = prometheus([sc.vllm_metrics_url])
@@ -271,7 +224,7 @@ def test_queue_wait_from_vllm_metrics_through_prometheus(prometheus):
         return diagnose_prometheus(prom.url, end - 120, end,
                                    selector='{job="kvscope",engine="0"}', thresholds=TH)
 
-    report = _judged(sc_mod, "queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
+    report = _judged("queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
     _check_vllm_queue_wait(report)
 
 
