@@ -25,6 +25,7 @@ _RETRY, _HIT_PENDING = compat.RETRY, compat.HIT_PENDING
 # Label values keyed by id(): vLLM's LookupResult is an Enum, whose hash is Python code.
 _RESULT_VALUE = {id(v): s.value for v, s in compat.LOOKUP_RESULT.items()}
 _RESULTS = tuple(signals.LookupResult)
+_NONE: tuple = ()  # a plain round has no rare events
 # (verdict, label tuple): no Enum hash or .value (Python code in 3.11) per round
 _HIT_V, _MISS_V, _VETOED, _DEFERRED = ((v, (v.value,)) for v in (
     Verdict.HIT, Verdict.MISS, Verdict.VETOED, Verdict.DEFERRED))
@@ -74,6 +75,19 @@ class LookupLog:
         self._quarantined_start = len(self.quarantined)
         self._refusals_start = len(self.refusals)
         self._evictions_start = len(self.evictions)
+
+    def end_plain(self) -> int:
+        """End the open round if nothing rare happened in it (no quarantined key, refused
+        promotion or eviction) and return its start: its slice of the log is
+        ``[start, len(results))`` until the next :meth:`flush`. -1: no round open, or a
+        round with rare events (left open: :meth:`end` decodes it)."""
+        start = self.start
+        if (start >= 0 and len(self.quarantined) == self._quarantined_start
+                and len(self.refusals) == self._refusals_start
+                and len(self.evictions) == self._evictions_start):
+            self.start = -1
+            return start
+        return -1
 
     def end(self) -> Round | None:
         start, self.start = self.start, -1
@@ -126,6 +140,16 @@ class Round:
         self.keys = log.keys[start:]
         self.quarantined = [i - start for i in quarantined]
         self.refusals = [(i - start, n) for i, n in refusals]
+
+    @classmethod
+    def plain(cls, log: LookupLog, start: int, end: int) -> Round:
+        """A round without rare events (:meth:`LookupLog.end_plain`), slice ``[start, end)``."""
+        rnd = cls.__new__(cls)
+        rnd.started_ns = 0
+        rnd.results = log.results[start:end]
+        rnd.keys = log.keys[start:end]
+        rnd.quarantined = rnd.refusals = rnd.evictions = _NONE
+        return rnd
 
     @property
     def no_row(self) -> int:

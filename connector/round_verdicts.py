@@ -1,9 +1,14 @@
 """What one ended lookup round means: verdict, row ceiling, restore coverage, span.
 
-Called once per ``get_num_new_matched_tokens`` call (never per key). The common
-verdicts (hit, miss) cost a coverage judgement and a few sums that :meth:`flush`
-hands to the recorder once per step; vetoed and deferred rounds also read the
-primary tier's row count (the row ceiling's tells).
+Once per ``get_num_new_matched_tokens`` call (never per key). A plain round (no
+quarantined key, refused promotion or eviction in it; no span) costs one tuple
+when it ends (:meth:`RoundVerdicts.defer`); the step's plain rounds are judged
+back to back when the step is flushed (:meth:`RoundVerdicts.judge_deferred`), in
+the same schedule() call. Rounds with rare events are judged as they end (their
+coverage may probe the tiers, whose contents the step's stores then change). The
+common verdicts (hit, miss) cost a coverage judgement and a few sums that
+:meth:`RoundVerdicts.flush` hands to the recorder; vetoed and deferred rounds also
+read the primary tier's row count (the row ceiling's tells).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.coverage import Coverage, group_suffixes, judge
-from kvscope.connector.lookup_rounds import _RESULTS, Round
+from kvscope.connector.lookup_rounds import _RESULTS, LookupLog, Round
 from kvscope.connector.request_states import RequestStates
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash
@@ -48,6 +53,8 @@ class RoundVerdicts:
         self._hit_tokens = 0
         self._held_tokens = 0
         self._coverages: list[float] = []
+        # Plain rounds waiting for judge_deferred: (start, end, request, tokens, computed)
+        self._deferred: list[tuple[int, int, Any, int | None, int]] = []
 
     def declare(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -62,36 +69,66 @@ class RoundVerdicts:
 
     def record(self, rnd: Round, request: Any, num_tokens: int | None,
                num_computed: int) -> None:
+        """A round judged as it ends (rare events in it, or tracing on)."""
         try:
-            verdict, labels = rnd.verdict(num_tokens)
-            cov = None
-            if verdict is not _DEFERRED:
-                try:  # its own guard: the verdict still counts
-                    cov = self._coverage(rnd, verdict, request, num_tokens or 0, num_computed)
-                except Exception as exc:
-                    self.rec.error(ErrorSite.ROUND, exc)
-            self._rounds[labels] = self._rounds.get(labels, 0) + 1
-            at_ceiling = False
-            pending = rows_total = 0
-            if verdict is _HIT:
-                self._hit_tokens += num_tokens
-            elif verdict is _VETOED or verdict is _DEFERRED:  # rarer: the row ceiling's tells
-                rec = self.rec
-                pending = rnd.pending_keys
-                rows_total = compat.row_states(self.primary)[0]
-                rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
-                rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
-                rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
-                        self.requests.request_keys(request))
-                at_ceiling = rnd.at_row_ceiling(rows_total)
-                if at_ceiling:
-                    rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
+            verdict, pending, rows_total, at_ceiling, cov = self._judge(
+                rnd, request, num_tokens, num_computed)
             self.requests.on_round(request, verdict is _DEFERRED)
             if self.tracing:
                 self._span(rnd, verdict, request, num_tokens, pending, rows_total,
                            at_ceiling, cov)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
+
+    def defer(self, start: int, end: int, request: Any, num_tokens: int | None,
+              num_computed: int) -> None:
+        """A plain round (no rare events, no span), judged later in its step by
+        :meth:`judge_deferred`: one tuple now, the judging back to back with the step's
+        other rounds (code and data stay warm between them, not between vLLM's calls)."""
+        self._deferred.append((start, end, request, num_tokens, num_computed))
+
+    def judge_deferred(self, log: LookupLog) -> None:
+        """Judge the deferred rounds, in order, before ``log`` is flushed. Within the
+        step of their lookup: the request's offload keys and token count, all the
+        judging reads besides the round itself, do not change inside one schedule()."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        self._deferred = []
+        plain, judge = Round.plain, self._judge
+        for start, end, request, num_tokens, num_computed in deferred:
+            try:
+                judge(plain(log, start, end), request, num_tokens, num_computed)
+            except Exception as exc:
+                self.rec.error(ErrorSite.ROUND, exc)
+
+    def _judge(self, rnd: Round, request: Any, num_tokens: int | None,
+               num_computed: int) -> tuple[Verdict, int, int, bool, Coverage | None]:
+        """Verdict, coverage and the row ceiling's tells, into the step's sums."""
+        verdict, labels = rnd.verdict(num_tokens)
+        cov = None
+        if verdict is not _DEFERRED:
+            try:  # its own guard: the verdict still counts
+                cov = self._coverage(rnd, verdict, request, num_tokens or 0, num_computed)
+            except Exception as exc:
+                self.rec.error(ErrorSite.ROUND, exc)
+        self._rounds[labels] = self._rounds.get(labels, 0) + 1
+        at_ceiling = False
+        pending = rows_total = 0
+        if verdict is _HIT:
+            self._hit_tokens += num_tokens
+        elif verdict is _VETOED or verdict is _DEFERRED:  # rarer: the row ceiling's tells
+            rec = self.rec
+            pending = rnd.pending_keys
+            rows_total = compat.row_states(self.primary)[0]
+            rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
+            rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
+            rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
+                    self.requests.request_keys(request))
+            at_ceiling = rnd.at_row_ceiling(rows_total)
+            if at_ceiling:
+                rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
+        return verdict, pending, rows_total, at_ceiling, cov
 
     def flush(self) -> None:
         """Once per step: what the step's rounds added up to, into the recorder."""

@@ -206,13 +206,22 @@ class SchedulerObserver:
         self.log.begin(time.time_ns() if self._tracing else 0)
 
     def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
+        log, verdicts = self.log, self.verdicts
         try:
-            rnd = self.log.end()
+            if not self._tracing:
+                start = log.end_plain()
+                if start >= 0:  # the common round: judged with the step's others (on_step)
+                    verdicts.defer(start, len(log.results), request, num_tokens, num_computed)
+                    self.requests.on_round(request, num_tokens is None)
+                    return
+            rnd = log.end()
+            if rnd is not None:
+                verdicts.judge_deferred(log)  # the step's earlier rounds first: same order
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
             return
         if rnd is not None:
-            self.verdicts.record(rnd, request, num_tokens, num_computed)
+            verdicts.record(rnd, request, num_tokens, num_computed)
 
     # ---- request lifecycle -----------------------------------------------------------------
     def on_new_request(self, request: Any) -> None:
@@ -269,6 +278,8 @@ class SchedulerObserver:
 
     def _flush_rooms(self) -> None:
         """The step's lookups and round sums into the recorder (once per step)."""
+        with self._round_guard:
+            self.verdicts.judge_deferred(self.log)  # before the log's slots are emptied
         with self._lookup_guard:
             self.log.flush(self.rec)
         with self._round_guard:
