@@ -250,6 +250,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
     def get_kv_connector_stats(self):
         stats = super().get_kv_connector_stats()
         rec = self.kvscope_recorder
+        if not rec.delta_ready:  # most steps: kvscope flushes every FLUSH_INTERVAL_S
+            return stats
         try:
             delta = rec.take_delta()
             if delta.is_empty():

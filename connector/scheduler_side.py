@@ -40,7 +40,10 @@ from kvscope.exporters.signals import ErrorSite, LookupResult, StoreJobResult
 # Freshness gauges move at most this often: alerts compare them with minutes,
 # and an unchanged gauge costs nothing on vLLM's per-step stats path.
 TIMESTAMP_RESOLUTION_S = 1.0
-GAUGE_REFRESH_S = 0.05
+# While busy, counters, histograms and gauges reach the recorder (scrapes, vLLM's
+# stats path) at most this often: scrapes are seconds apart, and per-step flushing
+# was the largest cost kvscope added to a scheduler step.
+FLUSH_INTERVAL_S = 0.05
 _NO_SPACE = (StoreJobResult.NO_SPACE.value,)
 _PREPARED = (StoreJobResult.PREPARED.value,)
 
@@ -153,6 +156,9 @@ class SchedulerObserver:
             connector_scheduler.manager = ManagerProxy(inner, self)
         self.primary, self.tiers = self.taps.primary, self.taps.tiers
         self._stamped = 0.0
+        self._flushed_at = 0.0  # monotonic time of the last refresh()
+        self._steps = 0  # steps since then
+        self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
         self._stats_guard = recorder.guard(ErrorSite.STATS)
@@ -252,29 +258,23 @@ class SchedulerObserver:
         self.rows.on_meta(meta)
 
     def on_connector_output(self, output: Any) -> None:
-        self.rows.on_connector_output(
-            output, lambda: {jid for jid, _ in compat.connector_jobs(self.cs)})
+        self.rows.on_connector_output(output, self._live_jobs)
 
     # ---- once per step ---------------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
-        rec = self.rec
-        self._flush_rooms()
+        """Per step only what must see this step: its plain rounds (judged while the
+        requests' offload keys are the ones looked up) and the request states (this
+        step's scheduled set). The rest feeds scrapes (seconds apart) and vLLM's stats
+        path: flushed at most FLUSH_INTERVAL_S apart while busy, and on every step of
+        an idle engine (the state an operator inspects afterwards)."""
+        with self._round_guard:
+            self.verdicts.judge_deferred(self.log)
         with self._step_guard:
             self.requests.on_step(scheduler_output)
-            # Gauges are snapshots for scrapes (seconds apart): refresh them at most
-            # GAUGE_REFRESH_S apart while busy, and on every step of an idle engine
-            # (cheap there, and the state an operator inspects afterwards).
-            if (time.monotonic() - self.gauges.refreshed_at >= GAUGE_REFRESH_S
+            self._steps += 1
+            if (time.monotonic() - self._flushed_at >= FLUSH_INTERVAL_S
                     or not self.requests):
-                self.gauges.refresh()
-            rec.inc(signals.SCHEDULER_STEPS)
-            now = time.time()
-            if now - self._stamped >= TIMESTAMP_RESOLUTION_S:  # seconds suffice for staleness
-                self._stamped = now
-                rec.set(signals.LAST_STEP_TIMESTAMP, (), now)
-                self._set_tracing(tracing_enabled(self.tracer))  # a provider may appear later
-        with self._stats_guard:
-            rec.flush()
+                self.refresh()
 
     def _flush_rooms(self) -> None:
         """The step's lookups and round sums into the recorder (once per step)."""
@@ -286,9 +286,20 @@ class SchedulerObserver:
             self.verdicts.flush()
 
     def refresh(self) -> None:
-        """Recompute the gauges and flush now (an idle engine, a harness, a test)."""
+        """Recompute the gauges and flush everything now (every FLUSH_INTERVAL_S while
+        busy, every step of an idle engine; a harness, a test)."""
+        rec = self.rec
+        self._flushed_at = time.monotonic()
         self._flush_rooms()
         with self._step_guard:
             self.gauges.refresh()
+            if self._steps:
+                rec.inc(signals.SCHEDULER_STEPS, (), self._steps)
+                self._steps = 0
+            now = time.time()
+            if now - self._stamped >= TIMESTAMP_RESOLUTION_S:  # seconds suffice for staleness
+                self._stamped = now
+                rec.set(signals.LAST_STEP_TIMESTAMP, (), now)
+                self._set_tracing(tracing_enabled(self.tracer))  # a provider may appear later
         with self._stats_guard:
-            self.rec.flush()
+            rec.flush()

@@ -1,7 +1,7 @@
 """Snapshot gauges of the scheduler side: rows, pending transfers, requests, info.
 
 Gauges are what a scrape (seconds apart) reads, so the coordinator refreshes
-them at most every ``GAUGE_REFRESH_S`` while the engine is busy (and on every
+them at most every ``FLUSH_INTERVAL_S`` while the engine is busy (and on every
 step of an idle one): their cost is off the per-step path.
 """
 

@@ -88,6 +88,9 @@ class Recorder:
         self._delta_counts: dict[Key, float] = defaultdict(float)
         self._delta_obs: dict[Key, list[float]] = defaultdict(list)
         self._delta_gauges: dict[Key, float] = {}
+        # flush() put something into the delta since the last take_delta(): lets the
+        # per-step stats hook return without a lock when nothing was flushed
+        self.delta_ready = False
         self._errors_logged: set[str] = set()
         self._guards: dict[signals.ErrorSite, _Guard] = {}
 
@@ -146,6 +149,8 @@ class Recorder:
         counts, self._pending_counts = self._pending_counts, defaultdict(float)
         obs, self._pending_obs = self._pending_obs, defaultdict(list)
         dirty, self._dirty_gauges = self._dirty_gauges, set()
+        if self._keep_delta and (counts or obs or dirty):
+            self.delta_ready = True
         with self._lock:
             for key, value in counts.items():
                 self._counters[key] = self._counters.get(key, 0.0) + value
@@ -187,6 +192,7 @@ class Recorder:
                 self._delta_gauges[key] = value
 
     def take_delta(self) -> Delta:
+        self.delta_ready = False
         with self._lock:
             delta = Delta(dict(self._delta_counts), dict(self._delta_gauges),
                           {k: list(v) for k, v in self._delta_obs.items()})
