@@ -146,3 +146,46 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
     else:
         reason = ShortReason.OTHER
     return Coverage(offered, held, want, reason, refused, rows_needed)
+
+
+_NOT_STORED, _LOAD_CAP, _OTHER, _GROUP_VETO = (ShortReason.NOT_STORED, ShortReason.LOAD_CAP,
+                                               ShortReason.OTHER, ShortReason.GROUP_VETO)
+_STORE_REFUSED = ShortReason.STORE_REFUSED
+
+
+def judge_plain_single(keys: list[bytes], tpc: int, first_miss_key: bytes | None,
+                       verdict: Verdict, offered: int, num_computed: int,
+                       refused_stores: Container[bytes] = ()) -> Coverage:
+    """:func:`judge` for the common round: one KV group, full attention (``tpc`` > 0,
+    no sliding window), no refused promotion and no quarantined key in the round.
+    ``first_miss_key``: the round's first key answered MISS (None: no MISS). The same
+    Coverage as judge() (tests/unit/test_coverage_plain.py compares them), without
+    its per-group dicts and loops: this runs for most rounds on the scheduler thread."""
+    n = len(keys)
+    want_end = n * tpc
+    start = num_computed // tpc
+    if start > n:
+        start = n
+    end = n if first_miss_key is None else _index(keys, first_miss_key, start)
+    held_end = end * tpc
+    want = want_end - num_computed
+    if want < 0:
+        want = 0
+    held = held_end - num_computed
+    if held < offered:
+        held = offered
+    if held < 0:
+        held = 0
+    rows_needed = end - start if end > start else 0
+    if offered >= want:
+        reason = None
+    elif held <= offered:  # the stored prefix ends at the MISS (held_end is end * tpc)
+        reason = (_STORE_REFUSED if first_miss_key is not None
+                  and first_miss_key in refused_stores else _NOT_STORED)
+    elif verdict is _VETOED:
+        reason = _GROUP_VETO
+    elif offered > 0:
+        reason = _LOAD_CAP
+    else:
+        reason = _OTHER
+    return Coverage(offered, held, want, reason, False, rows_needed)

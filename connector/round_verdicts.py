@@ -3,10 +3,10 @@
 Once per ``get_num_new_matched_tokens`` call (never per key). A plain round (no
 quarantined key, refused promotion or eviction in it; no span) costs one tuple
 when it ends (:meth:`RoundVerdicts.defer`); the step's plain rounds are judged
-back to back when the step is flushed (:meth:`RoundVerdicts.judge_deferred`), in
-the same schedule() call. Rounds with rare events are judged as they end (their
-coverage may probe the tiers, whose contents the step's stores then change). The
-common verdicts (hit, miss) cost a coverage judgement and a few sums that
+back to back before its first store job or at its end
+(:meth:`RoundVerdicts.judge_deferred`), in the same schedule() call. Rounds with
+rare events are judged as they end (their coverage may probe the tiers, whose
+contents the step's stores then change). The common verdicts (hit, miss) cost a coverage judgement and a few sums that
 :meth:`RoundVerdicts.flush` hands to the recorder; vetoed and deferred rounds also
 read the primary tier's row count (the row ceiling's tells).
 """
@@ -19,8 +19,8 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
-from kvscope.connector.coverage import Coverage, group_suffixes, judge
-from kvscope.connector.lookup_rounds import _RESULTS, LookupLog, Round
+from kvscope.connector.coverage import Coverage, group_suffixes, judge, judge_plain_single
+from kvscope.connector.lookup_rounds import _MISS, _RESULTS, LookupLog, Round
 from kvscope.connector.request_states import RequestStates
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash
@@ -48,13 +48,17 @@ class RoundVerdicts:
         self.refused_stores = refused_stores  # keys whose store job found no primary row
         # (key suffix, tokens per chunk, sliding window) per KV group
         self.groups = group_suffixes(compat.lookup_groups(connector_scheduler))
+        # tokens per chunk of the only KV group when it is full attention, else 0:
+        # then a round without refusals or quarantined keys takes judge_plain_single
+        only = self.groups[0] if len(self.groups) == 1 else None
+        self._single_tpc = only[1] if only is not None and only[1] > 0 and not only[2] else 0
         # Per-step sums of the common path, handed to the recorder by flush()
         self._rounds: dict[tuple[str], int] = {}  # verdict label -> rounds
         self._hit_tokens = 0
         self._held_tokens = 0
         self._coverages: list[float] = []
         # Plain rounds waiting for judge_deferred: (start, end, request, tokens, computed)
-        self._deferred: list[tuple[int, int, Any, int | None, int]] = []
+        self.deferred: list[tuple[int, int, Any, int | None, int]] = []
 
     def declare(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -84,17 +88,20 @@ class RoundVerdicts:
               num_computed: int) -> None:
         """A plain round (no rare events, no span), judged later in its step by
         :meth:`judge_deferred`: one tuple now, the judging back to back with the step's
-        other rounds (code and data stay warm between them, not between vLLM's calls)."""
-        self._deferred.append((start, end, request, num_tokens, num_computed))
+        other rounds (code and data stay warm between them, not between vLLM's calls).
+        The coordinator judges them before the step's first store job (which changes
+        the refused keys coverage reads) and at the end of the step at the latest."""
+        self.deferred.append((start, end, request, num_tokens, num_computed))
 
     def judge_deferred(self, log: LookupLog) -> None:
-        """Judge the deferred rounds, in order, before ``log`` is flushed. Within the
-        step of their lookup: the request's offload keys and token count, all the
-        judging reads besides the round itself, do not change inside one schedule()."""
-        deferred = self._deferred
+        """Judge the deferred rounds, in order, before ``log`` is flushed. What a plain
+        round's judging reads besides the round itself (the request's offload keys and
+        token count, the primary tier's row count, the refused store keys) does not
+        change between its lookup and the step's first store job."""
+        deferred = self.deferred
         if not deferred:
             return
-        self._deferred = []
+        self.deferred = []
         plain, judge = Round.plain, self._judge
         for start, end, request, num_tokens, num_computed in deferred:
             try:
@@ -158,12 +165,18 @@ class RoundVerdicts:
             full = self._full_restore(offered, num_computed, keys)
             if full is not None:  # the healthy case: no judging needed
                 return full
-        # which groups were scanned matters only past a refused promotion
-        cov = judge(first_miss=rnd.first_miss(),
-                    scanned=rnd.scanned() if rnd.refusals else _NOTHING,
-                    verdict=verdict, offered=offered, num_computed=num_computed,
-                    groups=self.groups, keys_by_group=keys, manager=self.cs.manager,
-                    refused_stores=self.refused_stores)
+        if self._single_tpc and not rnd.refusals and not rnd.quarantined:  # most rounds
+            results = rnd.results
+            cov = judge_plain_single(
+                keys[0], self._single_tpc,
+                rnd.keys[results.index(_MISS)] if _MISS in results else None,
+                verdict, offered, num_computed, self.refused_stores)
+        else:  # which groups were scanned matters only past a refused promotion
+            cov = judge(first_miss=rnd.first_miss(),
+                        scanned=rnd.scanned() if rnd.refusals else _NOTHING,
+                        verdict=verdict, offered=offered, num_computed=num_computed,
+                        groups=self.groups, keys_by_group=keys, manager=self.cs.manager,
+                        refused_stores=self.refused_stores)
         if cov is None:
             return None
         if cov.held > 0:

@@ -84,8 +84,11 @@ class ManagerProxy:
         return spec
 
     def prepare_store(self, keys, req_context, *args, **kwargs):
+        obs = self._obs
+        if obs.verdicts.deferred:  # judged first: a store job changes the refused keys
+            obs.judge_rounds()
         out = self._inner.prepare_store(keys, req_context, *args, **kwargs)
-        self._obs.on_prepare_store(out, keys)
+        obs.on_prepare_store(out, keys)
         return out
 
 
@@ -262,13 +265,11 @@ class SchedulerObserver:
 
     # ---- once per step ---------------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
-        """Per step only what must see this step: its plain rounds (judged while the
-        requests' offload keys are the ones looked up) and the request states (this
-        step's scheduled set). The rest feeds scrapes (seconds apart) and vLLM's stats
+        """Per step only what must see this step: its plain rounds not judged yet (see
+        RoundVerdicts.defer) and the request states (this step's scheduled set). The rest feeds scrapes (seconds apart) and vLLM's stats
         path: flushed at most FLUSH_INTERVAL_S apart while busy, and on every step of
         an idle engine (the state an operator inspects afterwards)."""
-        with self._round_guard:
-            self.verdicts.judge_deferred(self.log)
+        self.judge_rounds()
         with self._step_guard:
             self.requests.on_step(scheduler_output)
             self._steps += 1
@@ -276,10 +277,14 @@ class SchedulerObserver:
                     or not self.requests):
                 self.refresh()
 
+    def judge_rounds(self) -> None:
+        """Judge the plain rounds ended since the last call (see RoundVerdicts.defer)."""
+        with self._round_guard:
+            self.verdicts.judge_deferred(self.log)
+
     def _flush_rooms(self) -> None:
         """The step's lookups and round sums into the recorder (once per step)."""
-        with self._round_guard:
-            self.verdicts.judge_deferred(self.log)  # before the log's slots are emptied
+        self.judge_rounds()  # before the log's slots are emptied
         with self._lookup_guard:
             self.log.flush(self.rec)
         with self._round_guard:
