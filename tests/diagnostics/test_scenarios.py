@@ -200,9 +200,14 @@ def _check_vllm_queue_wait(report) -> None:
 
 @pytest.mark.vllm
 def test_queue_wait_from_vllm_metrics_endpoint():
-    _runner()
+    sc_mod = _runner()
 
     def judge(sc):
+        # kvscope's series reach vLLM's /metrics through vLLM's per-step stats, up to
+        # FLUSH_INTERVAL_S and one step after they happened: ready once the setup's are in
+        steps = sc.engine.steps
+        assert sc_mod.wait_until(
+            lambda: _gauge(sc.vllm_metrics_url, S.SCHEDULER_STEPS.name) >= steps), steps
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
             FIXTURES.mkdir(exist_ok=True)
             write_bundle(scrape_window([sc.vllm_metrics_url], 1.0), str(FIXTURES / VLLM_FIXTURE))
