@@ -88,6 +88,13 @@ def _fail(msg: str) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The demo, with one-line errors and its files removed however it ends."""
+    from kvscope.sim.catalog import SCENARIOS  # no vLLM yet: a usage error is answered at once
+
+    if args.scenario not in SCENARIOS:
+        print(f"kvscope demo: unknown scenario {args.scenario!r}; one of: "
+              f"{', '.join(SCENARIOS)}", file=sys.stderr)
+        return EXIT_USAGE
+    _quiet_vllm()  # before vLLM and torch are imported: they log as they load
     sweep = None
     try:
         with _terminate_cleanly():
@@ -127,19 +134,14 @@ def _quiet_vllm() -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    _quiet_vllm()
     try:
         from kvscope.diagnostics import Thresholds, diagnose_scrape, format_text
     except ImportError as exc:
         return _needs_extra("diagnostics", exc)
     from kvscope.sim.catalog import SCENARIOS
+    from kvscope.sim.scenarios import run_scenario, wait_until
 
     name = args.scenario
-    if name not in SCENARIOS:
-        print(f"kvscope demo: unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    from kvscope.sim.scenarios import run_scenario, wait_until
 
     t0 = time.monotonic()
     with run_scenario(name, exporter_port=args.port) as sc:

@@ -27,8 +27,9 @@ def _regions(pid: int) -> set[str]:
         return set()
 
 
-def _demo(tmp_path, *argv):
-    env = dict(os.environ, TMPDIR=str(tmp_path), VLLM_LOGGING_LEVEL="ERROR", PYTHONUNBUFFERED="1")
+def _demo(tmp_path, *argv, **env_overrides):
+    env = dict(os.environ, TMPDIR=str(tmp_path), VLLM_LOGGING_LEVEL="ERROR", PYTHONUNBUFFERED="1",
+               **env_overrides)
     return subprocess.Popen([KVSCOPE, "demo", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
@@ -71,3 +72,20 @@ def test_a_signal_while_serving_removes_shm_and_temp_dirs(tmp_path, sig, code):
     assert "Traceback" not in err
     assert not list(tmp_path.glob("kvscope-*")), "temp dirs left behind"
     assert regions and not [r for r in regions if os.path.exists(r)], "shm regions left behind"
+
+
+def test_the_demo_prints_its_own_lines_only(tmp_path):
+    """vLLM logs as it loads and torch warns about CUDA: the demo quiets both before
+    importing them, whatever the caller's environment says (here: nothing)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    env.update(TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    p = subprocess.run([KVSCOPE, "demo", "healthy"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("== scenario healthy:"), p.stdout[:2000]
+    logged = [ln for ln in p.stdout.splitlines() + p.stderr.splitlines()
+              if ln.split(" ", 1)[0] in ("DEBUG", "INFO", "WARNING") or ln[:1] in ("I", "W")
+              and ln[1:5].isdigit()]
+    assert logged == [], logged
+    # what is left on stderr is kvscope's own (the connector's one-time notices)
+    assert all(ln.startswith("kvscope") for ln in p.stderr.splitlines()), p.stderr

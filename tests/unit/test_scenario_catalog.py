@@ -27,15 +27,19 @@ def test_kvscope_scenarios_lists_the_catalogue_quietly():
         assert line.endswith(s.doc), line
 
 
-def test_the_catalogue_and_the_listing_import_no_vllm_nor_torch():
+def test_the_listing_and_a_usage_error_import_no_vllm_nor_torch():
     probe = ("import sys\n"
              "from kvscope.cli import main\n"
-             "main(['scenarios'])\n"
+             "assert main(['scenarios']) == 0\n"
+             "assert main(['demo', 'no-such-scenario']) == 2\n"
              f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip() == "[]", proc.stderr
+    *usage, imported = proc.stderr.splitlines()
+    assert usage == ["kvscope demo: unknown scenario 'no-such-scenario'; one of: "
+                     + ", ".join(catalog.SCENARIOS)], proc.stderr
+    assert imported == "[]", proc.stderr
 
 
 def test_every_entry_names_a_run_function_of_the_harness():
