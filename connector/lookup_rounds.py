@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from itertools import repeat
 from typing import Any
 
 from kvscope.connector import compat
@@ -35,10 +36,13 @@ class LookupLog:
     """Per-step slots for raw lookup events, and the open round's place in them."""
 
     __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "_labels",
+                 "only_suffix",
                  "start", "_quarantined_start", "_refusals_start", "_evictions_start",
                  "_started_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, only_suffix: bytes | None = None) -> None:
+        """``only_suffix``: the key suffix of the only KV group (None: several)."""
+        self.only_suffix = only_suffix
         self.keys: list[bytes] = []
         self.results: list[Any] = []
         self.quarantined: list[int] = []  # indexes kvscope answered MISS itself
@@ -104,7 +108,11 @@ class LookupLog:
         keys, results = self.keys, self.results
         end = self.start if self.start >= 0 else len(results)  # an open round stays
         if end:
-            counts = Counter(zip(map(_SUFFIX, keys[:end]), map(id, results[:end])))
+            only = self.only_suffix
+            if only is not None:  # one KV group: every key carries its suffix
+                counts = Counter(zip(repeat(only, end), map(id, results[:end])))
+            else:
+                counts = Counter(zip(map(_SUFFIX, keys[:end]), map(id, results[:end])))
             labels = self._labels
             for pair, n in counts.items():
                 lv = labels.get(pair)
@@ -168,6 +176,8 @@ class Round:
         rows the round itself found (0.33: lookups no longer touch rows, so a full
         tier evicts instead of refusing). Async-lookup RETRYs alone can also reach
         the row count (a working set exactly the tier's size)."""
+        if not (self.refusals or self.evictions):  # neither tell (every plain round)
+            return False
         if rows_total <= 0 or len(self.found()) < rows_total:
             return False
         return self.no_row > 0 or self.self_evicted() > 0

@@ -127,7 +127,7 @@ class RoundVerdicts:
         elif verdict is _VETOED or verdict is _DEFERRED:  # rarer: the row ceiling's tells
             rec = self.rec
             pending = rnd.pending_keys
-            rows_total = compat.row_states(self.primary)[0]
+            rows_total = compat.rows_total(self.primary)
             rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
             rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
             rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
@@ -204,7 +204,7 @@ class RoundVerdicts:
             # Counted, not only a gauge: an earlier cut round's form must survive later
             # rounds. A prefix that fits the rows alone yet found none free was cut by rows
             # other work pinned (concurrent restores, in-flight stores).
-            fits = cov.rows_needed <= compat.row_states(self.primary)[0]
+            fits = cov.rows_needed <= compat.rows_total(self.primary)
             rec.inc(signals.RESTORE_CEILING_ROUNDS,
                     _FORM_LABELS[CeilingForm.CONCURRENT if fits else CeilingForm.ALONE])
         return cov
@@ -232,7 +232,7 @@ class RoundVerdicts:
         span = self.tracer.start_span(signals.SPAN_LOOKUP_ROUND, start_time=rnd.started_ns)
         if span.is_recording():
             if not rows_total:
-                rows_total = compat.row_states(self.primary)[0]
+                rows_total = compat.rows_total(self.primary)
                 pending = rnd.pending_keys
             per_group = rnd.per_group()
             groups = range(max(per_group, default=-1) + 1)

@@ -24,6 +24,7 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy
+from kvscope.connector.coverage import group_suffixes
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.connector.request_states import RequestStates
@@ -132,7 +133,9 @@ class SchedulerObserver:
             inner = inner._inner
         self.geometry = compat.region_geometry(spec)
         tiered = bool(compat.secondary_tiers(inner))
-        self.log = LookupLog()
+        lookup_groups = compat.lookup_groups(connector_scheduler)
+        self.log = LookupLog(group_suffixes(lookup_groups)[0][0] if len(lookup_groups) == 1
+                             else None)
         self.rows = PromotedRows(recorder=recorder, policy=checksum_policy,
                                  view=compat.scheduler_view(inner) if tiered else None,
                                  geometry=self.geometry)
@@ -167,6 +170,7 @@ class SchedulerObserver:
         self._stats_guard = recorder.guard(ErrorSite.STATS)
         self._lookup_guard = recorder.guard(ErrorSite.LOOKUP)
         self._round_guard = recorder.guard(ErrorSite.ROUND)
+        self._tier_guard = recorder.guard(ErrorSite.TIER)
         self._declare_series()
         self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
                                interval_s=tier_probe_interval_s).start()
@@ -289,6 +293,8 @@ class SchedulerObserver:
             self.log.flush(self.rec)
         with self._round_guard:
             self.verdicts.flush()
+        with self._tier_guard:
+            self.taps.flush()
 
     def refresh(self) -> None:
         """Recompute the gauges and flush everything now (every FLUSH_INTERVAL_S while

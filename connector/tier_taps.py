@@ -26,6 +26,8 @@ from kvscope.exporters.signals import CascadeResult, Direction, ErrorSite, Promo
 _STARTED = (PromotionResult.STARTED.value,)
 _NO_ROW = (PromotionResult.NO_ROW.value,)
 _CASCADE_STARTED = (CascadeResult.STARTED.value,)
+_CASCADE_COMPLETED = (CascadeResult.COMPLETED.value,)
+_CASCADE_FAILED = (CascadeResult.FAILED.value,)
 _DISK_TO_CPU = (signals.RANK_MANAGER, Direction.DISK_TO_CPU.value)
 _CPU_TO_DISK = (signals.RANK_MANAGER, Direction.CPU_TO_DISK.value)
 
@@ -56,6 +58,11 @@ class TierTaps:
         self.cascades: dict[int, TierJob] = {}
         # (tier, keys) of completed cascades, for the tier probe's thread (tier_probe.py)
         self.written: deque[tuple[str, list[bytes]]] = deque(maxlen=WRITTEN_JOBS)
+        # Cascades (several per step while busy) are summed here and handed to the
+        # recorder by flush(): keys started / completed / failed, bytes, durations
+        self._cascade_keys = [0, 0, 0]
+        self._cascade_bytes = 0
+        self._cascade_seconds: list[float] = []
         self._guard = recorder.guard(ErrorSite.TIER)
         with self._guard:
             for tier in self.tiers:
@@ -99,7 +106,7 @@ class TierTaps:
         name = compat.tier_type(tier)
         submit_load, submit_store = tier.submit_load, tier.submit_store
         get_finished_jobs = tier.get_finished_jobs
-        guard, rec = self._guard, self.rec
+        guard = self._guard
 
         def tap_submit_load(job, *a, **kw):
             with guard:
@@ -109,7 +116,7 @@ class TierTaps:
         def tap_submit_store(job, *a, **kw):
             with guard:
                 self.cascades[job.job_id] = TierJob(time.monotonic(), job, name)
-                rec.inc(signals.CASCADES, _CASCADE_STARTED, len(compat.job_keys(job)))
+                self._cascade_keys[0] += compat.job_key_count(job)
             return submit_store(job, *a, **kw)
 
         def tap_get_finished_jobs(*a, **kw):
@@ -132,7 +139,6 @@ class TierTaps:
             keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
             result = PromotionResult.COMPLETED if success else PromotionResult.FAILED
             self.rec.inc(signals.PROMOTIONS, (result.value,), len(keys))
-            labels = _DISK_TO_CPU
             if success:
                 self.rows.digest_promoted(keys, rows)
             if self.tracing:
@@ -141,16 +147,36 @@ class TierTaps:
                     span.set_attribute(signals.A_ROW_COUNT, len(rows))
                     span.set_attribute(signals.A_SUCCESS, success)
                     span.set_attribute(signals.A_DURATION_S, now - tj.started)
-        else:
-            tj = self.cascades.pop(job_id, None)
-            if tj is None:
-                return
-            keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
-            result = CascadeResult.COMPLETED if success else CascadeResult.FAILED
-            self.rec.inc(signals.CASCADES, (result.value,), len(keys))
             if success:
-                self.written.append((tj.tier, keys))
-            labels = _CPU_TO_DISK
+                self.rec.inc(signals.TRANSFER_BYTES, _DISK_TO_CPU, len(rows) * self.row_bytes)
+                self.rec.observe(signals.TRANSFER_SECONDS, _DISK_TO_CPU, now - tj.started)
+            return
+        tj = self.cascades.pop(job_id, None)
+        if tj is None:
+            return
+        job = tj.job
         if success:
-            self.rec.inc(signals.TRANSFER_BYTES, labels, len(rows) * self.row_bytes)
-            self.rec.observe(signals.TRANSFER_SECONDS, labels, now - tj.started)
+            keys = compat.job_keys(job)
+            self._cascade_keys[1] += len(keys)
+            self.written.append((tj.tier, keys))
+            self._cascade_bytes += compat.job_row_count(job) * self.row_bytes
+            self._cascade_seconds.append(now - tj.started)
+        else:
+            self._cascade_keys[2] += compat.job_key_count(job)
+
+    def flush(self) -> None:
+        """The cascades summed since the last flush, into the recorder."""
+        rec = self.rec
+        started, completed, failed = self._cascade_keys
+        if started or completed or failed:
+            for labels, n in ((_CASCADE_STARTED, started), (_CASCADE_COMPLETED, completed),
+                              (_CASCADE_FAILED, failed)):
+                if n:
+                    rec.inc(signals.CASCADES, labels, n)
+            self._cascade_keys = [0, 0, 0]
+        if self._cascade_bytes:
+            rec.inc(signals.TRANSFER_BYTES, _CPU_TO_DISK, self._cascade_bytes)
+            self._cascade_bytes = 0
+        if self._cascade_seconds:
+            rec.observe_many(signals.TRANSFER_SECONDS, _CPU_TO_DISK, self._cascade_seconds)
+            self._cascade_seconds = []

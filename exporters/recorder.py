@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -42,14 +43,15 @@ class HistogramState:
             self.counts = [0] * (len(self.buckets) + 1)  # last one is +Inf
 
     def observe(self, value: float) -> None:
-        for i, upper in enumerate(self.buckets):
-            if value <= upper:
-                self.counts[i] += 1
-                break
-        else:
-            self.counts[-1] += 1
-        self.total += value
-        self.count += 1
+        self.observe_many((value,))
+
+    def observe_many(self, values) -> None:
+        """The first bucket whose upper bound is >= the value (+Inf past the last)."""
+        counts, buckets, last = self.counts, self.buckets, len(self.buckets)
+        for value in values:
+            counts[bisect_left(buckets, value) if value == value else last] += 1  # NaN: +Inf
+            self.total += value
+        self.count += len(values)
 
 
 @dataclass
@@ -160,8 +162,7 @@ class Recorder:
                 state = self._histograms.get(key)
                 if state is None:
                     state = self._histograms[key] = HistogramState(key[0].buckets or ())
-                for v in values:
-                    state.observe(v)
+                state.observe_many(values)
                 if self._keep_delta:
                     pending = self._delta_obs[key]
                     # Bounded: nobody may take the delta (vLLM stats off); the

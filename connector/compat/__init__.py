@@ -114,6 +114,11 @@ def tier_type(tier: Any) -> str:
     return str(getattr(tier, "tier_type", type(tier).__name__))
 
 
+def rows_total(primary: Any) -> int:
+    """row_states(primary)[0] alone."""
+    return renames.primary_total(primary)
+
+
 def row_states(primary: Any) -> tuple[int, int, int]:
     """(total, occupied, in_flight) rows of a CPUOffloadingManager."""
     total, allocated, in_flight = renames.primary_counters(primary)
@@ -133,6 +138,14 @@ def job_rows(job: Any) -> list[int]:
 
 def job_keys(job: Any) -> list[bytes]:
     return list(getattr(job, "keys", ()) or ())
+
+
+def job_key_count(job: Any) -> int:
+    return len(getattr(job, "keys", ()) or ())
+
+
+def job_row_count(job: Any) -> int:
+    return renames.row_count(job)
 
 
 def spec_rows(spec: Any) -> list[int]:

@@ -24,12 +24,25 @@ def spec_rows_total(spec: Any) -> int:
     return int(_first(spec, "num_chunks", "num_blocks") or 0)
 
 
+def primary_total(primary: Any) -> int:
+    """Rows of a CPUOffloadingManager (primary_counters()[0] alone)."""
+    return int(_first(primary, "_num_chunks", "_num_blocks"))
+
+
 def primary_counters(primary: Any) -> tuple[int, int, int]:
     """(total, allocated, write-pending) counters of a CPUOffloadingManager."""
     total = _first(primary, "_num_chunks", "_num_blocks")
     allocated = _first(primary, "_num_allocated_chunks", "_num_allocated_blocks")
     pending = _first(primary, "_num_write_pending_chunks", "_num_write_pending_blocks")
     return int(total), int(allocated), int(pending)
+
+
+def row_count(obj: Any) -> int:
+    """len(row_ids(obj)) without building the list."""
+    rows = getattr(obj, "chunk_ids", None)
+    if rows is None:
+        rows = getattr(obj, "block_ids", ())
+    return len(rows)
 
 
 def row_ids(obj: Any) -> list[int]:
