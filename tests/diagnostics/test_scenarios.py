@@ -210,7 +210,8 @@ def test_queue_wait_from_vllm_metrics_endpoint():
             lambda: _gauge(sc.vllm_metrics_url, S.SCHEDULER_STEPS.name) >= steps), steps
         if os.environ.get("KVSCOPE_RECORD_FIXTURES"):
             FIXTURES.mkdir(exist_ok=True)
-            write_bundle(scrape_window([sc.vllm_metrics_url], 1.0), str(FIXTURES / VLLM_FIXTURE))
+            write_bundle(scrape_window([sc.vllm_metrics_url], 1.0), str(FIXTURES / VLLM_FIXTURE),
+                         force=True)
         return diagnose_scrape([sc.vllm_metrics_url], interval=1.0, thresholds=TH)
 
     report = _judged("queue-wait", judge, exporter_port=None, vllm_metrics_port=0)
