@@ -3,9 +3,10 @@
 The hot path (once per key looked up) is two list appends made by the manager
 proxy: no hashing, no labels, no recorder calls, nothing that grows with the
 number of requests. A round (one ``get_num_new_matched_tokens`` call) is a slice
-of those per-step lists; its verdict, pending keys and where each group's scan
-stopped are decoded when it ends, with C-level list operations. The per-group
-``kvscope_lookups_total`` counts are aggregated once per step (:meth:`flush`).
+of those lists (kept until the next flush); its verdict, pending keys and where
+each group's scan stopped are decoded when it is judged (round_verdicts), with
+C-level list operations. The per-group
+``kvscope_lookups_total`` counts are aggregated at each flush (:meth:`flush`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class LookupLog:
         return Round(self, start, self.quarantined[self._quarantined_start:],
                      self.refusals[self._refusals_start:], evictions, self._started_ns)
 
-    # ---- once per step ----------------------------------------------------------------
+    # ---- at each flush ----------------------------------------------------------------
     def flush(self, rec: Any) -> None:
         """Count the step's lookups per (group, result) and empty the slots."""
         keys, results = self.keys, self.results

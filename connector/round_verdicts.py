@@ -138,7 +138,7 @@ class RoundVerdicts:
         return verdict, pending, rows_total, at_ceiling, cov
 
     def flush(self) -> None:
-        """Once per step: what the step's rounds added up to, into the recorder."""
+        """At each flush: what the rounds since the last one added up to, into the recorder."""
         rec = self.rec
         if self._rounds:
             for labels, n in self._rounds.items():

@@ -5,7 +5,7 @@ call unchanged and record what passed through; every recording is guarded so
 that an exception in kvscope is counted (``kvscope_telemetry_errors_total``)
 and never reaches vLLM. The rooms:
 
-* ``lookup_rounds``: raw lookup events in per-step slots, rounds as slices;
+* ``lookup_rounds``: raw lookup events in slots emptied at each flush, rounds as slices;
 * ``round_verdicts``: verdict, row ceiling, restore coverage and span per round;
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
 * ``integrity``: promoted-row digests, checked loads, quarantine;
@@ -287,7 +287,7 @@ class SchedulerObserver:
             self.verdicts.judge_deferred(self.log)
 
     def _flush_rooms(self) -> None:
-        """The step's lookups and round sums into the recorder (once per step)."""
+        """The lookups and round sums since the last flush into the recorder."""
         self.judge_rounds()  # before the log's slots are emptied
         with self._lookup_guard:
             self.log.flush(self.rec)
