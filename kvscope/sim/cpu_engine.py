@@ -55,6 +55,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from kvscope.sim import cpu_worker, harness_compat
 from kvscope.sim.cpu_model import PatternModel, prompt, write_tiny_llama
+from kvscope.sim.promotion_delay import DelayedPromotions
 
 __all__ = ["CPUEngine", "EngineConfig", "Finished", "Rank", "prompt", "sweep_leftovers"]
 
@@ -116,6 +117,9 @@ class EngineConfig:
     # Finish each step's tier I/O before the next step (repeatable scenarios);
     # off, the fs tier's threads race the steps as beside a real engine.
     settle_tiers: bool = True
+    # With settle_tiers: the fs tier's promotions stay in flight for this many steps after
+    # the one that started them (0: done by the next step); kvscope.sim.promotion_delay.
+    promotion_delay_steps: int = 0
     # Feed scheduler stats to vLLM's own PrometheusStatLogger (the global
     # prometheus-client registry), as `vllm serve` does for its /metrics.
     vllm_metrics: bool = False
@@ -236,6 +240,8 @@ class CPUEngine:
                 conn.register_kv_caches(kv)
             self.ranks.append(Rank(r, conn, kv))
         self._aggregator = KVOutputAggregator(cfg.world_size)
+        self._delayed = [DelayedPromotions(pool, cfg.promotion_delay_steps)
+                         for pool in self._tier_pools()] if cfg.promotion_delay_steps else []
         self.stat_logger = None
         if cfg.vllm_metrics:
             from vllm.v1.metrics.loggers import PrometheusStatLogger
@@ -286,6 +292,10 @@ class CPUEngine:
             n += 1
             if not self.scheduler.has_requests():
                 break
+        if self._delayed:  # no step left to hand them over
+            for delayed in self._delayed:
+                delayed.release_all()
+            self._settle_tiers()
         self.refresh()
         return n
 
@@ -312,6 +322,8 @@ class CPUEngine:
         # after every rank's forward, as one TP step
         sampled = self.model.sample_all(self.scheduler, so, [rank.kv for rank in self.ranks])
         if self.cfg.settle_tiers:
+            for delayed in self._delayed:
+                delayed.tick()
             self._settle_tiers()
         outputs = []
         for rank in self.ranks:
@@ -339,6 +351,12 @@ class CPUEngine:
                     self.stat_logger.record(eco.scheduler_stats, None, engine_idx=0)
         self.steps += 1
         time.sleep(self.cfg.step_time_s)
+
+    def _tier_pools(self) -> list[Any]:
+        """The secondary tiers' I/O thread pools (the fs tier's)."""
+        manager = getattr(self.connector.connector_scheduler, "manager", None)
+        return [t._pool for t in getattr(manager, "secondary_tiers", ()) or ()
+                if getattr(t, "_pool", None) is not None]
 
     def _settle_tiers(self) -> None:
         """Let the secondary tiers' I/O of this step finish before the next step.

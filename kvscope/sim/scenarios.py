@@ -281,8 +281,12 @@ def _reask(e: CPUEngine, run: ScenarioRun, targets: list[list[int]], first: list
 
 def truncated(run: ScenarioRun, cfg: EngineConfig) -> None:
     # Chunked prefill (one chunk a step) stores every chunk, so the whole prompt
-    # reaches disk; the tier's I/O races the steps as beside a real engine.
-    e = CPUEngine(replace(cfg, rows=8, kv_groups=1, num_gpu_blocks=24, settle_tiers=False))
+    # reaches disk. Promotions land two steps after they start (a disk slower than a
+    # forward), so a re-ask round finds every row pinned by promotions in flight and
+    # its offer is cut at chunk 1, on every run: with promotions landing within the
+    # step the re-ask livelocks (vLLM 0.26 and 0.33); racing the steps, it did either.
+    e = CPUEngine(replace(cfg, rows=8, kv_groups=1, num_gpu_blocks=24,
+                          promotion_delay_steps=2))
     run.engines.append(e)
     target = prompt(1, 12 * 16)
     first = e.generate(target, 4)
