@@ -47,6 +47,7 @@ EXPECTED = {
     ("stale-rows-observe", "stale-rows-observe"): MISMATCH,
     ("stale-rows-refuse", "stale-rows-refuse"): MISMATCH,
     ("faults-h200-tp1", "control"): (set(), "healthy"),
+    ("faults-h200-tp1-repeat", "control"): (set(), "healthy"),
     ("faults-h200-tp1", "stall_writes"): PENDING,
     ("faults-h200-tp1", "withhold_store"): PENDING,
     ("faults-h200-tp1", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, "tier_writes_failing"),
@@ -63,6 +64,7 @@ EXPECTED = {
 # tests/connector/test_vllm_026_limits.py); kv-diagnose names it.
 EXPECTED[("faults-cpu", "stall_reads")] = (set(), "promotion_stalled")
 EXPECTED[("faults-h200-tp1", "stall_reads")] = (set(), "promotion_stalled")
+EXPECTED[("faults-h200-tp1-repeat", "stall_reads")] = (set(), "promotion_stalled")
 # Recorded and shown by `campaign_replay.py`, not judged: kvscope has nothing that must fire.
 NOT_JUDGED = {
     ("faults-h200-tp1", "dir_removed"): "recorded on the H200 before kvscope probed the disk "
