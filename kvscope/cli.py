@@ -130,7 +130,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _quiet_vllm() -> None:
     """The CLI's own lines only: vLLM's info logs and torch's no-CUDA notice stay out."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    # vLLM 0.33 may log before its logging is configured (Python's last-resort handler
+    # prints WARNING lines bare), so its logger is set too. torch: the no-CUDA notice, and
+    # torch 2.14's (vLLM 0.33's) deprecation notices about names vLLM still uses.
+    for name in ("vllm", "torch.utils.cpp_extension", "torch._opaque_base",
+                 "torch._library.opaque_object"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ TITLE = "Capacity ceiling (concurrency form)"
 SEVERITY = 81
 CHECK = ("restores cut at the row ceiling although each prefix fits the primary tier alone "
          "(capacity ceiling, concurrency form)")
-NEEDS = (S.RESTORE_SHORT_ROUNDS, S.RESTORE_HELD_TOKENS, S.PRIMARY_ROWS)
+NEEDS = (S.RESTORE_SHORT_ROUNDS, S.RESTORE_CEILING_ROUNDS, S.RESTORE_HELD_TOKENS, S.PRIMARY_ROWS)
 EXPLAINS = frozenset({"rounds", "coverage"})
 
 
@@ -33,19 +33,9 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     rows = ev.primary_rows
     need, together = c.ceiling_rows_needed, c.ceiling_concurrent_rows
     reqs = c.ceiling_concurrent_requests
-    if c.ceiling_rounds:
-        # Rounds cut at the row ceiling whose held prefix fits the tier alone (judged by
-        # the connector when each was cut): rows pinned by other work took its place.
-        cut = c.ceiling(S.CeilingForm.CONCURRENT).increase
-    else:
-        # Without kvscope_restore_ceiling_rounds_total: judged from the latest cut round's
-        # gauges. Kept only for the committed H200 recordings (benchmarks/results/truncated/,
-        # recorded before that counter existed) until they are re-recorded; remove then.
-        cut = (c.rounds(S.ShortReason.ROW_CEILING).increase
-               + c.rounds(S.ShortReason.GROUP_VETO).increase)
-        if not (need.present and together.present and reqs.present) or (
-                need.min > rows or together.max <= rows or reqs.max < 2):
-            return None
+    # Rounds cut at the row ceiling whose held prefix fits the tier alone (judged by
+    # the connector when each was cut): rows pinned by other work took its place.
+    cut = c.ceiling(S.CeilingForm.CONCURRENT).increase
     if cut <= 0 or rows <= 0:
         return None
     w = window_word(ev)

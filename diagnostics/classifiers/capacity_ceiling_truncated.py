@@ -24,7 +24,7 @@ TITLE = "Capacity ceiling (truncated form)"
 SEVERITY = 79
 CHECK = ("restores cut at the row ceiling while the prefix needs more rows than the primary "
          "tier has (capacity ceiling, truncated form)")
-NEEDS = (S.RESTORE_SHORT_ROUNDS, S.RESTORE_HELD_TOKENS, S.PRIMARY_ROWS)
+NEEDS = (S.RESTORE_SHORT_ROUNDS, S.RESTORE_CEILING_ROUNDS, S.RESTORE_HELD_TOKENS, S.PRIMARY_ROWS)
 EXPLAINS = frozenset({"rounds", "coverage"})
 
 
@@ -48,17 +48,9 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     c = ev.coverage
     rows = ev.primary_rows
     need = c.ceiling_rows_needed
-    if c.ceiling_rounds:
-        # Rounds whose held prefix needs more rows at once than the tier has (judged by
-        # the connector when each was cut): never restored whole, whatever else runs.
-        cut = c.ceiling(S.CeilingForm.ALONE)
-    else:
-        # Without kvscope_restore_ceiling_rounds_total: judged from the latest cut round's
-        # gauges. Kept only for the committed H200 recordings (benchmarks/results/truncated/,
-        # recorded before that counter existed) until they are re-recorded; remove then.
-        cut = c.rounds(S.ShortReason.ROW_CEILING)
-        if not need.present or need.max <= rows:
-            return None
+    # Rounds whose held prefix needs more rows at once than the tier has (judged by
+    # the connector when each was cut): never restored whole, whatever else runs.
+    cut = c.ceiling(S.CeilingForm.ALONE)
     if cut.increase <= 0 or rows <= 0:
         return None
     w = window_word(ev)
