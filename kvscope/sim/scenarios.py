@@ -76,13 +76,20 @@ def _base(**kw) -> EngineConfig:
     return replace(cfg, **kw)
 
 
-def _ask_flood_ask(e: CPUEngine, run: ScenarioRun) -> None:
-    target = prompt(1, PROMPT_TOKENS)
+def _ask_then_flood(e: CPUEngine, target: list[int], tokens: int):
+    """Ask ``target``, then flood the engine with FLOODS other prompts of ``tokens`` tokens,
+    which evict it from the GPU prefix cache (and from a small CPU tier); the first ask."""
     first = e.generate(target, 4)
     e.drain()
-    for seed in range(2, 2 + FLOODS):  # evict the target from the GPU and the CPU tier
-        e.generate(prompt(seed, PROMPT_TOKENS), 2)
+    for seed in range(2, 2 + FLOODS):
+        e.generate(prompt(seed, tokens), 2)
         e.drain()
+    return first
+
+
+def _ask_flood_ask(e: CPUEngine, run: ScenarioRun) -> None:
+    target = prompt(1, PROMPT_TOKENS)
+    first = _ask_then_flood(e, target, PROMPT_TOKENS)
     again = e.generate(target, 4, max_steps=200)
     e.drain()
     run.facts.update(first_output=first.output, again_output=again.output,
@@ -108,11 +115,7 @@ def livelock(run: ScenarioRun, cfg: EngineConfig) -> None:
     e = CPUEngine(replace(cfg, rows=8))
     run.engines.append(e)
     target = prompt(1, PROMPT_TOKENS)
-    e.generate(target, 4)
-    e.drain()
-    for seed in range(2, 2 + FLOODS):
-        e.generate(prompt(seed, PROMPT_TOKENS), 2)
-        e.drain()
+    _ask_then_flood(e, target, PROMPT_TOKENS)
     rid = e.add_request(target, 4)
     for _ in range(40):
         e.step()
@@ -182,11 +185,7 @@ def stored_in_part(run: ScenarioRun, cfg: EngineConfig) -> None:
                           num_gpu_blocks=2 * chunks + 16))
     run.engines.append(e)
     target = prompt(1, chunks * 16)
-    first = e.generate(target, 4)
-    e.drain()
-    for seed in range(2, 2 + FLOODS):  # evict the target from the GPU prefix cache
-        e.generate(prompt(seed, chunks * 16), 2)
-        e.drain()
+    first = _ask_then_flood(e, target, chunks * 16)
     run.facts["prompt_tokens"] = len(target)
     _reask(e, run, [target], [first])
 
@@ -215,11 +214,7 @@ def tier_data_lost(run: ScenarioRun, cfg: EngineConfig) -> None:
                                                          "tier_probe_interval_s": 0.05}))
     run.engines.append(e)
     target = prompt(1, PROMPT_TOKENS)
-    first = e.generate(target, 4)
-    e.drain()
-    for seed in range(2, 2 + FLOODS):  # evict the target from the GPU and the CPU tier
-        e.generate(prompt(seed, PROMPT_TOKENS), 2)
-        e.drain()
+    first = _ask_then_flood(e, target, PROMPT_TOKENS)
     files = [os.path.join(d, f) for d, _, fs in os.walk(e.fs_root) for f in fs
              if f.endswith(".bin")]
     probe = e.connector._kvscope_observer.probe
@@ -289,11 +284,7 @@ def truncated(run: ScenarioRun, cfg: EngineConfig) -> None:
                           promotion_delay_steps=2))
     run.engines.append(e)
     target = prompt(1, 12 * 16)
-    first = e.generate(target, 4)
-    e.drain()
-    for seed in range(2, 2 + FLOODS):
-        e.generate(prompt(seed, 12 * 16), 2)
-        e.drain()
+    first = _ask_then_flood(e, target, 12 * 16)
     _reask(e, run, [target], [first])
 
 
