@@ -3,17 +3,13 @@ only) and a prometheus-client registry built from the signal contract."""
 
 from __future__ import annotations
 
-import contextlib
-import http.server
-import threading
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from kvscope.diagnostics.evidence import build_evidence
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
+from tests.support.static_metrics import serve
 
 T0 = 1_700_000_000.0  # fixed clock: 2023-11-14 22:13:20 UTC
 TARGET = "http://127.0.0.1:9400/metrics"
@@ -159,34 +155,6 @@ def declare(metrics: dict, rank: str = "0") -> None:
         metrics[S.PENDING_TRANSFERS.name].labels(k.value).set(0)
         metrics[S.OLDEST_PENDING_TRANSFER.name].labels(k.value).set(0)
     metrics[S.REQUESTS_IN_FLIGHT.name].set(0)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        body = self.server.body_fn()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-@contextlib.contextmanager
-def serve(body_fn) -> Iterator[str]:
-    """Serve body_fn() (bytes) on 127.0.0.1:<free port>/metrics; yields the URL."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.body_fn = body_fn  # type: ignore[attr-defined]
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        th.join(5)
 
 
 def serve_registry(reg):
