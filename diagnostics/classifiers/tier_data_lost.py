@@ -86,7 +86,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
             if root.last == 0:
                 gone = True
                 lines.append(f"the directory the {tier} tier created at start-up is gone "
-                             "(kvscope_tier_root_present 0): removed, or its mount is gone")
+                             f"({S.TIER_ROOT_PRESENT.name} 0): removed, or its mount is gone")
             else:
                 lines.append(f"the {tier} tier's start-up directory still exists: block files "
                              "were deleted out of band, or vLLM removed files it could not read")
