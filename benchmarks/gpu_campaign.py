@@ -37,10 +37,12 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import teacher_forced as tf  # noqa: E402
 from gpu_e2e import make_model, text  # noqa: E402
 from openmetrics_recording import Recorder, Target  # noqa: E402
 
 from kvscope.connector import faults  # noqa: E402
+from kvscope.exporters import signals  # noqa: E402
 
 BLOCK = 16
 ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together
@@ -52,6 +54,7 @@ PROMPT_WORDS = 1504
 MAX_TOKENS = 8
 FLOODS = 4
 READY_TIMEOUT_S = 400.0  # --ready-timeout
+PROBE_S = 1.0  # kvscope's tier probe interval here (5 s in production), as in cpu_campaign.py
 FAULT_RANK = 1  # the rank a switched fault hits: --fault-rank (default: 1, or 0 with --tp 1)
 
 
@@ -110,21 +113,51 @@ class Server:
             time.sleep(1)
         raise TimeoutError(f"{self.name}: not ready after {timeout}s")
 
-    def complete(self, prompt: str, max_tokens: int = MAX_TOKENS, timeout: float = 120) -> dict:
-        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
-                           "temperature": 0.0, "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"{self.base}/v1/completions", data=body,
+    def _post(self, body: dict, timeout: float) -> tuple[dict | None, dict]:
+        req = urllib.request.Request(f"{self.base}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         t = time.time()
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 out = json.loads(r.read())
         except (TimeoutError, urllib.error.URLError) as exc:
-            return {"error": repr(exc), "seconds": round(time.time() - t, 2)}
-        usage = out.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        return {"text": out["choices"][0]["text"], "seconds": round(time.time() - t, 2),
-                "cached_tokens": details.get("cached_tokens")}
+            return None, {"error": repr(exc), "seconds": round(time.time() - t, 2)}
+        details = (out.get("usage") or {}).get("prompt_tokens_details") or {}
+        return out["choices"][0], {"seconds": round(time.time() - t, 2),
+                                   "cached_tokens": details.get("cached_tokens")}
+
+    def complete(self, prompt: str, max_tokens: int = MAX_TOKENS, timeout: float = 120,
+                 salt: str | None = None, ids: bool = False) -> dict:
+        """Greedy completion; ``ids``: also the prompt and served token ids and the serve's
+        own top logprobs (what a teacher-forced recompute needs)."""
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0.0, "ignore_eos": True}
+        if salt:
+            body["cache_salt"] = salt
+        if ids:
+            body.update(return_token_ids=True, logprobs=tf.TOP_LOGPROBS)
+        choice, res = self._post(body, timeout)
+        if choice is None:
+            return res
+        res["text"] = choice["text"]
+        if ids:
+            res.update(prompt_token_ids=choice.get("prompt_token_ids"),
+                       token_ids=choice.get("token_ids"),
+                       top_logprobs=(choice.get("logprobs") or {}).get("top_logprobs"))
+        return res
+
+    def teacher_forced(self, served: dict, timeout: float = 120) -> dict | None:
+        """Recompute ``served``'s continuation with prompt_logprobs, nothing cached
+        (``teacher_forced.py``), and judge each served token against its top-1."""
+        if not served.get("token_ids") or not served.get("prompt_token_ids"):
+            return None
+        prompt_ids, served_ids = served["prompt_token_ids"], served["token_ids"]
+        choice, res = self._post(tf.recompute_body("tiny", prompt_ids, served_ids), timeout)
+        if choice is None:
+            return res
+        raw = tf.served_positions(choice, len(prompt_ids), len(served_ids))
+        return {**tf.judge(served_ids, raw), "recompute_cached_tokens": res["cached_tokens"],
+                "seconds": res["seconds"], "raw": raw}  # raw: re-judged in tests
 
     def kvscope(self) -> dict[str, float]:
         """Scheduler-side kvscope gauges now (standalone endpoint)."""
@@ -168,13 +201,14 @@ class Campaign:
     def __init__(self, server: Server, out: str, seed0: int) -> None:
         self.s, self.out, self.seed = server, out, seed0
         self.phases: list[dict] = []
+        self.targets: dict[str, str] = {}  # phase -> its target prompt (restore_twin)
 
     def new_prompt(self) -> str:
         self.seed += 1
         return text(self.seed, PROMPT_WORDS)
 
-    def ask_flood(self, target: str) -> dict:
-        first = self.s.complete(target)
+    def ask_flood(self, target: str, salt: str | None = None) -> dict:
+        first = self.s.complete(target, salt=salt, ids=True)
         for _ in range(FLOODS):
             self.s.complete(self.new_prompt(), max_tokens=2)
         self.settle()
@@ -198,6 +232,17 @@ class Campaign:
                                                              again["text"].split()))
                                  if ok else None)
         phase["cached_tokens"] = again.get("cached_tokens")
+        # engine truth beyond first == again: each served continuation against a fresh
+        # teacher-forced recompute of itself (a near-tie vs a token far from top-1)
+        judged = {k: self.s.teacher_forced(v) if "text" in v else None
+                  for k, v in (("first", first), ("again", again))}
+        phase["teacher_forced"] = judged
+        phase["tf_wrong_tokens"] = (sum(j.get("wrong", 0) + (j["verdict"] == "missing")
+                                        for j in judged.values())
+                                    if all(j and "verdict" in j for j in judged.values())
+                                    else None)
+        phase["first_divergence"] = (tf.first_divergence(first, again, judged["first"],
+                                                         judged["again"]) if ok else None)
 
     def run(self, name: str, body, idle_after: float) -> None:
         phase = {"name": name, "start": time.time()}
@@ -261,7 +306,8 @@ def run_faults(args, result: dict) -> None:
              "spec_name": "TieringOffloadingSpec",
              "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
                                   "n_write_threads": 4}],
-             "kvscope": {"checksum_policy": "refuse"}}
+             # the tier probe every second, scaled to the runs like the replay's windows
+             "kvscope": {"checksum_policy": "refuse", "tier_probe_interval_s": PROBE_S}}
     s = Server(out, "faults", args.port, extra, {faults.ENV: fault_file(out)}, args.max_batched,
                args.tp)
     result.update(tmpfs=tmpfs, rows=args.rows, max_batched=args.max_batched, tp=args.tp,
@@ -277,11 +323,11 @@ def run_faults(args, result: dict) -> None:
                 if fault:
                     faults_on(out, fault)
                     phase["fault_on"] = time.time()
-                c.verdict(phase, first, s.complete(target))
+                c.verdict(phase, first, s.complete(target, ids=True))
                 phase["diagnose"] = diagnose(s.scrape_urls())
 
             def stall(phase, fault):
-                target = c.new_prompt()
+                target = c.targets[fault] = c.new_prompt()
                 first = c.ask_flood(target) if fault == faults.STALL_READS else None
                 faults_on(out, fault)
                 phase["fault_on"] = time.time()
@@ -290,12 +336,12 @@ def run_faults(args, result: dict) -> None:
                     # the re-ask waits for a promotion that stalls. Not aborted: an abort while
                     # a request waits for a promotion kills vLLM 0.26's scheduler (it ended the
                     # first campaign's server; tests/connector/test_vllm_026_limits.py)
-                    asker = threading.Thread(target=lambda: waiting.update(s.complete(target)))
+                    asker = threading.Thread(target=lambda: waiting.update(s.complete(target, ids=True)))
                     asker.start()
                 elif fault == faults.STALL_WRITES:
-                    first = s.complete(target)  # its cascade to disk stalls
+                    first = s.complete(target, ids=True)  # its cascade to disk stalls
                 else:  # withhold_store: FAULT_RANK does not report this request's store
-                    first = s.complete(target)
+                    first = s.complete(target, ids=True)
                 time.sleep(hold)
                 phase["pending_during"] = s.pending()
                 phase["diagnose"] = diagnose(s.scrape_urls(), "--stuck-after", "10s")
@@ -309,21 +355,37 @@ def run_faults(args, result: dict) -> None:
                     for _ in range(FLOODS):
                         s.complete(c.new_prompt(), max_tokens=2)
                     c.settle()
-                    c.verdict(phase, first, s.complete(target))
+                    c.verdict(phase, first, s.complete(target, ids=True))
+
+            def restore_twin(phase):
+                # the stall_reads target again, restored WITHOUT a stall: a fresh cache_salt
+                # gives it its own block hashes (fresh first ask, own tier entries), the same
+                # compute paths as there (chunked prefill, then the last token alone over
+                # restored KV)
+                target = c.targets.get(faults.STALL_READS) or c.new_prompt()
+                phase["twin_of"] = faults.STALL_READS if faults.STALL_READS in c.targets else None
+                first = c.ask_flood(target, salt="restore-twin")
+                c.verdict(phase, first, s.complete(target, salt="restore-twin", ids=True))
 
             def dir_removed(phase):
                 target = c.new_prompt()
                 first = c.ask_flood(target)
+                # engine truth: the block files the fs tier holds before the removal
+                phase["block_files_before"] = sum(f.endswith(".bin") for _, _, fs in os.walk(root)
+                                                  for f in fs)
                 shutil.rmtree(root, ignore_errors=True)
                 phase["fault_on"] = time.time()
                 phase["removed"] = not os.path.exists(root)
-                c.verdict(phase, first, s.complete(target))
-                for _ in range(2):  # traffic goes on; what comes back with the tier empty
-                    t2 = c.new_prompt()
-                    c.ask_flood(t2)
-                    s.complete(t2)
-                time.sleep(hold)
+                c.verdict(phase, first, s.complete(target, ids=True))
+                deadline = time.time() + hold
+                while time.time() < deadline:  # the engine keeps serving (stored anew)
+                    s.complete(c.new_prompt(), max_tokens=2)
+                    time.sleep(2.0)
                 phase["diagnose"] = diagnose(s.scrape_urls())
+                phase["fault_off"] = time.time()  # later stores recreated the block folders
+                phase["lost_keys_exported"] = sum(
+                    v for k, v in s.kvscope().items()
+                    if k.startswith(f"{signals.TIER_LOST_KEYS.name},"))
 
             def disk_full(phase):
                 ballast = os.path.join(mnt, "ballast")
@@ -331,7 +393,7 @@ def run_faults(args, result: dict) -> None:
                 phase["fault_on"] = time.time()
                 target = c.new_prompt()
                 first = c.ask_flood(target)
-                c.verdict(phase, first, s.complete(target))
+                c.verdict(phase, first, s.complete(target, ids=True))
                 time.sleep(hold)
                 phase["diagnose"] = diagnose(s.scrape_urls())
                 os.remove(ballast)
@@ -341,6 +403,7 @@ def run_faults(args, result: dict) -> None:
                     (faults.FLIP_PROMOTED, lambda p: ask_flood_ask(p, faults.FLIP_PROMOTED)),
                     (faults.DROP_PROMOTION, lambda p: ask_flood_ask(p, faults.DROP_PROMOTION)),
                     (faults.STALL_READS, lambda p: stall(p, faults.STALL_READS)),
+                    ("restore_twin", restore_twin),
                     (faults.STALL_WRITES, lambda p: stall(p, faults.STALL_WRITES)),
                     (faults.WITHHOLD_STORE, lambda p: stall(p, faults.WITHHOLD_STORE)),
                     ("dir_removed", dir_removed)]
@@ -387,7 +450,7 @@ def run_stale_rows(args, result: dict) -> None:
                     target = c.new_prompt()
                     first = c.ask_flood(target)
                     p: dict = {}
-                    c.verdict(p, first, s.complete(target))
+                    c.verdict(p, first, s.complete(target, ids=True))
                     phase["asks"].append(p)
                 phase["wrong_tokens"] = sum(p["wrong_tokens"] or 0 for p in phase["asks"])
                 phase["diagnose"] = diagnose(s.scrape_urls())

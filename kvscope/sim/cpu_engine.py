@@ -257,12 +257,15 @@ class CPUEngine:
         self.scheduler_seconds = 0.0
 
     # ---- requests -------------------------------------------------------------------------
-    def add_request(self, prompt: list[int], max_tokens: int = 4) -> str:
+    def add_request(self, prompt: list[int], max_tokens: int = 4, *,
+                    prompt_logprobs: int | None = None, cache_salt: str | None = None) -> str:
         self._req_counter += 1
         rid = f"req-{self._req_counter}"
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            prompt_logprobs=prompt_logprobs)
         req = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=sp,
-                      pooling_params=None, block_hasher=self._block_hasher)
+                      pooling_params=None, block_hasher=self._block_hasher,
+                      cache_salt=cache_salt)
         self.scheduler.add_request(req)
         self._outputs[rid] = []
         return rid
@@ -279,8 +282,9 @@ class CPUEngine:
         self.refresh()
         return self.steps - start
 
-    def generate(self, prompt: list[int], max_tokens: int = 4, max_steps: int = 500) -> Finished:
-        rid = self.add_request(prompt, max_tokens)
+    def generate(self, prompt: list[int], max_tokens: int = 4, max_steps: int = 500,
+                 **request: Any) -> Finished:
+        rid = self.add_request(prompt, max_tokens, **request)
         self.run_until_done([rid], max_steps)
         return self.finished[rid]
 
