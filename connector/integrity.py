@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.checksums import ChecksumPolicy, digest_slots
+from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ErrorSite
@@ -34,9 +34,12 @@ class PromotedRows:
     """Scheduler side: expected digests of promoted rows, refused loads, quarantine."""
 
     def __init__(self, *, recorder: Recorder, policy: str, view: memoryview | None,
-                 geometry: compat.RegionGeometry | None) -> None:
+                 geometry: compat.RegionGeometry | None,
+                 digester: Digester | None = None) -> None:
         self.rec = recorder
         self.policy = policy
+        # the ranks digest with the same algorithm (WorkerProxy, from the same settings)
+        self.digester = digester or Digester()
         self.view = view  # the scheduler's view of the primary tier (tiering only)
         self.geometry = geometry
         # key -> (row, per-rank digests) of rows filled by a completed promotion
@@ -61,6 +64,7 @@ class PromotedRows:
         if self.view is not None:
             self.view.release()
             self.view = None
+        self.digester.close()
 
     # ---- promotions --------------------------------------------------------------------
     def digest_promoted(self, keys: list[bytes], rows: list[int]) -> None:
@@ -68,10 +72,12 @@ class PromotedRows:
             return
         g, view = self.geometry, self.view
         with self._guard:
-            for key, row in zip(keys, rows):
-                start = row * g.row_stride
-                self.expected[key] = (row, digest_slots(
-                    view[start:start + g.row_stride], g.slot_size, g.world_size))
+            n, size = g.world_size, g.slot_size
+            offsets = [g.slot_offset(int(row), r) for row in rows for r in range(n)]
+            # the promotion's rows, over a few threads
+            digests = self.digester.many([view[o:o + size] for o in offsets])
+            for i, (key, row) in enumerate(zip(keys, rows)):
+                self.expected[key] = (row, tuple(digests[i * n:(i + 1) * n]))
             if len(self.expected) > 2 * g.rows:  # bound: at most rows are live anyway
                 for stale in list(self.expected)[: len(self.expected) - 2 * g.rows]:
                     del self.expected[stale]
@@ -130,12 +136,10 @@ class PromotedRows:
 
 
 def mismatched_rows(view: memoryview, geometry: compat.RegionGeometry, rank: int,
-                    expected: dict[int, tuple[int, ...]],
-                    digest: Callable[[memoryview], int]) -> int:
+                    expected: dict[int, tuple[int, ...]], digester: Digester) -> int:
     """Worker side: rows whose slot for ``rank`` differs from the scheduler's digest."""
-    mismatched = 0
-    for row, digests in expected.items():
-        off = geometry.slot_offset(int(row), rank)
-        if digest(view[off:off + geometry.slot_size]) != digests[rank]:
-            mismatched += 1
-    return mismatched
+    rows = list(expected.items())
+    size = geometry.slot_size
+    offsets = [geometry.slot_offset(int(row), rank) for row, _ in rows]
+    got = digester.many([view[o:o + size] for o in offsets])  # the load's rows, a few threads
+    return sum(1 for (_, digests), digest in zip(rows, got) if digest != digests[rank])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.connector import compat, faults
-from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.compat.vllm_api import (
     KVConnectorRole,
@@ -60,6 +60,9 @@ class Settings:
     # kv_load_failure_policy="recompute" so refused loads are recomputed.
     checksum_policy: str = ChecksumPolicy.REFUSE
     checksum_algorithm: str = DEFAULT_ALGORITHM
+    # Threads that digest one promotion's or load's rows together (the caller is one of
+    # them); None: half the CPUs, at most 8; 1: all on the calling thread.
+    checksum_threads: int | None = None
     # Spans go to the tracer provider the application installed (vLLM's
     # --otlp-traces-endpoint). True: when there is none, kvscope installs an
     # OTLP/HTTP exporter itself (needs kvscope[otlp]; OTEL_EXPORTER_OTLP_* env).
@@ -81,6 +84,9 @@ class Settings:
             raise ValueError("tier_probe_interval_s must be >= 0 (0: no tier probe)")
         if s.checksum_algorithm not in ALGORITHMS:
             raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
+        if s.checksum_threads is not None and not (isinstance(s.checksum_threads, int)
+                                                   and s.checksum_threads >= 1):
+            raise ValueError("checksum_threads must be an integer >= 1 (or null: automatic)")
         return s
 
 
@@ -116,7 +122,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     kv_cache_config=kv_cache_config,
                     checksum_policy=effective_policy(self.kvscope_settings.checksum_policy,
                                                      kv_cache_config, extra),
-                    tier_probe_interval_s=self.kvscope_settings.tier_probe_interval_s)
+                    tier_probe_interval_s=self.kvscope_settings.tier_probe_interval_s,
+                    digester=Digester(self.kvscope_settings.checksum_algorithm,
+                                      self.kvscope_settings.checksum_threads))
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
@@ -159,6 +167,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                 cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
                 spec=cw.spec, checksum_policy=policy,
                 algorithm=self.kvscope_settings.checksum_algorithm,
+                digest_threads=self.kvscope_settings.checksum_threads,
                 refusal_path=load_failures.refusal_path(cw.kv_cache_config, extra))
             faults.install_worker(cw.worker)  # test-only, off unless KVSCOPE_FAULT_FILE
             self._maybe_start_exporter(1 + cw.worker.rank)

@@ -23,7 +23,7 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
-from kvscope.connector.checksums import ChecksumPolicy
+from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
@@ -120,7 +120,8 @@ class SchedulerObserver:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
                  spec: Any, vllm_config: Any, kv_cache_config: Any,
                  checksum_policy: str = ChecksumPolicy.REFUSE,
-                 tier_probe_interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 tier_probe_interval_s: float = DEFAULT_INTERVAL_S,
+                 digester: Digester | None = None) -> None:
         self.rec = recorder
         self.tracer = tracer
         self.cs = connector_scheduler
@@ -138,7 +139,7 @@ class SchedulerObserver:
                              else None)
         self.rows = PromotedRows(recorder=recorder, policy=checksum_policy,
                                  view=compat.scheduler_view(inner) if tiered else None,
-                                 geometry=self.geometry)
+                                 geometry=self.geometry, digester=digester)
         per_chunk = compat.blocks_per_chunk(spec)
         self.requests = RequestStates([t * per_chunk for t in compat.group_tokens_per_block(spec)
                                        if t])

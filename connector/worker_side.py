@@ -28,7 +28,7 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
-from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.integrity import mismatched_rows
 from kvscope.connector.scheduler_side import TIMESTAMP_RESOLUTION_S
@@ -49,13 +49,14 @@ class WorkerProxy:
     def __init__(self, inner: Any, *, recorder: Recorder, tracer: Tracer, spec: Any,
                  checksum_policy: str = ChecksumPolicy.REFUSE,
                  algorithm: str = DEFAULT_ALGORITHM,
+                 digest_threads: int | None = None,
                  refusal_path: str | None = load_failures.BLOCKS) -> None:
         self._inner = inner
         self._refusal_path = refusal_path
         self._rec = recorder
         self._tracer = tracer
         self._policy = checksum_policy
-        self._digest = ALGORITHMS[algorithm]
+        self._digester = Digester(algorithm, digest_threads)
         self._geometry = compat.region_geometry(spec)
         self._region = compat.worker_region(inner)
         rank = compat.region_rank(self._region)
@@ -131,6 +132,7 @@ class WorkerProxy:
         return self._inner.wait({j for j in job_ids if j not in self._refused}, *args, **kwargs)
 
     def shutdown(self):
+        self._digester.close()
         return self._inner.shutdown()
 
     # ---- kvscope ------------------------------------------------------------------------
@@ -191,7 +193,7 @@ class WorkerProxy:
                 raise RuntimeError("no shared region mapped on this rank")
             view = memoryview(buf)
             try:
-                mismatched = mismatched_rows(view, g, self.rank, expected, self._digest)
+                mismatched = mismatched_rows(view, g, self.rank, expected, self._digester)
             finally:
                 view.release()
         except Exception as exc:

@@ -217,3 +217,35 @@ def test_fs_tier_disk_full(switch):
     assert ex.value(S.CASCADES.name, result="failed") > 0
     assert ex.value(S.CASCADES.name, result="completed") == 0
     assert ex.value(S.PENDING_TRANSFERS.name) == 0
+
+
+@pytest.mark.parametrize("options", [{"checksum_threads": 3}, {"checksum_algorithm": "crc32"}],
+                         ids=["digests-over-3-threads", "crc32"])
+@pytest.mark.parametrize("fault", [None, faults.FLIP_PROMOTED])
+def test_checksum_options_still_catch_a_flipped_slot(switch, monkeypatch, options, fault):
+    """Digests split over threads (every batch, however small) or another algorithm: an
+    intact promotion is served, a flipped slot is refused on its rank only."""
+    from kvscope.connector import checksums
+
+    monkeypatch.setattr(checksums, "PARALLEL_MIN_BYTES", 0)
+    with engine(checksum_policy="refuse", kvscope_options=options) as (e, scrape):
+        target = prompt(1, TOKENS)
+        first = e.generate(target, 4)
+        e.drain()
+        flood(e)
+        set_fault(switch, fault, rank=1)
+        again = e.generate(target, 4)
+        e.drain()
+        ex = scrape()
+    assert again.output == first.output
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="match") > 0
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="mismatch") == 0
+    if fault is None:  # engine truth: restored from disk, every row verified and matching
+        assert again.num_external_tokens == TOKENS
+        assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="match") > 0
+        assert ex.value(S.ROW_CHECKSUMS.name, outcome="mismatch") == 0
+        assert ex.value(S.LOADS_REFUSED.name) == 0
+    else:  # refused on rank 1, recomputed by vLLM
+        assert again.num_external_tokens == 0
+        assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="mismatch") > 0
+        assert ex.value(S.LOADS_REFUSED.name, rank="1", reason="checksum_mismatch") > 0
