@@ -19,7 +19,8 @@ Nothing cached may serve that recompute (vLLM 0.26 source):
 The recompute's ``usage.prompt_tokens_details.cached_tokens`` is recorded: 0 is the premise.
 
 Judging (``judge``): at each generated position the served token is ``top1`` (the
-recompute's argmax), ``near_tie`` (within ``NEAR_TIE_NATS`` of it) or ``wrong``.
+recompute's argmax), ``near_tie`` (within ``NEAR_TIE_NATS`` of it) or ``wrong``; a token whose logprob
+equals the top-1's (an exact bf16 tie) is ``top1``.
 ``NEAR_TIE_NATS``: the tiny random Llama's logits are flat (top-1 sits ~1 nat above the
 median token, top-1/top-2 gaps of 0.001-0.2 nats), and bf16 moves its logprobs by at most
 0.011 nats against fp32 (measured on CPU with transformers over 9,024 positions of the
@@ -67,6 +68,8 @@ def judge(served_ids: list[int], positions: list[dict | None],
         entries = {int(k): v for k, v in dist.items()}
         top1 = max(entries, key=lambda k: entries[k]["logprob"])
         served = entries.get(tok)
+        if served is not None and served["logprob"] >= entries[top1]["logprob"]:
+            top1 = tok  # an exact tie with the argmax is a top-1 (the sampler may pick either)
         if served is None:  # vLLM always returns the prompt's own token; absent: malformed
             rows.append({"pos": i, "served": tok, "top1": top1, "verdict": "missing"})
             worst = "missing"

@@ -218,7 +218,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         observer = self._kvscope_observer
-        if observer is None:
+        if observer is None or not compat.reads_prefix_cache(request):
+            # a request that reads no cached KV (prompt_logprobs) is looked up nowhere: no
+            # round, else its whole stored prefix would count as held and not offered
             return super().get_num_new_matched_tokens(request, num_computed_tokens)
         observer.begin_round()  # the lookups this call makes form one round
         result = super().get_num_new_matched_tokens(request, num_computed_tokens)

@@ -69,6 +69,9 @@ def test_judge_names_top1_near_tie_wrong_and_missing():
     assert out["positions"][1]["gap_nats"] == pytest.approx(0.01)
     assert out["positions"][2]["rank"] == 2 and out["max_gap_nats"] == pytest.approx(1.2)
     assert tf.judge([10, 13], positions[:2])["verdict"] == "near_tie"
+    tie = [entry({20: -6.0224, 21: -6.0224, 22: -6.1})]  # an exact bf16 tie: either is top-1
+    assert [tf.judge([t], tie)["positions"][0]["top1"] for t in (20, 21)] == [20, 21]
+    assert tf.judge([21], tie)["verdict"] == "top1"
     assert tf.judge([10, 13], positions[:2], margin=0.005)["verdict"] == "wrong"
 
 
