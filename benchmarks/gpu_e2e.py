@@ -20,6 +20,7 @@ word-level tokenizer): no downloads. Results: benchmarks/results/gpu_e2e.md.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import random
@@ -296,6 +297,8 @@ def run_case(name: str) -> dict:
                 "digest_GB_per_s": round(1 / spb / 1e9, 2),
                 "digest_measured_in_engine": measured,
                 "checksum_threads": digest_clock.threads,
+                "cpus": len(os.sched_getaffinity(0)),
+                "xxhash_version": importlib.metadata.version("xxhash"),
                 "scheduler_digest_seconds": round(sched_s, 4),
                 "rank_verify_seconds": round(rank_s, 4),
                 "scheduler_digest_share_of_promotion": round(sched_s / promo_s, 4)
