@@ -15,8 +15,12 @@ both ranks' kvscope endpoints are recorded every second as timestamped OpenMetri
 Engine truth, per phase: each target prompt is asked fresh (reference tokens), the GPU
 and CPU tiers are flooded, and it is asked again; ``wrong_tokens`` compares the two
 texts (greedy, word-level tokenizer: one word per token); ``cached_tokens`` is vLLM's
-own ``usage.prompt_tokens_details.cached_tokens`` of the re-ask. kv-diagnose runs live
-against the endpoints at the end of each phase.
+own ``usage.prompt_tokens_details.cached_tokens`` of the re-ask. Each served continuation
+is also recomputed teacher-forced, from no cache (``teacher_forced.py``): ``tf_wrong_tokens``
+counts served tokens beyond a bf16 near-tie of the recompute's top-1, and
+``first_divergence`` says how far apart the two serves' words were where they differ. The
+``restore_twin`` phase asks the stall_reads prompt again, salted, restored with no fault.
+kv-diagnose runs live against the endpoints at the end of each phase.
 
     python3 benchmarks/gpu_campaign.py faults --out DIR
     python3 benchmarks/gpu_campaign.py stale-rows --policy observe --out DIR

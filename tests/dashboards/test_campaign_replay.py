@@ -47,9 +47,11 @@ EXPECTED = {
     ("stale-rows-observe", "stale-rows-observe"): MISMATCH,
     ("stale-rows-refuse", "stale-rows-refuse"): MISMATCH,
     ("faults-h200-tp1", "control"): (set(), "healthy"),
-    ("faults-h200-tp1-repeat", "control"): (set(), "healthy"),
+    # the stall_reads prompt again, salted, restored without a stall: a clean restore
+    ("faults-h200-tp1", "restore_twin"): (set(), "healthy"),
     ("faults-h200-tp1", "stall_writes"): PENDING,
     ("faults-h200-tp1", "withhold_store"): PENDING,
+    ("faults-h200-tp1", "dir_removed"): ({r.ALERT_TIER_DATA_LOST}, "tier_data_lost"),
     ("faults-h200-tp1", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, "tier_writes_failing"),
     ("faults-cpu", "control"): (set(), "healthy"),
     ("faults-cpu", "flip_promoted"): MISMATCH,
@@ -64,12 +66,9 @@ EXPECTED = {
 # tests/connector/test_vllm_026_limits.py); kv-diagnose names it.
 EXPECTED[("faults-cpu", "stall_reads")] = (set(), "promotion_stalled")
 EXPECTED[("faults-h200-tp1", "stall_reads")] = (set(), "promotion_stalled")
-EXPECTED[("faults-h200-tp1-repeat", "stall_reads")] = (set(), "promotion_stalled")
-# Recorded and shown by `campaign_replay.py`, not judged: kvscope has nothing that must fire.
-NOT_JUDGED = {
-    ("faults-h200-tp1", "dir_removed"): "recorded on the H200 before kvscope probed the disk "
-    "tier (no kvscope_tier_* series in the recording; kv-diagnose said healthy)",
-}
+# Recorded and shown by `campaign_replay.py`, not judged (run, phase) -> why. None now: the
+# H200 TP=1 run was re-recorded with kvscope's tier probe, so dir_removed is judged.
+NOT_JUDGED: dict[tuple[str, str], str] = {}
 # A switched fault diagnosed while it lasts (window ending when it cleared), stuck after 10 s
 WHILE_IT_LASTS = {"pending_at_idle", "promotion_stalled"}
 # Phases whose server was dead (vLLM 0.26 EngineCore died, README) are recorded but not judged.
@@ -157,7 +156,6 @@ CEILING_ROUNDS = S.RESTORE_CEILING_ROUNDS.name
 ADDED_AFTER_RECORDING = {
     **{run: (STORE_REFUSED, CEILING_ROUNDS)
        for run in ("faults", "stale-rows-observe", "stale-rows-refuse")},
-    "faults-h200-tp1": (STORE_REFUSED,),
 }
 
 
