@@ -156,6 +156,10 @@ def test_settings_are_validated():
         Settings.from_extra_config({"kvscope": {"exporter_prot": 1}})
     with pytest.raises(ValueError, match="checksum_policy"):
         Settings.from_extra_config({"kvscope": {"checksum_policy": "maybe"}})
+    assert Settings.from_extra_config({"kvscope": {"checksum_threads": 4}}).checksum_threads == 4
+    for bad in (0, -1, 2.5, "8"):
+        with pytest.raises(ValueError, match="checksum_threads"):
+            Settings.from_extra_config({"kvscope": {"checksum_threads": bad}})
 
 
 def test_group_suffix_matches_vllm_key_encoding():
