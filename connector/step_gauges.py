@@ -39,6 +39,9 @@ class StepGauges:
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
         self.checksum_policy = checksum_policy
+        # read once: kv-diagnose compares the ranks it sees with it (a rank missing everywhere)
+        ws = compat.world_size(spec, vllm_config)
+        self.world_size = str(ws) if ws is not None else ""
         self.refreshed_at = 0.0
         self._job_first_seen: dict[int, float] = {}
         self._static_done = False
@@ -85,7 +88,7 @@ class StepGauges:
         self.rec.replace_gauge(signals.INFO, {(
             __version__, compat.VLLM_VERSION, type(self.spec).__name__, tiers,
             str(rows_total), compat.hash_fingerprint(self.vllm_config), self.checksum_policy,
-            str(chunk_tokens), str(batched)): 1.0})
+            str(chunk_tokens), str(batched), self.world_size): 1.0})
         geometry = self.rows.geometry
         if geometry is not None:
             self.rec.set(signals.PRIMARY_ROW_BYTES, (), geometry.row_stride)

@@ -254,7 +254,8 @@ def telemetry_errors(cfg: Config):
 
 def offload_config(cfg: Config):
     labels = [s.L_SPEC, s.L_TIERS, s.L_PRIMARY_ROWS, s.L_CHUNK_TOKENS, s.L_MAX_BATCHED_TOKENS,
-              s.L_CHECKSUM_POLICY, s.L_HASH_SEED, s.L_KVSCOPE_VERSION, s.L_VLLM_VERSION]
+              s.L_WORLD_SIZE, s.L_CHECKSUM_POLICY, s.L_HASH_SEED, s.L_KVSCOPE_VERSION,
+              s.L_VLLM_VERSION]
     ident = ["instance", s.VLLM_LABEL_MODEL, s.VLLM_LABEL_ENGINE]
     return c.table(
         "Offload configuration",
@@ -262,7 +263,9 @@ def offload_config(cfg: Config):
         "KV groups) decides the capacity ceiling; max_num_batched_tokens / chunk_tokens (times "
         "KV groups) is the largest store job one step makes, which must fit the primary rows; "
         "a hash_seed that changed across a restart orphans everything the tiers hold; "
-        "checksum_policy observe serves mismatching rows instead of refusing them.",
+        "world_size is the worker ranks each engine has (fewer ranks on the per-rank panels: a "
+        "rank not scraped); checksum_policy observe serves mismatching rows instead of refusing "
+        "them.",
         f"max by ({', '.join(ident + labels)}) ({s.INFO.name}{c.dsel(cfg)})",
         columns=ident + labels, width=18, height=5,
     )

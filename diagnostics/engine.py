@@ -2,7 +2,9 @@
 
 Healthy means checked: a classifier whose series are missing or non-finite is
 not run and is reported as "could not check", as is one that read a label value
-the export lacks (:mod:`.partial`); one that raises becomes an error finding. The verdict is healthy only when every check ran and none holds.
+the export lacks (:mod:`.partial`) or needs per-rank series of a rank no series
+names (:mod:`.ranks`); one that raises becomes an error finding. The verdict is
+healthy only when every check ran and none holds.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import time
 
 from . import classifiers as C
-from . import partial
+from . import partial, ranks
 from .checks import needs_of, unmet
 from .classifiers import healthy, stale_telemetry
 from .evidence import Evidence, build_evidence
@@ -37,7 +39,8 @@ def _error(mod, e: BaseException) -> Finding:
 
 
 def _run(mod, ev: Evidence, th: Thresholds, *extra) -> tuple[Finding | None, Unchecked | None]:
-    reasons = unmet(ev, needs_of(mod, ev))
+    needs = needs_of(mod, ev)
+    reasons = unmet(ev, needs)
     if reasons:
         return None, Unchecked(mod.ID, mod.CHECK, tuple(reasons))
     try:
@@ -45,9 +48,11 @@ def _run(mod, ev: Evidence, th: Thresholds, *extra) -> tuple[Finding | None, Unc
             found = mod.classify(ev, th, *extra)
     except Exception as e:  # one broken classifier must not hide the others, nor pass
         return _error(mod, e), None
-    # It read a label value the export lacks: its silence is no pass (a finding it made
-    # anyway stands, with the gap named beside it).
-    return found, Unchecked(mod.ID, mod.CHECK, partial.reasons(dropped)) if dropped else None
+    # It read a label value the export lacks, or judged per-rank series without every
+    # rank: its silence is no pass (a finding it made anyway stands, with the gap named
+    # beside it).
+    gaps = partial.reasons(dropped) + ranks.reasons(ev, needs)
+    return found, Unchecked(mod.ID, mod.CHECK, gaps) if gaps else None
 
 
 def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:
@@ -55,6 +60,8 @@ def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:
     findings: list[Finding] = []
     unchecked: list[Unchecked] = []
     notes = list(ev.notes)
+    if (note := ranks.unknown_note(ev)) is not None:
+        notes.append(note)
     first = [m for m in C.CLASSIFIERS if not getattr(m, "AFTER", False)]
     after = [m for m in C.CLASSIFIERS if getattr(m, "AFTER", False)]
     for mod in first:

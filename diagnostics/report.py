@@ -131,6 +131,7 @@ class Report:
                     "checksum_policy": t.checksum_policy,
                     "chunk_tokens": t.chunk_tokens,
                     "max_num_batched_tokens": t.max_num_batched_tokens,
+                    "world_size": t.world_size,
                 }
                 for t in self.targets
             ],

@@ -29,6 +29,9 @@ class TargetInfo:
     checksum_policy: str = ""  # policy in effect (kvscope_info), "" when not exported
     chunk_tokens: str = ""  # tokens per offloaded chunk (one row per KV group)
     max_num_batched_tokens: str = ""
+    # worker ranks of this engine (rank="0".. on worker-side series); "" from a kvscope
+    # older than the label: a rank missing from every series cannot be seen then
+    world_size: str = ""
     # True when the seeds were first seen at different times (a restart seen
     # happening); False when all were already there at the first sample.
     seeds_ordered: bool = False
@@ -76,6 +79,7 @@ def read_targets(info: list[Series]) -> tuple[TargetInfo, ...]:
                 checksum_policy=last.label(S.L_CHECKSUM_POLICY),
                 chunk_tokens=last.label(S.L_CHUNK_TOKENS),
                 max_num_batched_tokens=last.label(S.L_MAX_BATCHED_TOKENS),
+                world_size=last.label(S.L_WORLD_SIZE),
                 seeds_ordered=len(set(seed_first.values())) == len(seed_first) > 1,
             )
         )

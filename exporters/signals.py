@@ -70,6 +70,7 @@ L_HASH_SEED = "hash_seed"
 L_CHECKSUM_POLICY = "checksum_policy"
 L_CHUNK_TOKENS = "chunk_tokens"
 L_MAX_BATCHED_TOKENS = "max_num_batched_tokens"
+L_WORLD_SIZE = "world_size"
 
 # Labels vLLM's stats pipeline puts in front of ours on its /metrics.
 VLLM_LABEL_MODEL = "model_name"
@@ -323,9 +324,11 @@ LAST_STEP_TIMESTAMP = Metric(
 )
 INFO = Metric(
     "kvscope_info", Kind.GAUGE,
-    "Always 1; labels describe the kvscope/vLLM build and the offload configuration.",
+    "Always 1; labels describe the kvscope/vLLM build and the offload configuration "
+    "(world_size: the worker ranks whose slots make one row, each exporting rank=\"0\".. on "
+    "the worker-side series).",
     (L_KVSCOPE_VERSION, L_VLLM_VERSION, L_SPEC, L_TIERS, L_PRIMARY_ROWS, L_HASH_SEED,
-     L_CHECKSUM_POLICY, L_CHUNK_TOKENS, L_MAX_BATCHED_TOKENS),
+     L_CHECKSUM_POLICY, L_CHUNK_TOKENS, L_MAX_BATCHED_TOKENS, L_WORLD_SIZE),
 )
 QUARANTINED_KEYS = Metric(
     "kvscope_quarantined_keys", Kind.GAUGE,

@@ -177,6 +177,21 @@ def region_geometry(spec: Any) -> RegionGeometry | None:
     return RegionGeometry(rows, row_stride, slot, world)
 
 
+def world_size(spec: Any, vllm_config: Any) -> int | None:
+    """The worker ranks of this engine whose slots make one row (the offload config's
+    ``parallel.world_size``, else vLLM's ``parallel_config.world_size``); None when
+    neither says. Worker-side series carry ``rank`` = 0 .. world_size - 1."""
+    for parallel in (getattr(getattr(spec, "config", None), "parallel", None),
+                     getattr(vllm_config, "parallel_config", None)):
+        try:
+            n = int(getattr(parallel, "world_size", 0) or 0)
+        except (TypeError, ValueError):
+            continue
+        if n > 0:
+            return n
+    return None
+
+
 def scheduler_view(manager: Any) -> memoryview | None:
     """The scheduler's view of the primary tier as flat bytes (tiering only)."""
     getter = getattr(primary_tier(manager), "get_kv_memoryview", None)

@@ -62,7 +62,10 @@ def finding(ev: Evidence, checks: list[str]) -> Finding:
     workers = ev.worker_ranks
     compared = sum(q.increase for rt in workers.values() for q in rt.checksums.values())
     if workers:
-        lines.append(f"{len(workers)} rank{'s' if len(workers) != 1 else ''} reporting; {n(compared)} row checksums compared, 0 mismatched")
+        k, ws = len(workers), ev.info_int(S.L_WORLD_SIZE)
+        ranks = (f"{k} of {ws} ranks reporting ({S.INFO.name} {S.L_WORLD_SIZE}={ws})"
+                 if ws is not None else f"{k} rank{'s' if k != 1 else ''} reporting")
+        lines.append(f"{ranks}; {n(compared)} row checksums compared, 0 mismatched")
     age = ev.freshness.newest_age
     if age is not None:
         lines.append(f"last scheduler step {secs(age)} ago" + (" (engine idle)" if ev.idle else ""))

@@ -64,6 +64,10 @@ def test_healthy_store_evict_to_disk_promote_then_hit(spans):
     assert ex.value(S.TELEMETRY_ERRORS.name) == 0
     (info,) = ex.series(S.INFO.name)
     assert info[0]["tiers"] == "cpu+fs" and info[0]["primary_rows"] == "12"
+    # the worker ranks the engine built, each on the worker-side series (kv-diagnose holds
+    # the ranks it sees to this number)
+    assert info[0][S.L_WORLD_SIZE] == str(len(sc.engine.ranks)) == "2"
+    assert {lb[S.L_RANK] for lb, _ in ex.series(S.ROW_CHECKSUMS.name)} == {"0", "1"}
     assert info[0]["vllm_version"] == importlib.metadata.version("vllm")
 
     finished = spans.get_finished_spans()

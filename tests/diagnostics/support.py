@@ -121,7 +121,7 @@ def info_values(**over: str) -> list[str]:
     """kvscope_info label values in the contract's order (positional .labels())."""
     d = dict(kvscope_version="0.1.0", vllm_version="0.26.0", spec="TieringOffloadingSpec",
              tiers="cpu+fs", primary_rows="8", hash_seed="s", checksum_policy="refuse",
-             chunk_tokens="16", max_num_batched_tokens="256")
+             chunk_tokens="16", max_num_batched_tokens="256", world_size="1")
     d.update(over)
     return [d[name] for name in S.INFO.labels]
 

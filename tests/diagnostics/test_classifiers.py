@@ -454,6 +454,7 @@ def test_store_fits_sometimes_when_disk_has_data():
 # ---- stale telemetry --------------------------------------------------------------
 def test_stale_telemetry_voids_gauge_verdicts():
     d = pending_case()
+    d[info(world_size="2")] = d.pop(info())  # ranks 0 and 1: the world size holds no note
     d[S.LAST_STEP_TIMESTAMP.name] = [T0 - 600, T0 - 600]
     d[S.SCHEDULER_STEPS.name] = [500, 500]
     ev = evidence(d)

@@ -14,13 +14,14 @@ from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.report import format_text
 
 from . import test_classifiers as C
-from .support import L, base, evidence
+from .support import L, base, evidence, info
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
 def _healthy():
     d = base() | C.rounds(hit=[10, 12], miss=[2, 2]) | C.lookups("0", hit=[60, 72])
+    d[info(world_size="1")] = d.pop(info())  # a current exporter: the world size is known
     d[C.S.HIT_TOKENS.name] = [160, 192]
     d[L(C.S.ROW_CHECKSUMS.name, rank="0", outcome="match")] = [6, 6]
     return d

@@ -38,6 +38,7 @@ _OPEN_LABEL_VALUES: dict[str, tuple[str, ...]] = {
     s.L_CHECKSUM_POLICY: ("refuse",),
     s.L_CHUNK_TOKENS: ("16",),
     s.L_MAX_BATCHED_TOKENS: ("2048",),
+    s.L_WORLD_SIZE: ("2",),  # ranks "0" and "1" above
 }
 
 # Gauge values that make the dashboards look like a busy, healthy engine.
