@@ -70,6 +70,11 @@ class RoundVerdicts:
         rec.declare(signals.RESTORE_SHORT_ROUNDS, *one(ShortReason))
         rec.declare(signals.RESTORE_SHORT_TOKENS, *one(ShortReason))
         rec.declare(signals.RESTORE_CEILING_ROUNDS, *one(CeilingForm))
+        # The latest-round gauges at 0 (no such round yet) from the first step too, so a
+        # value missing from an input is a partial export (signals.PRESET_VALUES); once.
+        for v in (_VETOED, _DEFERRED):
+            rec.set(signals.LAST_ROUND_PENDING_KEYS, (v.value,), 0)
+            rec.set(signals.LAST_ROUND_REQUEST_KEYS, (v.value,), 0)
 
     def record(self, rnd: Round, request: Any, num_tokens: int | None,
                num_computed: int) -> None:

@@ -62,7 +62,9 @@ def build_evidence(raw: RawWindow) -> Evidence:
     def series_of(name: str) -> list[Series]:
         return c.by_name.get(name, [])
 
-    read = _reader(src, _first_seen(c.by_name))
+    targets = read_targets(series_of(S.INFO.name))
+    # the exporter that labels world_size also presets the latest-round gauges (partial.py)
+    read = _reader(src, _first_seen(c.by_name), any(t.world_size for t in targets))
     kv_groups = read_kv_groups(series_of(S.KV_GROUP_INFO.name))
     steps_cls, steps_rows = T.FRESHNESS
     last_step: dict[str, list[Series]] = defaultdict(list)
@@ -74,7 +76,7 @@ def build_evidence(raw: RawWindow) -> Evidence:
         if c.too_long else ())
     return Evidence(
         source=src,
-        targets=read_targets(series_of(S.INFO.name)),
+        targets=targets,
         kv_groups=kv_groups,
         lookups=_split(T.LOOKUPS, series_of, read, extra_keys=kv_groups),
         ranks=_split(T.RANKS, series_of, read),
@@ -93,14 +95,14 @@ def build_evidence(raw: RawWindow) -> Evidence:
     )
 
 
-def _reader(src: SourceInfo, first_seen: dict[str, float]):
+def _reader(src: SourceInfo, first_seen: dict[str, float], world_size_known: bool):
     """``read(row, series)``: one evidence field from its series, as the row says.
     ``others_present``: the row's series exist for another part of a split."""
     def read(row: T.Read, series: list[Series],
              others_present: bool = False) -> Quantity | dict[str, Quantity]:
         if row.by:
             return partial.label_values(by_label(series, row.by, src, row.how, first_seen),
-                                        row.name, row.by, others_present)
+                                        row.name, row.by, others_present, world_size_known)
         return aggregate(series, src, row.how, first_seen)
     return read
 

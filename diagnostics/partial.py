@@ -21,6 +21,7 @@ from kvscope.exporters import signals as S
 from .model import Quantity
 
 _PRESET: dict[str, S.Metric] = {m.name: m for m in S.PRESET_VALUES}
+_WITH_WORLD_SIZE = frozenset(m.name for m in S.PRESET_WITH_WORLD_SIZE)
 _READS: ContextVar[set[tuple[str, str, str]] | None] = ContextVar("kvscope_partial_reads",
                                                                   default=None)
 
@@ -73,15 +74,20 @@ class LabelValues(dict[str, Quantity]):
 
 
 def label_values(values: dict[str, Quantity], series: str, label: str,
-                 others_present: bool = False) -> dict[str, Quantity]:
+                 others_present: bool = False,
+                 world_size_known: bool = True) -> dict[str, Quantity]:
     """``values`` as :class:`LabelValues` when ``series`` presets ``label``'s values.
 
     Empty ``values`` (the series absent: checks.py's "missing") are no partial export,
-    unless ``others_present``: the same series has values for another KV group.
+    unless ``others_present``: the same series has values for another KV group. A series
+    of ``signals.PRESET_WITH_WORLD_SIZE`` counts as preset only in an input whose
+    kvscope_info carries world_size (``world_size_known``): an older kvscope did not preset it.
     """
     m = _PRESET.get(series)
     closed = m.label_values.get(label) if m is not None else None
     if not closed or not (values or others_present):
+        return values
+    if series in _WITH_WORLD_SIZE and not world_size_known:
         return values
     return LabelValues(values, series, label, frozenset(closed) - set(values))
 

@@ -258,7 +258,7 @@ ROUND_PENDING_KEYS = Metric(
 LAST_ROUND_PENDING_KEYS = Metric(
     "kvscope_last_round_pending_keys", Kind.GAUGE,
     "Exact pending-key sum (retry plus hit_pending over all groups) of the latest vetoed or "
-    "deferred round; compare with kvscope_primary_rows{state=\"total\"}.",
+    "deferred round (0 until the first one); compare with kvscope_primary_rows{state=\"total\"}.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 ROUNDS_AT_ROW_CEILING = Metric(
@@ -343,7 +343,7 @@ PRIMARY_ROW_BYTES = Metric(
 LAST_ROUND_REQUEST_KEYS = Metric(
     "kvscope_last_round_request_keys", Kind.GAUGE,
     "Chunk keys (summed over KV groups) the request of the latest vetoed or deferred round "
-    "covers: the rows a full restore of it needs at once.",
+    "covers (0 until the first one): the rows a full restore of it needs at once.",
     (L_VERDICT,), label_values={L_VERDICT: (Verdict.VETOED.value, Verdict.DEFERRED.value)},
 )
 # ---- restore coverage (per ended lookup round: hit, miss or vetoed) --------------------
@@ -493,15 +493,19 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in ALL_METRICS}
 # an input that has the series is therefore a partial export (a relabel rule, a
 # federation filter, a cut scrape), never a zero: kv-diagnose does not judge by it.
 # Not here: series whose values appear with their first event (transfer histograms,
-# transfers in flight, latest-round gauges) or depend on the process (transfer bytes:
-# workers move gpu<->cpu, the manager cpu<->disk). Promotions and cascades exist only
-# with a secondary tier. tests/connector/test_preset_values.py checks this list.
+# transfers in flight) or depend on the process (transfer bytes: workers move gpu<->cpu,
+# the manager cpu<->disk). Promotions and cascades exist only with a secondary tier.
+# tests/connector/test_preset_values.py checks this list.
 PRESET_VALUES: tuple[Metric, ...] = (
     LOOKUPS, LOOKUP_ROUNDS, ROUNDS_AT_ROW_CEILING, PRIMARY_ROWS, PROMOTIONS, CASCADES,
     STORE_JOBS, PENDING_TRANSFERS, OLDEST_PENDING_TRANSFER, REQUESTS, TELEMETRY_ERRORS,
     RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_CEILING_ROUNDS, ROW_CHECKSUMS,
-    LOADS_REFUSED,
+    LOADS_REFUSED, LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS,
 )
+# Preset only by the kvscope that also labels kvscope_info with world_size (0 = no such
+# round yet): an input whose kvscope_info lacks that label predates the preset, and a value
+# missing there may never have been exported (recordings made before it keep their verdicts).
+PRESET_WITH_WORLD_SIZE: tuple[Metric, ...] = (LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS)
 
 
 def exposed_series(metric: Metric) -> tuple[str, ...]:

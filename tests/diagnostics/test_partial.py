@@ -97,12 +97,44 @@ def test_reads_are_noted_only_for_missing_values_and_only_while_tracking():
         sum(q.increase for q in d.values())  # a total over every value reads them all
     assert {v for _, _, v in seen} == d.missing
     # a series that is not preset, or absent altogether, is a plain dict
-    assert type(partial.label_values({"x": ABSENT}, S.LAST_ROUND_PENDING_KEYS.name,
-                                     S.L_VERDICT)) is dict
+    assert type(partial.label_values({"x": ABSENT}, S.TRANSFERS_IN_FLIGHT.name,
+                                     S.L_DIRECTION)) is dict
     assert type(partial.label_values({}, S.LOOKUP_ROUNDS.name, S.L_VERDICT)) is dict
+    # the latest-round gauges are preset by the kvscope that labels world_size, not before
+    vetoed = {S.Verdict.VETOED.value: ABSENT}
+    assert partial.label_values(vetoed, S.LAST_ROUND_PENDING_KEYS.name, S.L_VERDICT).missing \
+        == {S.Verdict.DEFERRED.value}
+    assert type(partial.label_values(vetoed, S.LAST_ROUND_PENDING_KEYS.name, S.L_VERDICT,
+                                     world_size_known=False)) is dict
 
 
 def test_every_preset_metric_has_closed_values_to_miss():
     for m in S.PRESET_VALUES:
         assert m in S.ALL_METRICS and m.label_values, m.name
         assert set(m.label_values) <= set(m.labels), m.name
+
+
+def test_a_veto_told_only_by_the_latest_round_gauges_is_unchecked_without_them():
+    """The veto check also fires on the latest vetoed round's gauges alone (its pending keys
+    pinned at the rows, its request larger than the tier) when no round was counted at the
+    ceiling. kvscope presets both values of those gauges (0: no such round yet) where it labels
+    world_size, so one dropped there is a partial export, not a quiet tier."""
+    from .support import evidence, info
+    from .test_classifiers import veto_case
+
+    d = veto_case()
+    d[info(rows=4, world_size="1")] = d.pop(info(rows=4))
+    d[(S.ROUNDS_AT_ROW_CEILING.name, (("verdict", "vetoed"),))] = [0, 0]
+    d[(S.PROMOTIONS.name, (("result", "no_row"),))] = [0, 5]
+    for m in S.PRESET_WITH_WORLD_SIZE:
+        d[(m.name, (("verdict", "deferred"),))] = [0, 0]
+    whole = diagnose(evidence(d))
+    assert "capacity_ceiling_veto" in {v.id for v in whole.verdicts}
+    for m in S.PRESET_WITH_WORLD_SIZE:
+        del d[(m.name, (("verdict", "vetoed"),))]
+    report = diagnose(evidence(d))
+    assert "capacity_ceiling_veto" not in {v.id for v in report.verdicts}
+    (u,) = [u for u in report.unchecked if u.check == "capacity_ceiling_veto"]
+    assert any(r.startswith(f'series {S.LAST_ROUND_PENDING_KEYS.name} has no verdict="vetoed"')
+               for r in u.reasons), u.reasons
+    assert report.exit_code != 0
