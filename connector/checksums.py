@@ -76,9 +76,6 @@ class Digester:
         self._pool_pid = 0  # a pool does not survive fork: make a new one in the child
         self._lock = threading.Lock()
 
-    def digest(self, buf: memoryview | bytes) -> int:
-        return self.fn(buf)
-
     def many(self, bufs: Sequence[memoryview]) -> list[int]:
         fn = self.fn
         shares = self._shares(bufs)
