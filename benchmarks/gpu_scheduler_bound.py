@@ -52,6 +52,11 @@ VOCAB = 32000
 # evicts the batch due next first. With 16,384 rows (8 GiB) the re-asks thrashed (0 tokens
 # restored on the H200); 24 GiB leaves room even if vLLM pads a row to 1 MiB.
 GPU_BLOCKS, CPU_BYTES = 8192, 24 << 30
+# --cpu-gib: a smaller tier starts faster (pinned host memory is allocated per process). A row
+# is 512 KiB (kvscope_primary_row_bytes on the H200) and a batch stores 6,144 rows (3 GiB):
+# 12 GiB holds 4 batches, 9 GiB the 3 the LRU order needs. The re-asks' restored tokens are
+# recorded per iteration: a thrashing tier shows there.
+STARTUP_MARKS = ("took", "finished in", "seconds", "Compil", "compil", "capturing", "Loading")
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
         10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
 
@@ -156,9 +161,13 @@ def pin_main_thread() -> dict:
     return {"main_cpu": main, "other_cpus": rest, "threads_pinned": moved}
 
 
-def run_case(arm: str, mode: str, iters: int, warmup: int, pin: str = "auto") -> dict:
+def run_case(arm: str, mode: str, iters: int, warmup: int, pin: str = "auto",
+             cpu_bytes: int = CPU_BYTES) -> dict:
+    t_import = time.perf_counter()
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
+
+    import_s = round(time.perf_counter() - t_import, 1)
 
     d = tempfile.mkdtemp(prefix="kvscope-1b-")
     write_config(d)
@@ -167,7 +176,7 @@ def run_case(arm: str, mode: str, iters: int, warmup: int, pin: str = "auto") ->
     ktc = KVTransferConfig(
         kv_connector="ObservedOffloadingConnector" if observed else "OffloadingConnector",
         kv_connector_module_path="kvscope.connector" if observed else None, kv_role="kv_both",
-        kv_connector_extra_config={"cpu_bytes_to_use": CPU_BYTES, "block_size": 16,
+        kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, "block_size": 16,
                                    **({"kvscope": {"exporter_port": port}} if observed else {})})
     t0 = time.perf_counter()
     llm = LLM(model=d, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
@@ -178,6 +187,7 @@ def run_case(arm: str, mode: str, iters: int, warmup: int, pin: str = "auto") ->
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64,
                                                               96, 128]})
     res: dict = {"arm": arm, "mode": mode, "engine_up_s": round(time.perf_counter() - t0, 1),
+                 "vllm_import_s": import_s, "cpu_tier_gib": round(cpu_bytes / (1 << 30), 2),
                  "affinity": sorted(os.sched_getaffinity(0)), "gpu_numa_node": gpu_numa_node(),
                  "pid": os.getpid()}
     if pin == "main":
@@ -274,11 +284,20 @@ def _torch_threads() -> int:
 
 def spawn(arm: str, mode: str, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "case", "--arm", arm, "--mode", mode,
-           "--iters", str(args.iters), "--warmup", str(args.warmup), "--pin", args.pin]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+           "--iters", str(args.iters), "--warmup", str(args.warmup), "--pin", args.pin,
+           "--cpu-gib", str(args.cpu_gib)]
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+    except subprocess.TimeoutExpired as exc:
+        return {"arm": arm, "mode": mode, "error": "timeout", "process_s": args.case_timeout,
+                "tail": str(exc.stderr or "")[-2000:]}
+    # where a process's start goes: vLLM's own timing lines (import, compile, graphs, tier)
+    marks = [ln[-240:] for ln in p.stderr.splitlines() if any(m in ln for m in STARTUP_MARKS)]
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            return {**json.loads(line), "process_s": round(time.perf_counter() - t, 1),
+                    "startup_log": marks[-25:]}
     return {"arm": arm, "mode": mode, "error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}
 
 
@@ -329,7 +348,11 @@ def main() -> int:
         q.add_argument("--iters", type=int, default=6)
         q.add_argument("--warmup", type=int, default=2)
         q.add_argument("--pin", default="auto", help="auto | main | none | CPU list (2-9,12)")
+        q.add_argument("--cpu-gib", type=float, default=CPU_BYTES / (1 << 30),
+                       help="CPU tier size (GiB); >= 9 holds the 3 batches LRU needs")
     a.add_argument("--pairs", type=int, default=3)
+    a.add_argument("--first-pair", type=int, default=0,
+                   help="continue an ABBA sequence: pair index to start at (its parity: order)")
     a.add_argument("--modes", nargs="+", default=["sync", "async"])
     a.add_argument("--out", default="gpu_scheduler_bound.json")
     a.add_argument("--case-timeout", type=float, default=300)
@@ -341,8 +364,8 @@ def main() -> int:
         cpus = pin_cpus(args.pin)
         if cpus:
             os.sched_setaffinity(0, cpus)  # before vLLM starts its threads: they inherit it
-        print(json.dumps(run_case(args.arm, args.mode, args.iters, args.warmup, args.pin)),
-              flush=True)
+        print(json.dumps(run_case(args.arm, args.mode, args.iters, args.warmup, args.pin,
+                                  int(args.cpu_gib * (1 << 30)))), flush=True)
         return 0
     if args.cmd == "summarize":
         runs = [r for f in args.files for r in json.load(open(f))["runs"]]
@@ -350,14 +373,14 @@ def main() -> int:
         return 0
     runs: list[dict] = []
     t0, result = time.time(), {"command": " ".join(sys.argv), "runs": runs}
-    for i in range(args.pairs):
+    for i in range(args.first_pair, args.first_pair + args.pairs):
         for mode in args.modes:
             for arm in (("stock", "observed") if i % 2 == 0 else ("observed", "stock")):
                 if time.time() - t0 > args.budget:
                     break
                 runs.append(spawn(arm, mode, args))
                 r = runs[-1]
-                print(json.dumps({k: r.get(k) for k in ("arm", "mode", "engine_up_s",
+                print(json.dumps({k: r.get(k) for k in ("arm", "mode", "engine_up_s", "process_s",
                                                         "median_iter_s", "tokens_per_s",
                                                         "steal_s", "gc_s", "main_thread_cpus",
                                                         "error")}), flush=True)
