@@ -56,7 +56,8 @@ GPU_BLOCKS, CPU_BYTES = 8192, 24 << 30
 # is 512 KiB (kvscope_primary_row_bytes on the H200) and a batch stores 6,144 rows (3 GiB):
 # 12 GiB holds 4 batches, 9 GiB the 3 the LRU order needs. The re-asks' restored tokens are
 # recorded per iteration: a thrashing tier shows there.
-STARTUP_MARKS = ("took", "finished in", "seconds", "Compil", "compil", "capturing", "Loading")
+STARTUP_MARKS = ("took", "finished in", "seconds", "Compil", "compil", "capturing", "Loading",
+                 "Allocating")  # vLLM log lines carry their time of day: the CPU tier's too
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
         10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
 
