@@ -87,6 +87,7 @@ def build_evidence(raw: RawWindow) -> Evidence:
         ),
         **{name: cls(**_fill(rows, series_of, read)) for name, (cls, rows) in T.PARTS.items()},
         **_fill(T.FIELDS, series_of, read),
+        rank_scopes=_rank_scopes(c.by_name),
         present=present,
         label_names={k: frozenset(v) for k, v in c.label_names.items()},
         nonfinite=frozenset(c.nonfinite),
@@ -126,6 +127,23 @@ def _split(split: T.Split, series_of: SeriesOf, read, extra_keys=()) -> dict:
                 split.rows, parts[k].__getitem__, read,
                 frozenset() if k in split.exempt else present))
             for k in keys}
+
+
+_WORKER_SERIES = tuple(n for m in S.WORKER_METRICS for n in S.exposed_series(m))
+
+
+def _rank_scopes(by_name: dict[str, list[Series]]) -> dict[tuple[str, str, str], frozenset[str]]:
+    """Worker ranks per engine (vLLM's /metrics labels them; a standalone exporter does not)."""
+    scopes: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for name in _WORKER_SERIES:
+        for s in by_name.get(name, ()):
+            rank = s.label(S.L_RANK)
+            if rank == S.RANK_MANAGER:
+                continue
+            engine = s.label(S.VLLM_LABEL_ENGINE)
+            key = (s.target, s.label(S.VLLM_LABEL_MODEL), engine) if engine else ("", "", "")
+            scopes[key].add(rank)
+    return {k: frozenset(v) for k, v in scopes.items()}
 
 
 def _clean(raw: RawWindow) -> _Cleaned:

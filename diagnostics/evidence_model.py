@@ -222,6 +222,9 @@ class Evidence:
     failures: tuple[str, ...] = ()  # targets/queries that gave nothing usable
     notes: tuple[str, ...] = ()  # what the source or the builder dropped
     coverage: RestoreCoverage = field(default_factory=RestoreCoverage)
+    # (target, model_name, engine) -> worker ranks its worker-side series name; ("", "", "")
+    # holds those without vLLM's engine label (standalone exporters: one target per rank)
+    rank_scopes: dict[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present

@@ -21,27 +21,51 @@ from kvscope.exporters import signals as S
 
 from .checks import Need
 from .evidence import Evidence
+from .targets import TargetInfo
 
 # every series name a worker-side metric yields (all carry the rank label)
 WORKER_SERIES = frozenset(n for m in S.WORKER_METRICS for n in S.exposed_series(m))
 
 
 def world_size(ev: Evidence) -> int | None:
-    """The largest world size a target exports (None: no target exports one).
-
-    The largest, so that a rank an engine of that size has is never explained away
-    by a smaller engine of the same window."""
-    sizes = [w for t in ev.targets if (w := t.int_label("world_size")) is not None and w > 0]
+    """The largest world size a target exports (None: no target exports one)."""
+    sizes = [w for t in ev.targets if (w := _size(t)) is not None]
     return max(sizes) if sizes else None
 
 
-def missing(ev: Evidence) -> tuple[str, ...]:
-    """Worker ranks below the world size that no worker-side series names."""
-    ws = world_size(ev)
-    if ws is None:
-        return ()
-    seen = set(ev.worker_ranks)
-    return tuple(str(r) for r in range(ws) if str(r) not in seen)
+def _size(t: TargetInfo) -> int | None:
+    w = t.int_label("world_size")
+    return w if w is not None and w > 0 else None
+
+
+def missing(ev: Evidence) -> tuple[tuple[str, int, str, str], ...]:
+    """(rank, world size, ranks seen, where) for each worker rank below a world size that no
+    worker-side series names.
+
+    An engine that vLLM's /metrics labels (``engine``) is held to the ranks its own
+    worker-side series name (another engine's rank 1 does not stand in for its own),
+    plus those of series without the label (a standalone exporter's, which no engine can
+    be told from). Otherwise (standalone exporters) every rank seen counts, against the
+    largest world size."""
+    scopes = ev.rank_scopes
+    loose = scopes.get(("", "", ""), frozenset())
+    out: list[tuple[str, int, str, str]] = []
+    unscoped = 0
+    for t in ev.targets:
+        w = _size(t)
+        if w is None:
+            continue
+        if not t.engine:
+            unscoped = max(unscoped, w)
+            continue
+        seen = scopes.get((t.target, t.model_name, t.engine), frozenset()) | loose
+        where = f"; engine {t.engine} at {t.target}"
+        out += [(str(r), w, _list(seen), where) for r in range(w) if str(r) not in seen]
+    if unscoped:
+        seen = frozenset(ev.worker_ranks)
+        out += [(str(r), unscoped, _list(seen), "") for r in range(unscoped)
+                if str(r) not in seen]
+    return tuple(dict.fromkeys(out))
 
 
 def reads_ranks(needs: Iterable[Need]) -> bool:
@@ -53,15 +77,11 @@ def reasons(ev: Evidence, needs: Iterable[Need]) -> tuple[str, ...]:
     """One "could not check" reason per rank the check cannot see ([] = every rank seen)."""
     if not reads_ranks(needs):
         return ()
-    gone = missing(ev)
-    if not gone:
-        return ()
-    seen = ", ".join(sorted(ev.worker_ranks, key=_natural)) or "none"
     return tuple(
-        f"rank {r} missing from every worker-side series ({S.INFO.name} {S.L_WORLD_SIZE}="
-        f"{world_size(ev)}; ranks seen: {seen}): its endpoint not scraped, or its series "
-        "dropped by a relabel rule"
-        for r in gone)
+        f"rank {r} missing from every worker-side series ({S.INFO.name} {S.L_WORLD_SIZE}={w}; "
+        f"ranks seen: {seen}{where}): its endpoint not scraped, or its series dropped by a "
+        "relabel rule"
+        for r, w, seen, where in missing(ev))
 
 
 def unknown_note(ev: Evidence) -> str | None:
@@ -72,6 +92,10 @@ def unknown_note(ev: Evidence) -> str | None:
     return (f"world size unknown ({S.INFO.name} has no {S.L_WORLD_SIZE} label: a kvscope older "
             f"than it): {n} worker rank{'s' if n != 1 else ''} seen, and a rank missing from "
             "every series cannot be told from a smaller world")
+
+
+def _list(ranks) -> str:
+    return ", ".join(sorted(ranks, key=_natural)) or "none"
 
 
 def _natural(key: str):

@@ -132,6 +132,24 @@ def test_without_the_world_size_the_report_says_it_cannot_tell():
     assert not any(n.startswith(UNKNOWN) for n in whole.notes)
 
 
+def test_one_engines_rank_is_not_stood_in_for_by_anothers():
+    """Two engines behind one vLLM /metrics (data parallel, ``engine`` label), each with
+    ranks 0 and 1: engine 1's rank 1 gone is missing although engine 0's rank 1 is there."""
+    raw = _fixture("queue-wait-vllm-metrics")  # vLLM's /metrics: every series engine="0"
+    assert {s.label(S.VLLM_LABEL_ENGINE) for s in raw.series} == {"0"}
+    twin = tuple(dataclasses.replace(s, labels=tuple(
+        (k, "1" if k == S.VLLM_LABEL_ENGINE else v) for k, v in s.labels)) for s in raw.series)
+    two = dataclasses.replace(raw, series=raw.series + twin)
+    assert not ranks.missing(build_evidence(two))
+    gone = _without(two, lambda s: not (s.label(S.VLLM_LABEL_ENGINE) == "1"
+                                        and s.label(S.L_RANK) == "1"))
+    report = diagnose(build_evidence(gone), TH)
+    lines = [ln for u in report.unchecked if u.check == STALE for ln in u.reasons]
+    assert len(lines) == 1 and lines[0].startswith("rank 1 missing from every worker-side series")
+    assert "ranks seen: 0; engine 1 at " in lines[0], lines
+    assert report.exit_code != 0
+
+
 # ---- the TP=2 GPU campaign (two H200s, vllm serve), recorded before the label ------------
 CAMPAIGN_RUNS = ("faults", "stale-rows-observe", "stale-rows-refuse")
 

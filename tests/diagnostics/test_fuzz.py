@@ -199,9 +199,11 @@ def _mutate(raw: RawWindow, data) -> RawWindow:
     """Strip evidence as the field does: whole series names gone (partial scrape),
     a label name dropped (relabel rule), one label value of a present series dropped
     (a relabel or federation filter: verdict="vetoed" gone, verdict="hit" kept),
-    non-finite values."""
+    a whole rank gone from every series (its endpoint not scraped), non-finite values."""
     names = sorted({s.name for s in raw.series})
     gone = set(data.draw(st.lists(st.sampled_from(names), max_size=6)))
+    ranks = sorted({v for s in raw.series for k, v in s.labels if k == "rank"})
+    rank_gone = data.draw(st.sampled_from(["", *ranks]))
     dropped = set(data.draw(st.lists(st.sampled_from(bounded_values(raw)), max_size=3)))
     strip = dict(data.draw(st.lists(st.tuples(st.sampled_from(names), st.sampled_from(
         ["verdict", "kind", "state", "result", "rank", "outcome", "reason", "hash_seed"])),
@@ -211,6 +213,8 @@ def _mutate(raw: RawWindow, data) -> RawWindow:
     out = []
     for s in raw.series:
         if s.name in gone or any(n == s.name and (k, v) in s.labels for n, k, v in dropped):
+            continue
+        if rank_gone and s.label("rank") == rank_gone:
             continue
         labels = tuple((k, v) for k, v in s.labels if strip.get(s.name) != k)
         samples = s.samples
