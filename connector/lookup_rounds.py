@@ -2,11 +2,11 @@
 
 The hot path (once per key looked up) is two list appends made by the manager
 proxy: no hashing, no labels, no recorder calls, nothing that grows with the
-number of requests. A round (one ``get_num_new_matched_tokens`` call) is a slice
-of those lists (kept until the next flush); its verdict, pending keys and where
-each group's scan stopped are decoded when it is judged (round_verdicts), with
-C-level list operations. The per-group
-``kvscope_lookups_total`` counts are aggregated at each flush (:meth:`flush`).
+number of requests. When a round (one ``get_num_new_matched_tokens`` call) ends,
+the lookups since the last round are copied out and the slots emptied; the
+aggregator thread (aggregator.py) decodes its verdict, pending keys and where each
+group's scan stopped (round_verdicts) and sums the per-group
+``kvscope_lookups_total`` counts (:class:`LookupCounts`).
 """
 
 from __future__ import annotations
@@ -34,23 +34,20 @@ _HIT_V, _MISS_V, _VETOED, _DEFERRED = ((v, (v.value,)) for v in (
 
 
 class LookupLog:
-    """Per-step slots for raw lookup events, and the open round's place in them."""
+    """Slots for raw lookup events since the last round ended, and the open round's
+    place in them (scheduler thread only)."""
 
-    __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "_labels",
-                 "only_suffix",
+    __slots__ = ("keys", "results", "quarantined", "refusals", "evictions",
                  "start", "_quarantined_start", "_refusals_start", "_evictions_start",
                  "_started_ns")
 
-    def __init__(self, only_suffix: bytes | None = None) -> None:
-        """``only_suffix``: the key suffix of the only KV group (None: several)."""
-        self.only_suffix = only_suffix
+    def __init__(self) -> None:
         self.keys: list[bytes] = []
         self.results: list[Any] = []
         self.quarantined: list[int] = []  # indexes kvscope answered MISS itself
         self.refusals: list[tuple[int, int]] = []  # (index of the lookup in progress, keys)
         # (index of the lookup in progress, keys a started promotion evicted)
         self.evictions: list[tuple[int, Any]] = []
-        self._labels: dict[tuple[bytes, int], tuple[str, str]] = {}
         self.start = -1  # index where the open round began; -1: no round open
         self._quarantined_start = 0
         self._refusals_start = 0
@@ -81,58 +78,72 @@ class LookupLog:
         self._refusals_start = len(self.refusals)
         self._evictions_start = len(self.evictions)
 
-    def end_plain(self) -> int:
+    def take_plain(self) -> tuple[list[bytes], list[Any], int] | None:
         """End the open round if nothing rare happened in it (no quarantined key, refused
-        promotion or eviction) and return its start: its slice of the log is
-        ``[start, len(results))`` until the next :meth:`flush`. -1: no round open, or a
-        round with rare events (left open: :meth:`end` decodes it)."""
+        promotion or eviction) and hand over the lookups since the last hand-over: copies
+        of the keys and results (the round is ``[start:]`` of them; earlier ones were
+        looked up outside a round), for the aggregator. None: no round open, or a round
+        with rare events (left open: :meth:`end` decodes it)."""
         start = self.start
         if (start >= 0 and len(self.quarantined) == self._quarantined_start
                 and len(self.refusals) == self._refusals_start
                 and len(self.evictions) == self._evictions_start):
+            keys, results = self.keys, self.results
+            taken = (keys[:], results[:], start)
+            del keys[:], results[:]
+            if self.quarantined or self.refusals or self.evictions:  # outside a round
+                self.quarantined.clear()
+                self.refusals.clear()
+                self.evictions.clear()
             self.start = -1
-            return start
-        return -1
+            return taken
+        return None
 
-    def end(self) -> Round | None:
+    def end(self) -> tuple[Round | None, list[bytes], list[Any]]:
+        """End the open round (any kind): the round decoded, and copies of the lookups
+        since the last hand-over (to count); the slots are emptied."""
         start, self.start = self.start, -1
-        if start < 0:
-            return None
-        evictions = self.evictions[self._evictions_start:]
-        del self.evictions[self._evictions_start:]
-        return Round(self, start, self.quarantined[self._quarantined_start:],
-                     self.refusals[self._refusals_start:], evictions, self._started_ns)
+        rnd = None
+        if start >= 0:
+            rnd = Round(self, start, self.quarantined[self._quarantined_start:],
+                        self.refusals[self._refusals_start:],
+                        self.evictions[self._evictions_start:], self._started_ns)
+        keys, results = self.keys[:], self.results[:]
+        self.keys.clear()
+        self.results.clear()
+        self.quarantined.clear()
+        self.refusals.clear()
+        self.evictions.clear()
+        self._quarantined_start = self._refusals_start = self._evictions_start = 0
+        return rnd, keys, results
 
-    # ---- at each flush ----------------------------------------------------------------
-    def flush(self, rec: Any) -> None:
-        """Count the step's lookups per (group, result) and empty the slots."""
-        keys, results = self.keys, self.results
-        end = self.start if self.start >= 0 else len(results)  # an open round stays
-        if end:
-            only = self.only_suffix
-            if only is not None:  # one KV group: every key carries its suffix
-                counts = Counter(zip(repeat(only, end), map(id, results[:end])))
-            else:
-                counts = Counter(zip(map(_SUFFIX, keys[:end]), map(id, results[:end])))
-            labels = self._labels
-            for pair, n in counts.items():
-                lv = labels.get(pair)
-                if lv is None:
-                    lv = labels[pair] = (str(int.from_bytes(pair[0], "big")),
-                                         _RESULT_VALUE[pair[1]])
-                rec.inc(signals.LOOKUPS, lv, n)
-        del keys[:end]
-        del results[:end]
-        if self.start >= 0:
-            self.quarantined = [i - end for i in self.quarantined[self._quarantined_start:]]
-            self.refusals = [(i - end, n) for i, n in self.refusals[self._refusals_start:]]
-            self.evictions = [(i - end, k) for i, k in self.evictions[self._evictions_start:]]
-            self.start = self._quarantined_start = self._refusals_start = 0
-            self._evictions_start = 0
+
+class LookupCounts:
+    """``kvscope_lookups_total`` per (group, result), summed on the aggregator thread
+    from the lookups each round handed over, into the recorder at each flush."""
+
+    def __init__(self, only_suffix: bytes | None = None) -> None:
+        """``only_suffix``: the key suffix of the only KV group (None: several)."""
+        self.only_suffix = only_suffix
+        self.counts: Counter = Counter()
+        self._labels: dict[tuple[bytes, int], tuple[str, str]] = {}
+
+    def add(self, keys: list[bytes], results: list[Any]) -> None:
+        only = self.only_suffix
+        if only is not None:  # one KV group: every key carries its suffix
+            self.counts.update(zip(repeat(only, len(results)), map(id, results)))
         else:
-            self.quarantined.clear()
-            self.refusals.clear()
-            self.evictions.clear()
+            self.counts.update(zip(map(_SUFFIX, keys), map(id, results)))
+
+    def flush(self, rec: Any) -> None:
+        labels = self._labels
+        for pair, n in self.counts.items():
+            lv = labels.get(pair)
+            if lv is None:
+                lv = labels[pair] = (str(int.from_bytes(pair[0], "big")),
+                                     _RESULT_VALUE[pair[1]])
+            rec.inc(signals.LOOKUPS, lv, n)
+        self.counts.clear()
 
 
 class Round:
@@ -151,12 +162,13 @@ class Round:
         self.refusals = [(i - start, n) for i, n in refusals]
 
     @classmethod
-    def plain(cls, log: LookupLog, start: int, end: int) -> Round:
-        """A round without rare events (:meth:`LookupLog.end_plain`), slice ``[start, end)``."""
+    def plain(cls, keys: list[bytes], results: list[Any], start: int) -> Round:
+        """A round without rare events (:meth:`LookupLog.take_plain`): ``[start:]`` of
+        the lookups handed over."""
         rnd = cls.__new__(cls)
         rnd.started_ns = 0
-        rnd.results = log.results[start:end]
-        rnd.keys = log.keys[start:end]
+        rnd.results = results[start:] if start else results
+        rnd.keys = keys[start:] if start else keys
         rnd.quarantined = rnd.refusals = rnd.evictions = _NONE
         return rnd
 

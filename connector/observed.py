@@ -124,7 +124,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
                                                      kv_cache_config, extra),
                     tier_probe_interval_s=self.kvscope_settings.tier_probe_interval_s,
                     digester=Digester(self.kvscope_settings.checksum_algorithm,
-                                      self.kvscope_settings.checksum_threads))
+                                      self.kvscope_settings.checksum_threads),
+                    stats_builder=stats_from_delta)
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
@@ -260,26 +261,20 @@ class ObservedOffloadingConnector(OffloadingConnector):
     # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
     def get_kv_connector_stats(self):
         stats = super().get_kv_connector_stats()
-        rec = self.kvscope_recorder
-        if not rec.delta_ready:  # most steps: kvscope flushes every FLUSH_INTERVAL_S
-            return stats
+        observer = self._kvscope_observer
         try:
-            delta = rec.take_delta()
-            if delta.is_empty():
+            if observer is not None:  # scheduler side: built by the aggregator thread
+                ours = observer.take_stats()
+            else:  # worker side: its recorder flushes on the worker's thread
+                rec = self.kvscope_recorder
+                if not rec.delta_ready:
+                    return stats
+                ours = stats_from_delta(rec.take_delta())
+            if ours is None:
                 return stats
-            # Into vLLM's own (fresh) stats object when there is one: no aggregate().
-            ours = stats if isinstance(stats, OffloadingConnectorStats) else (
-                OffloadingConnectorStats())
-            for (metric, labels), value in delta.counters.items():
-                ours.increase_counter(metric.name, value, labels)
-            for (metric, labels), value in delta.gauges.items():
-                ours.set_gauge(metric.name, value, labels)
-            for (metric, labels), values in delta.observations.items():
-                for v in values:
-                    ours.observe_histogram(metric.name, v, labels)
-            return ours if stats is None or ours is stats else stats.aggregate(ours)
+            return ours if stats is None or stats.is_empty() else ours.aggregate(stats)
         except Exception as exc:
-            rec.error(ErrorSite.STATS, exc)
+            self.kvscope_recorder.error(ErrorSite.STATS, exc)
             return stats
 
     @classmethod
@@ -295,6 +290,22 @@ class ObservedOffloadingConnector(OffloadingConnector):
             if self.kvscope_exporter is not None:
                 self.kvscope_exporter.close()
                 self.kvscope_exporter = None
+
+
+def stats_from_delta(delta) -> OffloadingConnectorStats | None:
+    """vLLM's stats object for a recorder delta (None when empty); on the scheduler side
+    built by kvscope's aggregator thread, handed over whole by the scheduler thread."""
+    if delta.is_empty():
+        return None
+    ours = OffloadingConnectorStats()
+    for (metric, labels), value in delta.counters.items():
+        ours.increase_counter(metric.name, value, labels)
+    for (metric, labels), value in delta.gauges.items():
+        ours.set_gauge(metric.name, value, labels)
+    for (metric, labels), values in delta.observations.items():
+        for v in values:
+            ours.observe_histogram(metric.name, v, labels)
+    return ours
 
 
 def effective_policy(policy: str, kv_cache_config: Any,

@@ -4,7 +4,8 @@ Counts are kept incrementally, so the ``kvscope_requests{state}`` gauges never
 scan all requests. States are small ints (an Enum's hash is Python code) and the
 per-step update touches only requests that can change state without a connector
 call telling us: deferred ones not asked again (queued behind capacity), loading
-ones vLLM scheduled (their load finished), preempted ones.
+ones vLLM scheduled (their load finished), preempted ones. Updated on the aggregator
+thread, from the journal (aggregator.py), in the order the calls happened.
 """
 
 from __future__ import annotations
@@ -60,16 +61,15 @@ class RequestStates:
             self.state[rid] = QUEUED
             self.counts[QUEUED] += 1
 
-    def on_round(self, request: Any, deferred: bool) -> None:
-        rid = getattr(request, "request_id", "")
+    def on_round(self, rid: str, num_tokens: int, deferred: bool) -> None:
+        """``num_tokens``: the request's token count when its round ended."""
         if rid not in self.need:
-            self.need[rid] = self.request_keys(request)
+            self.need[rid] = self.request_keys(num_tokens)
         self.looked_up.add(rid)
         self.set(rid, DEFERRED if deferred else QUEUED, known_only=True)
 
-    def request_keys(self, request: Any) -> int:
-        """Chunk keys (over all groups) a request's whole prefix covers."""
-        tokens = int(getattr(request, "num_tokens", 0) or 0)
+    def request_keys(self, tokens: int) -> int:
+        """Chunk keys (over all groups) a prefix of ``tokens`` tokens covers."""
         n = 0
         for t in self._chunk_tokens:
             n += tokens // t
@@ -97,7 +97,9 @@ class RequestStates:
                 self.loading.discard(rid)
         self.need.pop(rid, None)
 
-    def on_step(self, scheduler_output: Any) -> None:
+    def on_step(self, scheduled: Any, preempted: Any) -> None:
+        """A step ended: ``scheduled``, its request ids (vLLM's ``num_scheduled_tokens``,
+        built anew per step); ``preempted``, the ids it preempted (or None)."""
         # A deferred request is asked again every step it can be admitted; one
         # not asked this step sits behind capacity (queued), not behind us.
         looked_up = self.looked_up
@@ -105,11 +107,10 @@ class RequestStates:
             for rid in [r for r in self.deferred if r not in looked_up]:
                 self.set(rid, QUEUED)
         looked_up.clear()
-        if self.loading:  # a loading request vLLM schedules has its KV: running
-            scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        if self.loading and scheduled:  # a loading request vLLM schedules has its KV
             for rid in [r for r in self.loading if r in scheduled]:
                 self.set(rid, RUNNING)
-        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+        for rid in preempted or ():
             self.set(rid, QUEUED, known_only=True)
 
     # ---- readers -------------------------------------------------------------------------

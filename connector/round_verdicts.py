@@ -1,14 +1,17 @@
 """What one ended lookup round means: verdict, row ceiling, restore coverage, span.
 
 Once per ``get_num_new_matched_tokens`` call (never per key). A plain round (no
-quarantined key, refused promotion or eviction in it; no span) costs one tuple
-when it ends (:meth:`RoundVerdicts.defer`); the step's plain rounds are judged
-back to back before its first store job or at its end
-(:meth:`RoundVerdicts.judge_deferred`), in the same schedule() call. Rounds with
-rare events are judged as they end (their coverage may probe the tiers, whose
-contents the step's stores then change). The common verdicts (hit, miss) cost a coverage judgement and a few sums that
-:meth:`RoundVerdicts.flush` hands to the recorder; vetoed and deferred rounds also
-read the primary tier's row count (the row ceiling's tells).
+quarantined key, refused promotion or eviction in it; no span) is judged on the
+aggregator thread (:meth:`RoundVerdicts.judge_plain`, aggregator.py) from what the
+scheduler thread captured when it ended: its copied lookups, the request's token
+count and the lengths of its offload-key lists (vLLM only appends to them), in
+journal order with the step's store jobs (the refused keys coverage reads). Rounds
+with rare events are judged as they end, on the scheduler thread after a
+synchronous drain (:meth:`RoundVerdicts.record`: their coverage may probe the
+tiers, whose contents the step's stores then change). The common verdicts (hit,
+miss) cost a coverage judgement and a few sums that :meth:`RoundVerdicts.flush`
+hands to the recorder; vetoed and deferred rounds also read the primary tier's row
+count (the row ceiling's tells). All of it runs holding the aggregator's lock.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.coverage import Coverage, group_suffixes, judge, judge_plain_single
-from kvscope.connector.lookup_rounds import _MISS, _RESULTS, LookupLog, Round
+from kvscope.connector.lookup_rounds import _MISS, _RESULTS, Round
 from kvscope.connector.request_states import RequestStates
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash
@@ -33,6 +36,8 @@ _REASON_LABELS = {r: (r.value,) for r in ShortReason}
 _NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
 _STORE_REFUSED = ShortReason.STORE_REFUSED
 _FORM_LABELS = {f: (f.value,) for f in CeilingForm}
+# A request's offload-key lists per KV group and their lengths when its round ended
+Offload = tuple[list[list[bytes]], tuple[int, ...]]
 
 
 class RoundVerdicts:
@@ -52,13 +57,11 @@ class RoundVerdicts:
         # then a round without refusals or quarantined keys takes judge_plain_single
         only = self.groups[0] if len(self.groups) == 1 else None
         self._single_tpc = only[1] if only is not None and only[1] > 0 and not only[2] else 0
-        # Per-step sums of the common path, handed to the recorder by flush()
+        # Sums of the common path since the last flush, handed to the recorder by flush()
         self._rounds: dict[tuple[str], int] = {}  # verdict label -> rounds
         self._hit_tokens = 0
         self._held_tokens = 0
         self._coverages: list[float] = []
-        # Plain rounds waiting for judge_deferred: (start, end, request, tokens, computed)
-        self.deferred: list[tuple[int, int, Any, int | None, int]] = []
 
     def declare(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -76,52 +79,38 @@ class RoundVerdicts:
             rec.set(signals.LAST_ROUND_PENDING_KEYS, (v.value,), 0)
             rec.set(signals.LAST_ROUND_REQUEST_KEYS, (v.value,), 0)
 
-    def record(self, rnd: Round, request: Any, num_tokens: int | None,
-               num_computed: int) -> None:
+    def record(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
+               num_tokens: int | None, num_computed: int) -> None:
         """A round judged as it ends (rare events in it, or tracing on)."""
         try:
             verdict, pending, rows_total, at_ceiling, cov = self._judge(
-                rnd, request, num_tokens, num_computed)
-            self.requests.on_round(request, verdict is _DEFERRED)
+                rnd, rid, req_tokens, offload, num_tokens, num_computed)
+            self.requests.on_round(rid, req_tokens, verdict is _DEFERRED)
             if self.tracing:
-                self._span(rnd, verdict, request, num_tokens, pending, rows_total,
+                self._span(rnd, verdict, rid, num_tokens, pending, rows_total,
                            at_ceiling, cov)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
-    def defer(self, start: int, end: int, request: Any, num_tokens: int | None,
-              num_computed: int) -> None:
-        """A plain round (no rare events, no span), judged later in its step by
-        :meth:`judge_deferred`: one tuple now, the judging back to back with the step's
-        other rounds (code and data stay warm between them, not between vLLM's calls).
-        The coordinator judges them before the step's first store job (which changes
-        the refused keys coverage reads) and at the end of the step at the latest."""
-        self.deferred.append((start, end, request, num_tokens, num_computed))
+    def judge_plain(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
+                    num_tokens: int | None, num_computed: int) -> None:
+        """A plain round (no rare events, no span), on the aggregator thread."""
+        try:
+            self._judge(rnd, rid, req_tokens, offload, num_tokens, num_computed)
+        except Exception as exc:
+            self.rec.error(ErrorSite.ROUND, exc)
+        self.requests.on_round(rid, req_tokens, num_tokens is None)
 
-    def judge_deferred(self, log: LookupLog) -> None:
-        """Judge the deferred rounds, in order, before ``log`` is flushed. What a plain
-        round's judging reads besides the round itself (the request's offload keys and
-        token count, the primary tier's row count, the refused store keys) does not
-        change between its lookup and the step's first store job."""
-        deferred = self.deferred
-        if not deferred:
-            return
-        self.deferred = []
-        plain, judge = Round.plain, self._judge
-        for start, end, request, num_tokens, num_computed in deferred:
-            try:
-                judge(plain(log, start, end), request, num_tokens, num_computed)
-            except Exception as exc:
-                self.rec.error(ErrorSite.ROUND, exc)
-
-    def _judge(self, rnd: Round, request: Any, num_tokens: int | None,
-               num_computed: int) -> tuple[Verdict, int, int, bool, Coverage | None]:
-        """Verdict, coverage and the row ceiling's tells, into the step's sums."""
+    def _judge(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
+               num_tokens: int | None, num_computed: int
+               ) -> tuple[Verdict, int, int, bool, Coverage | None]:
+        """Verdict, coverage and the row ceiling's tells, into the sums."""
         verdict, labels = rnd.verdict(num_tokens)
         cov = None
         if verdict is not _DEFERRED:
             try:  # its own guard: the verdict still counts
-                cov = self._coverage(rnd, verdict, request, num_tokens or 0, num_computed)
+                cov = self._coverage(rnd, verdict, rid, offload, num_tokens or 0,
+                                     num_computed)
             except Exception as exc:
                 self.rec.error(ErrorSite.ROUND, exc)
         self._rounds[labels] = self._rounds.get(labels, 0) + 1
@@ -136,7 +125,7 @@ class RoundVerdicts:
             rec.observe(signals.ROUND_PENDING_KEYS, (), pending)
             rec.set(signals.LAST_ROUND_PENDING_KEYS, labels, pending)
             rec.set(signals.LAST_ROUND_REQUEST_KEYS, labels,
-                    self.requests.request_keys(request))
+                    self.requests.request_keys(req_tokens))
             at_ceiling = rnd.at_row_ceiling(rows_total)
             if at_ceiling:
                 rec.inc(signals.ROUNDS_AT_ROW_CEILING, labels)
@@ -159,11 +148,14 @@ class RoundVerdicts:
             rec.observe_many(signals.RESTORE_COVERAGE, (), self._coverages)
             self._coverages = []
 
-    def _coverage(self, rnd: Round, verdict: Verdict, request: Any, offered: int,
-                  num_computed: int) -> Coverage | None:
-        """Held vs offered tokens of an ended round, recorded."""
-        req_id = getattr(request, "request_id", "")
-        keys = compat.request_offload_keys(self.cs, req_id)
+    def _coverage(self, rnd: Round, verdict: Verdict, req_id: str, offload: Offload | None,
+                  offered: int, num_computed: int) -> Coverage | None:
+        """Held vs offered tokens of an ended round, recorded. ``offload``: the request's
+        offload-key lists and their lengths when the round ended."""
+        if not offload:
+            return None
+        lists, lens = offload
+        keys = [k if len(k) == n else k[:n] for k, n in zip(lists, lens, strict=True)]
         if not keys:
             return None
         if offered and not rnd.refusals:
@@ -232,7 +224,7 @@ class RoundVerdicts:
         self._coverages.append(1.0)
         return Coverage(offered, offered, max(want_end - num_computed, 0), None, False, 0)
 
-    def _span(self, rnd: Round, verdict: Verdict, request: Any, num_tokens: int | None,
+    def _span(self, rnd: Round, verdict: Verdict, rid: str, num_tokens: int | None,
               pending: int, rows_total: int, at_ceiling: bool, cov: Coverage | None) -> None:
         span = self.tracer.start_span(signals.SPAN_LOOKUP_ROUND, start_time=rnd.started_ns)
         if span.is_recording():
@@ -246,7 +238,7 @@ class RoundVerdicts:
                                    [per_group.get(g, [0] * len(_RESULTS))[i] for g in groups])
             span.set_attribute(signals.A_VERDICT, verdict.value)
             span.set_attribute(signals.A_REQUEST_ID_HASH,
-                               request_id_hash(getattr(request, "request_id", "")))
+                               request_id_hash(rid))
             span.set_attribute(signals.A_HIT_TOKENS, num_tokens or 0)
             span.set_attribute(signals.A_PENDING_KEYS, pending)
             span.set_attribute(signals.A_PRIMARY_ROWS, rows_total)

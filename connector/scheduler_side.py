@@ -5,28 +5,38 @@ call unchanged and record what passed through; every recording is guarded so
 that an exception in kvscope is counted (``kvscope_telemetry_errors_total``)
 and never reaches vLLM. The rooms:
 
-* ``lookup_rounds``: raw lookup events in slots emptied at each flush, rounds as slices;
+* ``lookup_rounds``: raw lookup events in slots handed over as each round ends;
+* ``aggregator``: its own daemon thread: the journal of raw facts the scheduler thread
+  appends, applied in order every 50 ms (rounds judged, request states, store jobs),
+  then the flush into the recorder, the gauges and vLLM's stats object;
 * ``round_verdicts``: verdict, row ceiling, restore coverage and span per round;
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
 * ``integrity``: promoted-row digests, checked loads, quarantine;
 * ``request_states``: queued / deferred / loading / running, counted incrementally;
 * ``step_gauges``: snapshot gauges and the info gauges;
 * ``tier_probe``: its own daemon thread: recently written tier data still there?
+
+On vLLM's scheduler thread kvscope only records: list appends per key looked up, one
+journal tuple per round, request event, store job and step. Everything else holds the
+aggregator's lock (``self.agg.lock``) and runs on the aggregator thread, or on the
+caller's thread for a synchronous drain (:meth:`SchedulerObserver.refresh`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
+from kvscope.connector.aggregator import INTERVAL_S, Aggregator
 from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
 from kvscope.connector.integrity import PromotedRows
-from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.lookup_rounds import LookupCounts, LookupLog, Round
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts
 from kvscope.connector.step_gauges import StepGauges
@@ -41,10 +51,9 @@ from kvscope.exporters.signals import ErrorSite, LookupResult, StoreJobResult
 # Freshness gauges move at most this often: alerts compare them with minutes,
 # and an unchanged gauge costs nothing on vLLM's per-step stats path.
 TIMESTAMP_RESOLUTION_S = 1.0
-# While busy, counters, histograms and gauges reach the recorder (scrapes, vLLM's
-# stats path) at most this often: scrapes are seconds apart, and per-step flushing
-# was the largest cost kvscope added to a scheduler step.
-FLUSH_INTERVAL_S = 0.05
+# While busy, counters, histograms and gauges reach the recorder (vLLM's stats path)
+# this often, from the aggregator thread; a scrape or a read drains at once.
+FLUSH_INTERVAL_S = INTERVAL_S
 _NO_SPACE = (StoreJobResult.NO_SPACE.value,)
 _PREPARED = (StoreJobResult.PREPARED.value,)
 
@@ -85,11 +94,8 @@ class ManagerProxy:
         return spec
 
     def prepare_store(self, keys, req_context, *args, **kwargs):
-        obs = self._obs
-        if obs.verdicts.deferred:  # judged first: a store job changes the refused keys
-            obs.judge_rounds()
         out = self._inner.prepare_store(keys, req_context, *args, **kwargs)
-        obs.on_prepare_store(out, keys)
+        self._obs.on_prepare_store(out, keys)
         return out
 
 
@@ -121,7 +127,8 @@ class SchedulerObserver:
                  spec: Any, vllm_config: Any, kv_cache_config: Any,
                  checksum_policy: str = ChecksumPolicy.REFUSE,
                  tier_probe_interval_s: float = DEFAULT_INTERVAL_S,
-                 digester: Digester | None = None) -> None:
+                 digester: Digester | None = None,
+                 stats_builder: Callable[[Any], Any] | None = None) -> None:
         self.rec = recorder
         self.tracer = tracer
         self.cs = connector_scheduler
@@ -135,17 +142,21 @@ class SchedulerObserver:
         self.geometry = compat.region_geometry(spec)
         tiered = bool(compat.secondary_tiers(inner))
         lookup_groups = compat.lookup_groups(connector_scheduler)
-        self.log = LookupLog(group_suffixes(lookup_groups)[0][0] if len(lookup_groups) == 1
-                             else None)
+        self.log = LookupLog()
+        self.lookups = LookupCounts(group_suffixes(lookup_groups)[0][0]
+                                    if len(lookup_groups) == 1 else None)
         self.rows = PromotedRows(recorder=recorder, policy=checksum_policy,
                                  view=compat.scheduler_view(inner) if tiered else None,
                                  geometry=self.geometry, digester=digester)
         per_chunk = compat.blocks_per_chunk(spec)
         self.requests = RequestStates([t * per_chunk for t in compat.group_tokens_per_block(spec)
                                        if t])
+        self.agg = Aggregator(recorder=recorder, refresh=self.refresh)
+        self.journal = self.agg.journal
         self.taps = TierTaps(recorder=recorder, tracer=tracer, manager=inner, log=self.log,
                              rows=self.rows,
-                             row_bytes=self.geometry.row_stride if self.geometry else 0)
+                             row_bytes=self.geometry.row_stride if self.geometry else 0,
+                             lock=self.agg.lock)
         # The CPU tier alone drops what it evicts: a refusal stops explaining a miss once
         # the tier has cycled through its rows since.
         self.refused_stores = RefusedStores(
@@ -162,9 +173,13 @@ class SchedulerObserver:
         if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
             connector_scheduler.manager = ManagerProxy(inner, self)
         self.primary, self.tiers = self.taps.primary, self.taps.tiers
+        # vLLM's stats objects the aggregator prepared (stats_builder(delta)), each handed
+        # over whole by the scheduler thread (take_stats): popleft/append are atomic
+        self.ready_stats: deque[Any] = deque()
+        self._stats_builder = stats_builder
         self._stamped = 0.0
         self._flushed_at = 0.0  # monotonic time of the last refresh()
-        self._steps = 0  # steps since then
+        self._steps = 0  # steps since then (aggregator side)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
@@ -172,9 +187,12 @@ class SchedulerObserver:
         self._lookup_guard = recorder.guard(ErrorSite.LOOKUP)
         self._round_guard = recorder.guard(ErrorSite.ROUND)
         self._tier_guard = recorder.guard(ErrorSite.TIER)
+        self._offload_prefix = compat.request_offload_prefix
         self._declare_series()
         self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
                                interval_s=tier_probe_interval_s).start()
+        recorder.before_read = self.drain  # a reader sees every event recorded before
+        self.agg.start()
 
     # The checksum room's state, under the names faults.py and tests use.
     @property
@@ -200,14 +218,11 @@ class SchedulerObserver:
 
     # ---- manager calls ---------------------------------------------------------------------
     def on_prepare_store(self, out, keys=()) -> None:
+        """Scheduler thread: the journal gets the job (the refused keys coverage reads
+        change in journal order); promoted-row digests are forgotten at once."""
         try:
-            if out is None:
-                self.rec.inc(signals.STORE_JOBS, _NO_SPACE)
-                self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
-                return
-            self.refused_stores.prepared(keys, len(out.evicted_keys))
-            if out.keys_to_store:
-                self.rec.inc(signals.STORE_JOBS, _PREPARED)
+            self.journal.append((self._store_job, out, keys))
+            if out is not None:
                 rows = self.rows
                 if rows.expected or rows.quarantine:  # digests exist only with tiering
                     rows.forget(out.evicted_keys)
@@ -215,49 +230,76 @@ class SchedulerObserver:
         except Exception as exc:
             self.rec.error(ErrorSite.MANAGER, exc)
 
+    def _store_job(self, out, keys) -> None:
+        """Aggregator: a store job prepared (``out``) or refused (None)."""
+        if out is None:
+            self.rec.inc(signals.STORE_JOBS, _NO_SPACE)
+            self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
+            return
+        self.refused_stores.prepared(keys, len(out.evicted_keys))
+        if out.keys_to_store:
+            self.rec.inc(signals.STORE_JOBS, _PREPARED)
+
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
     def begin_round(self) -> None:
         self.log.begin(time.time_ns() if self._tracing else 0)
 
     def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
-        log, verdicts = self.log, self.verdicts
+        """Scheduler thread. A plain round: what judging it needs, captured now (its
+        lookups, the request's token count and offload-key lengths), into the journal.
+        Otherwise (rare events, a span): judged now, after a synchronous drain."""
         try:
+            rid = request.request_id
             if not self._tracing:
-                start = log.end_plain()
-                if start >= 0:  # the common round: judged with the step's others (on_step)
-                    verdicts.defer(start, len(log.results), request, num_tokens, num_computed)
-                    self.requests.on_round(request, num_tokens is None)
+                taken = self.log.take_plain()
+                if taken is not None:
+                    self.journal.append((self._plain_round, taken, rid, request.num_tokens,
+                                         self._offload_prefix(self.cs, rid), num_tokens,
+                                         num_computed))
                     return
-            rnd = log.end()
-            if rnd is not None:
-                verdicts.judge_deferred(log)  # the step's earlier rounds first: same order
+            with self.agg.lock:
+                self.agg.drain()  # the rounds and store jobs before this one first
+                rnd, keys, results = self.log.end()
+                self.lookups.add(keys, results)
+                if rnd is not None:
+                    self.verdicts.record(rnd, rid, request.num_tokens,
+                                         self._offload_prefix(self.cs, rid), num_tokens,
+                                         num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
-            return
-        if rnd is not None:
-            verdicts.record(rnd, request, num_tokens, num_computed)
 
-    # ---- request lifecycle -----------------------------------------------------------------
+    def _plain_round(self, taken, rid, req_tokens, offload, num_tokens, num_computed) -> None:
+        """Aggregator: count a plain round's lookups and judge it."""
+        keys, results, start = taken
+        self.lookups.add(keys, results)
+        self.verdicts.judge_plain(Round.plain(keys, results, start), rid, req_tokens, offload,
+                                  num_tokens, num_computed)
+
+    # ---- request lifecycle (journal; applied by the aggregator) ------------------------------
     def on_new_request(self, request: Any) -> None:
         try:
-            self.requests.on_new(request.request_id)
+            self.journal.append((self.requests.on_new, request.request_id))
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         try:
-            self.requests.after_alloc(request.request_id, num_external_tokens)
+            self.journal.append((self.requests.after_alloc, request.request_id,
+                                 num_external_tokens))
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
     def on_finished(self, request: Any) -> None:
         try:
-            self.requests.on_finished(request.request_id)
+            self.journal.append((self.requests.on_finished, request.request_id))
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
     def close(self) -> None:
-        """Stop the tier probe; drop buffer exports so vLLM can close the primary tier's mmap."""
+        """Stop the threads (after a last drain); drop buffer exports so vLLM can close
+        the primary tier's mmap."""
+        self.agg.close()
+        self.refresh()
         self.probe.close()
         self.rows.close()
 
@@ -270,48 +312,72 @@ class SchedulerObserver:
 
     # ---- once per step ---------------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
-        """Per step only what must see this step: its plain rounds not judged yet (see
-        RoundVerdicts.defer) and the request states (this step's scheduled set). The rest feeds scrapes (seconds apart) and vLLM's stats
-        path: flushed at most FLUSH_INTERVAL_S apart while busy, and on every step of
-        an idle engine (the state an operator inspects afterwards)."""
-        self.judge_rounds()
+        """Scheduler thread: the step's scheduled and preempted ids into the journal. An
+        idle step (nothing scheduled: the state an operator inspects afterwards), or a
+        journal the aggregator thread let grow past its limit, is aggregated at once."""
         with self._step_guard:
-            self.requests.on_step(scheduler_output)
-            self._steps += 1
-            if (time.monotonic() - self._flushed_at >= FLUSH_INTERVAL_S
-                    or not self.requests):
+            scheduled = scheduler_output.num_scheduled_tokens
+            self.journal.append((self._step, scheduled,
+                                 getattr(scheduler_output, "preempted_req_ids", None)))
+            if not scheduled or self.agg.overflowed():
                 self.refresh()
 
-    def judge_rounds(self) -> None:
-        """Judge the plain rounds ended since the last call (see RoundVerdicts.defer)."""
-        with self._round_guard:
-            self.verdicts.judge_deferred(self.log)
+    def _step(self, scheduled: Any, preempted: Any) -> None:
+        """Aggregator: a step ended."""
+        self.requests.on_step(scheduled, preempted)
+        self._steps += 1
+
+    def take_stats(self) -> Any:
+        """Scheduler thread (vLLM's stats hook): the stats object the aggregator prepared
+        since the last call, or None. O(1) but for several waiting (merged here)."""
+        ready = self.ready_stats
+        if not ready:
+            return None
+        ours = ready.popleft()
+        while ready:
+            ours = ours.aggregate(ready.popleft())
+        return ours
 
     def _flush_rooms(self) -> None:
         """The lookups and round sums since the last flush into the recorder."""
-        self.judge_rounds()  # before the log's slots are emptied
         with self._lookup_guard:
-            self.log.flush(self.rec)
+            self.lookups.flush(self.rec)
         with self._round_guard:
             self.verdicts.flush()
         with self._tier_guard:
             self.taps.flush()
 
-    def refresh(self) -> None:
-        """Recompute the gauges and flush everything now (every FLUSH_INTERVAL_S while
-        busy, every step of an idle engine; a harness, a test)."""
+    def refresh(self, gauges: bool = True) -> None:
+        """Apply the journal, recompute the gauges and flush everything now: the
+        aggregator thread every FLUSH_INTERVAL_S while events arrive; synchronously an
+        idle step, shutdown, a harness, a test. ``gauges=False`` (a reader of the
+        recorder: :meth:`drain`): the snapshot gauges keep their step cadence."""
         rec = self.rec
-        self._flushed_at = time.monotonic()
-        self._flush_rooms()
-        with self._step_guard:
-            self.gauges.refresh()
-            if self._steps:
-                rec.inc(signals.SCHEDULER_STEPS, (), self._steps)
-                self._steps = 0
-            now = time.time()
-            if now - self._stamped >= TIMESTAMP_RESOLUTION_S:  # seconds suffice for staleness
-                self._stamped = now
-                rec.set(signals.LAST_STEP_TIMESTAMP, (), now)
-                self._set_tracing(tracing_enabled(self.tracer))  # a provider may appear later
-        with self._stats_guard:
-            rec.flush()
+        with self.agg.lock:
+            self._flushed_at = time.monotonic()
+            self.agg.drain()
+            self._flush_rooms()
+            with self._step_guard:
+                if self._steps:
+                    rec.inc(signals.SCHEDULER_STEPS, (), self._steps)
+                    self._steps = 0
+                if gauges:
+                    self.gauges.refresh()
+                    now = time.time()
+                    if now - self._stamped >= TIMESTAMP_RESOLUTION_S:  # seconds suffice
+                        self._stamped = now
+                        rec.set(signals.LAST_STEP_TIMESTAMP, (), now)
+                        self._set_tracing(tracing_enabled(self.tracer))  # a provider may appear
+            with self._stats_guard:
+                rec.flush()
+                # vLLM's stats object built here, handed over whole by take_stats; a new
+                # one only once the last was taken (the recorder's delta is bounded)
+                if self._stats_builder is not None and rec.delta_ready and not self.ready_stats:
+                    stats = self._stats_builder(rec.take_delta())
+                    if stats is not None:
+                        self.ready_stats.append(stats)
+
+    def drain(self) -> None:
+        """Every event recorded so far into the recorder's counters and histograms (a
+        scrape, a test reading a value: ``Recorder.before_read``)."""
+        self.refresh(gauges=False)

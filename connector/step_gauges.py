@@ -1,8 +1,9 @@
 """Snapshot gauges of the scheduler side: rows, pending transfers, requests, info.
 
-Gauges are what a scrape (seconds apart) reads, so the coordinator refreshes
-them at most every ``FLUSH_INTERVAL_S`` while the engine is busy (and on every
-step of an idle one): their cost is off the per-step path.
+Gauges are what a scrape (seconds apart) reads, so they are refreshed on the
+aggregator thread (aggregator.py) every ``FLUSH_INTERVAL_S`` while the engine is
+busy, and at once for a reader and on every step of an idle engine: off vLLM's
+scheduler thread. What they read of vLLM's state is copied in one C-level call.
 """
 
 from __future__ import annotations
@@ -63,9 +64,12 @@ class StepGauges:
             (stores if is_store else loads).append(first_seen.setdefault(jid, now))
         for jid in [j for j in first_seen if j not in live]:
             del first_seen[jid]
+        # list(): one C-level copy; vLLM's thread changes these dicts meanwhile
+        promotions = list(self.taps.promotions.values())
+        cascades = list(self.taps.cascades.values())
         for labels, times in ((_LOAD, loads), (_STORE, stores),
-                              (_PROMOTION, [j.started for j in self.taps.promotions.values()]),
-                              (_CASCADE, [j.started for j in self.taps.cascades.values()])):
+                              (_PROMOTION, [j.started for j in promotions]),
+                              (_CASCADE, [j.started for j in cascades])):
             rec.set(signals.PENDING_TRANSFERS, labels, len(times))
             rec.set(signals.OLDEST_PENDING_TRANSFER, labels, now - min(times) if times else 0.0)
 

@@ -9,6 +9,7 @@ decides why the round's scan stopped) and counted.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -45,8 +46,11 @@ class TierJob:
 
 class TierTaps:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, manager: Any, log: LookupLog,
-                 rows: PromotedRows, row_bytes: int) -> None:
+                 rows: PromotedRows, row_bytes: int, lock: Any = None) -> None:
         self.rec = recorder
+        # The aggregator's lock (aggregator.py): flush() runs on its thread, the taps on
+        # vLLM's; the cascade sums are touched only holding it (per tier job, not per key)
+        self.lock = lock if lock is not None else threading.RLock()
         self.tracer = tracer
         self.tracing = False  # set by the coordinator (re-checked periodically)
         self.log = log
@@ -113,16 +117,19 @@ class TierTaps:
                 self.promotions[job.job_id] = TierJob(time.monotonic(), job, name)
             return submit_load(job, *a, **kw)
 
+        lock = self.lock
+
         def tap_submit_store(job, *a, **kw):
             with guard:
                 self.cascades[job.job_id] = TierJob(time.monotonic(), job, name)
-                self._cascade_keys[0] += compat.job_key_count(job)
+                with lock:
+                    self._cascade_keys[0] += compat.job_key_count(job)
             return submit_store(job, *a, **kw)
 
         def tap_get_finished_jobs(*a, **kw):
             results = list(get_finished_jobs(*a, **kw))
             if results:
-                with guard:
+                with guard, lock:
                     for res in results:
                         self._on_job_done(res.job_id, bool(res.success))
             return results
@@ -165,7 +172,7 @@ class TierTaps:
             self._cascade_keys[2] += compat.job_key_count(job)
 
     def flush(self) -> None:
-        """The cascades summed since the last flush, into the recorder."""
+        """The cascades summed since the last flush, into the recorder (holding the lock)."""
         rec = self.rec
         started, completed, failed = self._cascade_keys
         if started or completed or failed:

@@ -1,9 +1,10 @@
-"""In-process telemetry state: plain counters on the hot path, flushed once per step.
+"""In-process telemetry state: pending counters, flushed at most every 50 ms.
 
-The connector's proxies call :meth:`Recorder.inc` / :meth:`Recorder.observe` /
-:meth:`Recorder.set` from vLLM's scheduler or worker thread. Those are dict
-operations with no lock. Once per step the connector calls :meth:`flush`, which
-moves what was recorded into
+The connector calls :meth:`Recorder.inc` / :meth:`Recorder.observe` /
+:meth:`Recorder.set` from vLLM's scheduler or worker thread and from kvscope's
+aggregator thread (``connector/aggregator.py``): dict operations under one
+uncontended lock (several writer threads; per tier job or per flush, never per
+key). The connector calls :meth:`flush`, which moves what was recorded into
 
 * the cumulative state a Prometheus scrape reads (:meth:`snapshot`), and
 * a delta that vLLM's stats pipeline takes with :meth:`take_delta`.
@@ -77,7 +78,12 @@ class Recorder:
     """Counters, gauges and histograms keyed by (signal, label values)."""
 
     def __init__(self, *, keep_delta: bool = True) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the flushed state (scrapes, vLLM's stats path)
+        self._wlock = threading.Lock()  # the pending state (several writer threads)
+        # Called before a read of the flushed state (snapshot, value): the scheduler
+        # side's synchronous drain of its aggregator, so a reader sees every event
+        # recorded before it read. None: nothing to drain (worker side).
+        self.before_read = None
         self._keep_delta = keep_delta
         # hot path (single writer thread)
         self._pending_counts: dict[Key, float] = defaultdict(float)
@@ -96,39 +102,46 @@ class Recorder:
         self._errors_logged: set[str] = set()
         self._guards: dict[signals.ErrorSite, _Guard] = {}
 
-    # ---- hot path -------------------------------------------------------
+    # ---- writers (scheduler, worker or aggregator thread) ----------------
     def inc(self, metric: Metric, labels: Labels = (), value: float = 1.0) -> None:
-        self._pending_counts[(metric, labels)] += value
+        with self._wlock:
+            self._pending_counts[(metric, labels)] += value
 
     def declare(self, metric: Metric, *label_sets: Labels) -> None:
         """Make counter series exist at 0 before their first event (no "No data" panels)."""
-        for labels in label_sets or ((),):
-            self._pending_counts[(metric, labels)] += 0.0
+        with self._wlock:
+            for labels in label_sets or ((),):
+                self._pending_counts[(metric, labels)] += 0.0
 
     def observe(self, metric: Metric, labels: Labels, value: float) -> None:
-        self._pending_obs[(metric, labels)].append(value)
+        with self._wlock:
+            self._pending_obs[(metric, labels)].append(value)
 
     def observe_many(self, metric: Metric, labels: Labels, values: list[float]) -> None:
-        """Several observations at once (a room's per-step batch)."""
-        self._pending_obs[(metric, labels)].extend(values)
+        """Several observations at once (a room's per-flush batch)."""
+        with self._wlock:
+            self._pending_obs[(metric, labels)].extend(values)
 
     def set(self, metric: Metric, labels: Labels, value: float) -> None:
         key = (metric, labels)
-        if self._gauges.get(key) != value or key not in self._gauges:
-            self._gauges[key] = value
-            self._dirty_gauges.add(key)  # only changes travel through vLLM's stats path
+        with self._wlock:
+            if self._gauges.get(key) != value or key not in self._gauges:
+                self._gauges[key] = value
+                self._dirty_gauges.add(key)  # only changes travel through vLLM's stats path
 
     def replace_gauge(self, metric: Metric, values: dict[Labels, float]) -> None:
         """Set every series of ``metric`` at once; series not named are dropped."""
-        for key in [k for k in self._gauges if k[0] is metric and k[1] not in values]:
-            del self._gauges[key]
+        with self._wlock:
+            for key in [k for k in self._gauges if k[0] is metric and k[1] not in values]:
+                del self._gauges[key]
         for labels, value in values.items():
             self.set(metric, labels, value)
 
     def error(self, where: signals.ErrorSite, exc: BaseException) -> None:
         """Count a swallowed exception; log it the first time per site."""
         try:
-            self._pending_counts[(signals.TELEMETRY_ERRORS, (where.value,))] += 1
+            with self._wlock:
+                self._pending_counts[(signals.TELEMETRY_ERRORS, (where.value,))] += 1
             if where.value not in self._errors_logged:
                 self._errors_logged.add(where.value)
                 logger.warning(
@@ -146,11 +159,13 @@ class Recorder:
             g = self._guards[where] = _Guard(self, where)
         return g
 
-    # ---- once per step --------------------------------------------------
+    # ---- at most every 50 ms (connector/aggregator.py) ---------------------
     def flush(self) -> None:
-        counts, self._pending_counts = self._pending_counts, defaultdict(float)
-        obs, self._pending_obs = self._pending_obs, defaultdict(list)
-        dirty, self._dirty_gauges = self._dirty_gauges, set()
+        with self._wlock:
+            counts, self._pending_counts = self._pending_counts, defaultdict(float)
+            obs, self._pending_obs = self._pending_obs, defaultdict(list)
+            dirty, self._dirty_gauges = self._dirty_gauges, set()
+            gauges = {key: self._gauges[key] for key in dirty if key in self._gauges}
         if self._keep_delta and (counts or obs or dirty):
             self.delta_ready = True
         with self._lock:
@@ -169,9 +184,7 @@ class Recorder:
                     # cumulative histogram above stays exact regardless.
                     pending.extend(values[: max(MAX_DELTA_OBSERVATIONS - len(pending), 0)])
             if self._keep_delta:
-                for key in dirty:
-                    if key in self._gauges:
-                        self._delta_gauges[key] = self._gauges[key]
+                self._delta_gauges.update(gauges)
 
     # ---- from another thread (a probe off the scheduler thread) --------------
     # The hot-path methods above are single-writer (no lock): a second thread writing
@@ -203,6 +216,8 @@ class Recorder:
         return delta
 
     def snapshot(self) -> Snapshot:
+        if self.before_read is not None:
+            self.before_read()
         with self._lock:
             return Snapshot(
                 dict(self._counters),
@@ -214,6 +229,8 @@ class Recorder:
     # ---- reading (tests, demo) -----------------------------------------
     def value(self, metric: Metric, labels: Labels = ()) -> float:
         """Flushed value of one series (0 when never recorded)."""
+        if self.before_read is not None:
+            self.before_read()
         with self._lock:
             if metric.kind is Kind.COUNTER:
                 return self._counters.get((metric, labels), 0.0)

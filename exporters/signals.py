@@ -201,6 +201,7 @@ class ErrorSite(str, Enum):
     WORKER = "worker"
     CHECKSUM = "checksum"
     TIER_PROBE = "tier_probe"  # the secondary-tier probe's own thread (tier_probe.py)
+    AGGREGATOR = "aggregator"  # kvscope's aggregator thread failed or fell behind (aggregator.py)
 
 
 # ``rank`` label value for transfers made by the scheduler-side manager process

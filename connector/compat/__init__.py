@@ -313,6 +313,17 @@ def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[byt
     return [getattr(g, "offload_keys", None) or [] for g in getattr(status, "group_states", ())]
 
 
+def request_offload_prefix(connector_scheduler: Any, req_id: str
+                           ) -> tuple[list[list[bytes]], tuple[int, ...]] | None:
+    """:func:`request_offload_keys` captured for later: the per-group key lists (vLLM
+    only appends to them) and their lengths now. A reader on another thread takes
+    ``keys[:n]``: the prefix that existed when this was called."""
+    keys = request_offload_keys(connector_scheduler, req_id)
+    if keys is None:
+        return None
+    return keys, tuple(map(len, keys))
+
+
 def held_prefix(manager: Any, keys: list[bytes]) -> int:
     """How many of ``keys``, from the first, some tier holds: read only, no I/O.
 

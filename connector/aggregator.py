@@ -1,0 +1,113 @@
+"""kvscope's aggregator thread: everything but the recording of raw facts, off vLLM's
+scheduler thread.
+
+The scheduler thread appends immutable facts to :attr:`Aggregator.journal`, one
+tuple ``(handler, *args)`` per event (ints, and references to objects vLLM or
+kvscope no longer changes: a round's copied lookups, a request, a step's
+``num_scheduled_tokens``); nothing else. A daemon thread wakes every
+``interval_s`` (50 ms: the cadence kvscope's counters already had while busy) and,
+holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
+events in the order they were recorded (round judging and coverage, request states,
+store jobs), then the flush into the recorder, the gauges and vLLM's stats object.
+On a GPU server that work overlaps the forward pass, where the engine thread waits
+with the GIL released.
+
+Synchronous drains, on the caller's thread under the same lock: a reader of the
+recorder (a scrape, a test, ``kvscope demo``: ``Recorder.before_read``), a rare
+round that must be judged at once (it probes the tiers), an idle engine's step,
+shutdown, and a journal past :data:`JOURNAL_LIMIT` (a dead or starved thread:
+counted, ``kvscope_telemetry_errors_total{where="aggregator"}``, and the scheduler
+thread aggregates itself, so memory stays bounded).
+
+Appends and ``del journal[:n]`` are single C-level list operations (atomic under the
+GIL): the thread takes the first ``n`` events, the scheduler thread keeps appending.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from kvscope.exporters.recorder import Recorder
+from kvscope.exporters.signals import ErrorSite
+
+logger = logging.getLogger("kvscope")
+
+# Seconds between two aggregations while events arrive (counters lag by at most this).
+INTERVAL_S = 0.05
+# Events waiting past which the scheduler thread drains itself (~5 MiB of tuples).
+JOURNAL_LIMIT = 50_000
+
+
+class Aggregator:
+    def __init__(self, *, recorder: Recorder, refresh: Callable[[], None],
+                 interval_s: float = INTERVAL_S) -> None:
+        self.rec = recorder
+        self.journal: list[tuple] = []
+        # Held by whoever aggregates (this thread, a synchronous drain): kvscope's
+        # aggregate state (rooms, request states, refused stores) is touched only so.
+        self.lock = threading.RLock()
+        self.interval_s = interval_s
+        self.cpu_s = 0.0  # this thread's CPU time (time.thread_time), for the benchmark
+        self._refresh = refresh
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def start(self) -> Aggregator:
+        if self.interval_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kvscope-aggregator",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        stop, wait = self._stop, self._stop.wait
+        while not wait(self.interval_s):
+            if not self.journal:
+                continue
+            try:
+                self._refresh()
+            except Exception as exc:  # refresh guards its parts; this is the last line
+                self.rec.error(ErrorSite.AGGREGATOR, exc)
+            self.cpu_s = time.thread_time()
+        if not stop.is_set():  # pragma: no cover - wait() returns only when set
+            self.rec.error(ErrorSite.AGGREGATOR, RuntimeError("aggregator loop left"))
+
+    def drain(self) -> None:
+        """Apply the journal's events in order (the caller holds :attr:`lock`)."""
+        journal = self.journal
+        n = len(journal)
+        if not n:
+            return
+        events = journal[:n]
+        del journal[:n]
+        for event in events:
+            try:
+                event[0](*event[1:])
+            except Exception as exc:
+                self.rec.error(ErrorSite.AGGREGATOR, exc)
+
+    def overflowed(self) -> bool:
+        """The journal outgrew :data:`JOURNAL_LIMIT` (thread dead or starved): counted;
+        the caller then drains itself."""
+        if len(self.journal) <= JOURNAL_LIMIT:
+            return False
+        self.rec.error(ErrorSite.AGGREGATOR, RuntimeError(
+            f"aggregator behind ({len(self.journal)} events waiting; "
+            f"thread {'alive' if self.alive() else 'dead'}): the scheduler thread drains"))
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
