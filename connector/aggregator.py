@@ -39,6 +39,10 @@ logger = logging.getLogger("kvscope")
 INTERVAL_S = 0.05
 # Events waiting past which the scheduler thread drains itself (~5 MiB of tuples).
 JOURNAL_LIMIT = 50_000
+# Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine
+# thread waits at most that long for the GIL, not a whole drain (the interpreter's own
+# switch interval is 5 ms).
+YIELD_EVERY = 128
 
 
 class Aggregator:
@@ -90,11 +94,14 @@ class Aggregator:
             return
         events = journal[:n]
         del journal[:n]
-        for event in events:
+        own = threading.current_thread() is self._thread
+        for i, event in enumerate(events):
             try:
                 event[0](*event[1:])
             except Exception as exc:
                 self.rec.error(ErrorSite.AGGREGATOR, exc)
+            if own and i % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # the GIL to vLLM's thread, if it waits
 
     def overflowed(self) -> bool:
         """The journal outgrew :data:`JOURNAL_LIMIT` (thread dead or starved): counted;

@@ -180,6 +180,7 @@ class SchedulerObserver:
         self._stamped = 0.0
         self._flushed_at = 0.0  # monotonic time of the last refresh()
         self._steps = 0  # steps since then (aggregator side)
+        self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
@@ -187,7 +188,7 @@ class SchedulerObserver:
         self._lookup_guard = recorder.guard(ErrorSite.LOOKUP)
         self._round_guard = recorder.guard(ErrorSite.ROUND)
         self._tier_guard = recorder.guard(ErrorSite.TIER)
-        self._offload_prefix = compat.request_offload_prefix
+        self._offload_prefix = compat.offload_prefix_capture(connector_scheduler)
         self._declare_series()
         self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
                                interval_s=tier_probe_interval_s).start()
@@ -205,6 +206,8 @@ class SchedulerObserver:
 
     def _set_tracing(self, on: bool) -> None:
         self._tracing = self.taps.tracing = self.verdicts.tracing = on
+        # once per round: the log's own begin (no frame of ours) unless spans need a start
+        self.begin_round = self._begin_traced if on else self.log.begin
 
     def _declare_series(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -233,16 +236,17 @@ class SchedulerObserver:
     def _store_job(self, out, keys) -> None:
         """Aggregator: a store job prepared (``out``) or refused (None)."""
         if out is None:
-            self.rec.inc(signals.STORE_JOBS, _NO_SPACE)
+            self._store_jobs[0] += 1
             self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
             return
         self.refused_stores.prepared(keys, len(out.evicted_keys))
         if out.keys_to_store:
-            self.rec.inc(signals.STORE_JOBS, _PREPARED)
+            self._store_jobs[1] += 1
 
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
-    def begin_round(self) -> None:
-        self.log.begin(time.time_ns() if self._tracing else 0)
+    def _begin_traced(self) -> None:
+        """``begin_round`` while tracing: the round's span starts now."""
+        self.log.begin(time.time_ns())
 
     def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
         """Scheduler thread. A plain round: what judging it needs, captured now (its
@@ -254,7 +258,7 @@ class SchedulerObserver:
                 taken = self.log.take_plain()
                 if taken is not None:
                     self.journal.append((self._plain_round, taken, rid, request.num_tokens,
-                                         self._offload_prefix(self.cs, rid), num_tokens,
+                                         self._offload_prefix(rid), num_tokens,
                                          num_computed))
                     return
             with self.agg.lock:
@@ -263,7 +267,7 @@ class SchedulerObserver:
                 self.lookups.add(keys, results)
                 if rnd is not None:
                     self.verdicts.record(rnd, rid, request.num_tokens,
-                                         self._offload_prefix(self.cs, rid), num_tokens,
+                                         self._offload_prefix(rid), num_tokens,
                                          num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
@@ -344,6 +348,12 @@ class SchedulerObserver:
             self.lookups.flush(self.rec)
         with self._round_guard:
             self.verdicts.flush()
+        no_space, prepared = self._store_jobs
+        if no_space or prepared:
+            self._store_jobs = [0, 0]
+            for labels, n in ((_NO_SPACE, no_space), (_PREPARED, prepared)):
+                if n:
+                    self.rec.inc(signals.STORE_JOBS, labels, n)
         with self._tier_guard:
             self.taps.flush()
 

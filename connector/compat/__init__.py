@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
@@ -313,15 +313,29 @@ def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[byt
     return [getattr(g, "offload_keys", None) or [] for g in getattr(status, "group_states", ())]
 
 
-def request_offload_prefix(connector_scheduler: Any, req_id: str
-                           ) -> tuple[list[list[bytes]], tuple[int, ...]] | None:
-    """:func:`request_offload_keys` captured for later: the per-group key lists (vLLM
-    only appends to them) and their lengths now. A reader on another thread takes
-    ``keys[:n]``: the prefix that existed when this was called."""
-    keys = request_offload_keys(connector_scheduler, req_id)
-    if keys is None:
-        return None
-    return keys, tuple(map(len, keys))
+def offload_prefix_capture(connector_scheduler: Any
+                           ) -> Callable[[str], tuple[list[list[bytes]], tuple[int, ...]] | None]:
+    """A function of a request id: :func:`request_offload_keys` captured for later, the
+    per-group key lists (vLLM only appends to them) and their lengths now; None for an
+    unknown request. A reader on another thread takes ``keys[:n]``: the prefix that
+    existed at the capture. Once per lookup round on the scheduler thread: the status
+    dict's ``get`` bound once (vLLM keeps that dict for the connector's life)."""
+    statuses = getattr(connector_scheduler, "_req_status", None)
+    if not isinstance(statuses, dict):
+        def capture_generic(req_id: str):
+            keys = request_offload_keys(connector_scheduler, req_id)
+            return None if keys is None else (keys, tuple(map(len, keys)))
+        return capture_generic
+    get = statuses.get
+
+    def capture(req_id: str):
+        status = get(req_id)
+        if status is None:
+            return None
+        keys = [g.offload_keys for g in status.group_states]
+        return keys, tuple(map(len, keys))
+
+    return capture
 
 
 def held_prefix(manager: Any, keys: list[bytes]) -> int:
