@@ -156,7 +156,7 @@ class SchedulerObserver:
         self.taps = TierTaps(recorder=recorder, tracer=tracer, manager=inner, log=self.log,
                              rows=self.rows,
                              row_bytes=self.geometry.row_stride if self.geometry else 0,
-                             lock=self.agg.lock)
+                             journal=self.journal)
         # The CPU tier alone drops what it evicts: a refusal stops explaining a miss once
         # the tier has cycled through its rows since.
         self.refused_stores = RefusedStores(

@@ -7,7 +7,7 @@ later write succeeds and every earlier key silently misses: the data is lost, th
 restores are recomputed, and nothing fails or is counted anywhere.
 
 The tier taps (``tier_taps.py``) append the keys of each completed cascade to a
-bounded deque on the scheduler thread (one append per job, nothing else). This
+bounded deque on the aggregator thread (aggregator.py; one append per job). This
 module's daemon thread, every ``interval_s`` seconds, moves them into a bounded
 sample of the latest keys written with their file's identity (device, inode, mtime:
 ``os.stat`` through vLLM's file mapper, in ``compat``), checks that each sampled key
@@ -128,7 +128,7 @@ class TierProbe:
         popleft = self.written.popleft
         while True:
             try:
-                name, keys = popleft()  # the taps append on the scheduler thread meanwhile
+                name, keys = popleft()  # the taps append on the aggregator thread meanwhile
             except IndexError:
                 return lost
             sample, tier = self.samples.get(name), self.tiers.get(name)

@@ -9,7 +9,6 @@ decides why the round's scan stopped) and counted.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from typing import Any
@@ -46,11 +45,11 @@ class TierJob:
 
 class TierTaps:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, manager: Any, log: LookupLog,
-                 rows: PromotedRows, row_bytes: int, lock: Any = None) -> None:
+                 rows: PromotedRows, row_bytes: int, journal: list | None = None) -> None:
         self.rec = recorder
-        # The aggregator's lock (aggregator.py): flush() runs on its thread, the taps on
-        # vLLM's; the cascade sums are touched only holding it (per tier job, not per key)
-        self.lock = lock if lock is not None else threading.RLock()
+        # The aggregator's journal (aggregator.py): a cascade's start and end are appended
+        # there on vLLM's thread and summed on the aggregator's (_cascade_*; flush())
+        self.journal: list = journal if journal is not None else []
         self.tracer = tracer
         self.tracing = False  # set by the coordinator (re-checked periodically)
         self.log = log
@@ -60,7 +59,8 @@ class TierTaps:
         self.tiers = compat.secondary_tiers(manager)
         self.promotions: dict[int, TierJob] = {}
         self.cascades: dict[int, TierJob] = {}
-        # (tier, keys) of completed cascades, for the tier probe's thread (tier_probe.py)
+        # (tier, keys) of completed cascades, for the tier probe's thread (tier_probe.py),
+        # appended on the aggregator thread
         self.written: deque[tuple[str, list[bytes]]] = deque(maxlen=WRITTEN_JOBS)
         # Cascades (several per step while busy) are summed here and handed to the
         # recorder by flush(): keys started / completed / failed, bytes, durations
@@ -117,19 +117,18 @@ class TierTaps:
                 self.promotions[job.job_id] = TierJob(time.monotonic(), job, name)
             return submit_load(job, *a, **kw)
 
-        lock = self.lock
+        journal, cascade_started = self.journal, self._cascade_started
 
         def tap_submit_store(job, *a, **kw):
             with guard:
                 self.cascades[job.job_id] = TierJob(time.monotonic(), job, name)
-                with lock:
-                    self._cascade_keys[0] += compat.job_key_count(job)
+                journal.append((cascade_started, job))
             return submit_store(job, *a, **kw)
 
         def tap_get_finished_jobs(*a, **kw):
             results = list(get_finished_jobs(*a, **kw))
             if results:
-                with guard, lock:
+                with guard:
                     for res in results:
                         self._on_job_done(res.job_id, bool(res.success))
             return results
@@ -159,8 +158,14 @@ class TierTaps:
                 self.rec.observe(signals.TRANSFER_SECONDS, _DISK_TO_CPU, now - tj.started)
             return
         tj = self.cascades.pop(job_id, None)
-        if tj is None:
-            return
+        if tj is not None:  # summed on the aggregator thread
+            self.journal.append((self._cascade_done, tj, success, now))
+
+    # ---- the aggregator thread (journal order) ----------------------------------------
+    def _cascade_started(self, job: Any) -> None:
+        self._cascade_keys[0] += compat.job_key_count(job)
+
+    def _cascade_done(self, tj: TierJob, success: bool, now: float) -> None:
         job = tj.job
         if success:
             keys = compat.job_keys(job)
@@ -172,7 +177,7 @@ class TierTaps:
             self._cascade_keys[2] += compat.job_key_count(job)
 
     def flush(self) -> None:
-        """The cascades summed since the last flush, into the recorder (holding the lock)."""
+        """The cascades summed since the last flush, into the recorder (aggregator)."""
         rec = self.rec
         started, completed, failed = self._cascade_keys
         if started or completed or failed:
