@@ -64,7 +64,9 @@ def finding(ev: Evidence, checks: list[str]) -> Finding:
     if workers:
         k, ws = len(workers), ev.info_int(S.L_WORLD_SIZE)
         ranks = (f"{k} of {ws} ranks reporting ({S.INFO.name} {S.L_WORLD_SIZE}={ws})"
-                 if ws is not None else f"{k} rank{'s' if k != 1 else ''} reporting")
+                 if ws is not None else
+                 f"{k} rank{'s' if k != 1 else ''} reporting (world size unknown: a rank "
+                 "missing from every series would not show, see the notes)")
         lines.append(f"{ranks}; {n(compared)} row checksums compared, 0 mismatched")
     age = ev.freshness.newest_age
     if age is not None:
