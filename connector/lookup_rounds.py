@@ -35,10 +35,10 @@ _HIT_V, _MISS_V, _VETOED, _DEFERRED = ((v, (v.value,)) for v in (
 
 class LookupLog:
     """Slots for raw lookup events since the last round ended, and the open round's
-    place in them (scheduler thread only)."""
+    place in them (scheduler thread only). The rare events' lists hold only the open
+    round's (emptied when a round begins and ends)."""
 
-    __slots__ = ("keys", "results", "quarantined", "refusals", "evictions",
-                 "start", "_quarantined_start", "_refusals_start", "_evictions_start",
+    __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "start",
                  "_started_ns")
 
     def __init__(self) -> None:
@@ -49,9 +49,6 @@ class LookupLog:
         # (index of the lookup in progress, keys a started promotion evicted)
         self.evictions: list[tuple[int, Any]] = []
         self.start = -1  # index where the open round began; -1: no round open
-        self._quarantined_start = 0
-        self._refusals_start = 0
-        self._evictions_start = 0
         self._started_ns = 0
 
     # ---- rare paths (called by the proxy / the primary-tier tap) --------------------
@@ -74,30 +71,16 @@ class LookupLog:
         """``started_ns``: wall-clock start for the round's span (0 when not tracing)."""
         self._started_ns = started_ns
         self.start = len(self.results)
-        self._quarantined_start = len(self.quarantined)
-        self._refusals_start = len(self.refusals)
-        self._evictions_start = len(self.evictions)
+        if self.quarantined or self.refusals or self.evictions:  # from outside a round
+            self.quarantined.clear()
+            self.refusals.clear()
+            self.evictions.clear()
 
-    def take_plain(self) -> tuple[list[bytes], list[Any], int] | None:
-        """End the open round if nothing rare happened in it (no quarantined key, refused
-        promotion or eviction) and hand over the lookups since the last hand-over: copies
-        of the keys and results (the round is ``[start:]`` of them; earlier ones were
-        looked up outside a round), for the aggregator. None: no round open, or a round
-        with rare events (left open: :meth:`end` decodes it)."""
-        start = self.start
-        if (start >= 0 and len(self.quarantined) == self._quarantined_start
-                and len(self.refusals) == self._refusals_start
-                and len(self.evictions) == self._evictions_start):
-            keys, results = self.keys, self.results
-            taken = (keys[:], results[:], start)
-            del keys[:], results[:]
-            if self.quarantined or self.refusals or self.evictions:  # outside a round
-                self.quarantined.clear()
-                self.refusals.clear()
-                self.evictions.clear()
-            self.start = -1
-            return taken
-        return None
+    def plain(self) -> bool:
+        """A round is open and nothing rare happened in it (no quarantined key, refused
+        promotion or eviction): the caller hands its lookups over (copies of ``keys``
+        and ``results``, the round being ``[start:]`` of them), and empties the slots."""
+        return self.start >= 0 and not (self.quarantined or self.refusals or self.evictions)
 
     def end(self) -> tuple[Round | None, list[bytes], list[Any]]:
         """End the open round (any kind): the round decoded, and copies of the lookups
@@ -105,16 +88,14 @@ class LookupLog:
         start, self.start = self.start, -1
         rnd = None
         if start >= 0:
-            rnd = Round(self, start, self.quarantined[self._quarantined_start:],
-                        self.refusals[self._refusals_start:],
-                        self.evictions[self._evictions_start:], self._started_ns)
+            rnd = Round(self, start, self.quarantined, self.refusals, self.evictions,
+                        self._started_ns)
         keys, results = self.keys[:], self.results[:]
         self.keys.clear()
         self.results.clear()
         self.quarantined.clear()
         self.refusals.clear()
         self.evictions.clear()
-        self._quarantined_start = self._refusals_start = self._evictions_start = 0
         return rnd, keys, results
 
 
@@ -163,7 +144,7 @@ class Round:
 
     @classmethod
     def plain(cls, keys: list[bytes], results: list[Any], start: int) -> Round:
-        """A round without rare events (:meth:`LookupLog.take_plain`): ``[start:]`` of
+        """A round without rare events (:meth:`LookupLog.plain`): ``[start:]`` of
         the lookups handed over."""
         rnd = cls.__new__(cls)
         rnd.started_ns = 0

@@ -250,20 +250,22 @@ class SchedulerObserver:
 
     def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
         """Scheduler thread. A plain round: what judging it needs, captured now (its
-        lookups, the request's token count and offload-key lengths), into the journal.
-        Otherwise (rare events, a span): judged now, after a synchronous drain."""
+        lookups copied, the request's token count and offload-key lengths), into the
+        journal. Otherwise (rare events, a span): judged now, after a synchronous drain."""
+        log = self.log
         try:
             rid = request.request_id
-            if not self._tracing:
-                taken = self.log.take_plain()
-                if taken is not None:
-                    self.journal.append((self._plain_round, taken, rid, request.num_tokens,
-                                         self._offload_prefix(rid), num_tokens,
-                                         num_computed))
-                    return
+            if not self._tracing and log.plain():
+                keys, results = log.keys, log.results
+                self.journal.append((self._plain_round, keys[:], results[:], log.start, rid,
+                                     request.num_tokens, self._offload_prefix(rid),
+                                     num_tokens, num_computed))
+                del keys[:], results[:]
+                log.start = -1
+                return
             with self.agg.lock:
                 self.agg.drain()  # the rounds and store jobs before this one first
-                rnd, keys, results = self.log.end()
+                rnd, keys, results = log.end()
                 self.lookups.add(keys, results)
                 if rnd is not None:
                     self.verdicts.record(rnd, rid, request.num_tokens,
@@ -272,9 +274,9 @@ class SchedulerObserver:
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
-    def _plain_round(self, taken, rid, req_tokens, offload, num_tokens, num_computed) -> None:
-        """Aggregator: count a plain round's lookups and judge it."""
-        keys, results, start = taken
+    def _plain_round(self, keys, results, start, rid, req_tokens, offload, num_tokens,
+                     num_computed) -> None:
+        """Aggregator: count a plain round's lookups and judge it (``[start:]`` of them)."""
         self.lookups.add(keys, results)
         self.verdicts.judge_plain(Round.plain(keys, results, start), rid, req_tokens, offload,
                                   num_tokens, num_computed)
