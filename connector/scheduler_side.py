@@ -105,12 +105,14 @@ def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
     variables (no bound method, no attribute lookups), two appends, nothing else."""
     add_key, add_result, miss = log.keys.append, log.results.append, compat.MISS
 
-    def lookup(key, req_context=None, *args, **kwargs):
+    # No **kwargs: CPython builds a dict per call for it. vLLM 0.26 .. 0.33 call
+    # lookup(key, req_context) positionally.
+    def lookup(key, req_context=None, *args):
         if quarantine and key in quarantine:  # a rank refused these bytes: recompute
             log.add_quarantined(key)
             return miss
-        if args or kwargs:
-            result = inner_lookup(key, req_context, *args, **kwargs)
+        if args:
+            result = inner_lookup(key, req_context, *args)
         else:
             result = inner_lookup(key, req_context)
         add_key(key)
