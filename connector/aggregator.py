@@ -54,6 +54,7 @@ class Aggregator:
         # aggregate state (rooms, request states, refused stores) is touched only so.
         self.lock = threading.RLock()
         self.interval_s = interval_s
+        self.limit = JOURNAL_LIMIT
         self.cpu_s = 0.0  # this thread's CPU time (time.thread_time), for the benchmark
         self._refresh = refresh
         self._stop = threading.Event()
@@ -104,9 +105,9 @@ class Aggregator:
                 time.sleep(0)  # the GIL to vLLM's thread, if it waits
 
     def overflowed(self) -> bool:
-        """The journal outgrew :data:`JOURNAL_LIMIT` (thread dead or starved): counted;
-        the caller then drains itself."""
-        if len(self.journal) <= JOURNAL_LIMIT:
+        """The journal outgrew :attr:`limit` (:data:`JOURNAL_LIMIT`; thread dead or
+        starved): counted; the caller then drains itself."""
+        if len(self.journal) <= self.limit:
             return False
         self.rec.error(ErrorSite.AGGREGATOR, RuntimeError(
             f"aggregator behind ({len(self.journal)} events waiting; "

@@ -1,0 +1,51 @@
+"""kvscope's aggregator thread alive or dead, the counters are the same and agree with what
+the engine did; a dead one is counted (``kvscope_telemetry_errors_total{where="aggregator"}``)
+and vLLM's scheduler thread drains the journal itself, so it stays bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscope.exporters import signals as S
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.sim.scenarios import PROMPT_TOKENS, _ask_then_flood
+
+pytestmark = pytest.mark.vllm
+
+LIMIT = 4  # journal events past which the scheduler thread drains itself (dead thread)
+
+
+def _run(kill_aggregator: bool) -> dict:
+    with CPUEngine(EngineConfig(rows=12)) as e:
+        observer = e.connector._kvscope_observer
+        if kill_aggregator:
+            observer.agg.close()
+            observer.agg.limit = LIMIT
+        target = prompt(1, PROMPT_TOKENS)
+        _ask_then_flood(e, target, PROMPT_TOKENS)
+        again = e.generate(target, 4, max_steps=200)
+        journal_at_most = len(observer.journal)
+        e.drain()
+        rec = e.connector.kvscope_recorder
+        return {
+            "rounds": {v.value: rec.value(S.LOOKUP_ROUNDS, (v.value,)) for v in S.Verdict},
+            "hit_tokens": rec.value(S.HIT_TOKENS),
+            "steps": rec.value(S.SCHEDULER_STEPS),
+            "restored_by_engine": sum(f.num_external_tokens for f in e.finished.values()),
+            "restored_again": again.num_external_tokens,
+            "errors": rec.value(S.TELEMETRY_ERRORS, (S.ErrorSite.AGGREGATOR.value,)),
+            "alive": observer.agg.alive(),
+            "journal": journal_at_most,
+        }
+
+
+def test_a_dead_aggregator_is_counted_and_changes_no_counter():
+    alive, dead = _run(kill_aggregator=False), _run(kill_aggregator=True)
+    for run in (alive, dead):  # the oracle: tokens the engine restored
+        assert run["restored_again"] > 0
+        assert run["hit_tokens"] == run["restored_by_engine"]
+    assert alive["alive"] and alive["errors"] == 0
+    assert not dead["alive"] and dead["errors"] > 0
+    assert dead["journal"] <= LIMIT + 8  # drained by the scheduler thread as it went
+    for key in ("rounds", "hit_tokens", "steps", "restored_by_engine"):
+        assert alive[key] == dead[key], key
