@@ -294,7 +294,8 @@ def spawn(arm: str, mode: str, args) -> dict:
         return {"arm": arm, "mode": mode, "error": "timeout", "process_s": args.case_timeout,
                 "tail": str(exc.stderr or "")[-2000:]}
     # where a process's start goes: vLLM's own timing lines (import, compile, graphs, tier)
-    marks = [ln[-240:] for ln in p.stderr.splitlines() if any(m in ln for m in STARTUP_MARKS)]
+    marks = [ln[-240:] for ln in (p.stderr + p.stdout).splitlines()  # vLLM logs to stdout
+             if any(m in ln for m in STARTUP_MARKS) and not ln.startswith("{")]
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return {**json.loads(line), "process_s": round(time.perf_counter() - t, 1),
