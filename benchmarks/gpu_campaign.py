@@ -50,10 +50,11 @@ from kvscope.exporters import signals  # noqa: E402
 
 BLOCK = 16
 ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together
-# 1504 words + BOS = 1505 tokens (= 1 mod 16) and at most 15 new tokens: no block fills after
-# the prefill. vLLM 0.26's tiering manager forgets a finished request whose stores are done, then
-# builds the store of a block its last tokens filled: KeyError in prepare_store, EngineCore dead
-# (seen on the first GPU run, benchmarks/README.md).
+# 1504 words = 1504 prompt ids (the served prompts carry no BOS: the recorded usage says 1504),
+# 94 full blocks, and at most 15 new tokens: no block fills after the prefill. vLLM 0.26's
+# tiering manager forgets a finished request whose stores are done, then builds the store of a
+# block its last tokens filled: KeyError in prepare_store, EngineCore dead (seen on the first
+# GPU run, benchmarks/README.md).
 PROMPT_WORDS = 1504
 MAX_TOKENS = 8
 FLOODS = 4
