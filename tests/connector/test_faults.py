@@ -65,6 +65,19 @@ def flood(e: CPUEngine, n: int = 3) -> None:
         e.drain()
 
 
+def ask_flood_reask(e: CPUEngine, between=lambda: None):
+    """Ask the target, flood it out of the GPU and CPU tiers, run ``between`` (the fault),
+    ask it again: (first, again), the engine drained after each ask."""
+    target = prompt(1, TOKENS)
+    first = e.generate(target, 4)
+    e.drain()
+    flood(e)
+    between()
+    again = e.generate(target, 4)
+    e.drain()
+    return first, again
+
+
 def stored_files(e: CPUEngine) -> int:
     return sum(f.endswith(".bin") for _, _, files in os.walk(e.fs_root) for f in files)
 
@@ -73,13 +86,7 @@ def stored_files(e: CPUEngine) -> int:
 @pytest.mark.parametrize("policy", ["observe", "refuse"])
 def test_corrupted_promotion_on_rank_1(switch, fault, policy):
     with engine(checksum_policy=policy) as (e, scrape):
-        target = prompt(1, TOKENS)
-        first = e.generate(target, 4)
-        e.drain()
-        flood(e)
-        set_fault(switch, fault, rank=1)
-        again = e.generate(target, 4)
-        e.drain()
+        first, again = ask_flood_reask(e, lambda: set_fault(switch, fault, rank=1))
         ex = scrape()
     if policy == "observe":  # engine truth: restored from disk, rank 1's wrong bytes served
         assert again.num_external_tokens == TOKENS
@@ -96,12 +103,7 @@ def test_corrupted_promotion_on_rank_1(switch, fault, policy):
 
 def test_no_fault_file_no_effect(switch):
     with engine() as (e, scrape):
-        target = prompt(1, TOKENS)
-        first = e.generate(target, 4)
-        e.drain()
-        flood(e)
-        again = e.generate(target, 4)
-        e.drain()
+        first, again = ask_flood_reask(e)
         ex = scrape()
     assert again.num_external_tokens == TOKENS and again.output == first.output
     assert ex.value(S.ROW_CHECKSUMS.name, outcome="mismatch") == 0
@@ -175,13 +177,7 @@ def test_withheld_store_keeps_the_engine_busy_until_cleared(switch):
 
 def test_fs_tier_directory_removed_mid_run(switch):
     with engine() as (e, scrape):
-        target = prompt(1, TOKENS)
-        first = e.generate(target, 4)
-        e.drain()
-        flood(e)
-        shutil.rmtree(e.fs_root)
-        again = e.generate(target, 4)
-        e.drain()
+        first, again = ask_flood_reask(e, lambda: shutil.rmtree(e.fs_root))
         assert not e.scheduler.has_requests()
         ex = scrape()
     # engine truth: nothing to restore any more; recomputed, same tokens
@@ -229,13 +225,7 @@ def test_checksum_options_still_catch_a_flipped_slot(switch, monkeypatch, option
 
     monkeypatch.setattr(checksums, "PARALLEL_MIN_BYTES", 0)
     with engine(checksum_policy="refuse", kvscope_options=options) as (e, scrape):
-        target = prompt(1, TOKENS)
-        first = e.generate(target, 4)
-        e.drain()
-        flood(e)
-        set_fault(switch, fault, rank=1)
-        again = e.generate(target, 4)
-        e.drain()
+        first, again = ask_flood_reask(e, lambda: set_fault(switch, fault, rank=1))
         ex = scrape()
     assert again.output == first.output
     assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="match") > 0
