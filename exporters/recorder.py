@@ -1,4 +1,5 @@
-"""In-process telemetry state: pending counters, flushed at most every 50 ms.
+"""In-process telemetry state: pending counters, flushed every 50 ms on the scheduler
+side (``connector/aggregator.py``; at once for a reader) and every step on a worker rank.
 
 The connector calls :meth:`Recorder.inc` / :meth:`Recorder.observe` /
 :meth:`Recorder.set` from vLLM's scheduler or worker thread and from kvscope's
@@ -85,7 +86,7 @@ class Recorder:
         # recorded before it read. None: nothing to drain (worker side).
         self.before_read = None
         self._keep_delta = keep_delta
-        # hot path (single writer thread)
+        # pending state (several writer threads, under _wlock): moved out by flush()
         self._pending_counts: dict[Key, float] = defaultdict(float)
         self._pending_obs: dict[Key, list[float]] = defaultdict(list)
         self._gauges: dict[Key, float] = {}
@@ -159,7 +160,7 @@ class Recorder:
             g = self._guards[where] = _Guard(self, where)
         return g
 
-    # ---- at most every 50 ms (connector/aggregator.py) ---------------------
+    # ---- scheduler side: every 50 ms or a synchronous drain (aggregator.py); worker: each step
     def flush(self) -> None:
         with self._wlock:
             counts, self._pending_counts = self._pending_counts, defaultdict(float)
@@ -187,10 +188,11 @@ class Recorder:
                 self._delta_gauges.update(gauges)
 
     # ---- from another thread (a probe off the scheduler thread) --------------
-    # The hot-path methods above are single-writer (no lock): a second thread writing
-    # them could race flush()'s swap. These apply straight to the flushed state under
-    # the lock, as flush() does; the series should be declared (or set) first on the
-    # owning thread so that no new gauge key appears under a hot-path iteration.
+    # The methods above write under _wlock: counters and histograms reach a scrape, and
+    # every change vLLM's delta, only at the next flush(). These apply straight to the
+    # flushed state and the delta under _lock, as flush() does, so a scrape sees them at
+    # once. The series should be declared (or set) first on the owning thread so that
+    # no new gauge key appears under a hot-path iteration.
     def inc_threadsafe(self, metric: Metric, labels: Labels = (), value: float = 1.0) -> None:
         key = (metric, labels)
         with self._lock:
