@@ -67,7 +67,8 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
     suffix, tokens per chunk, sliding window) of each KV group (:func:`group_suffixes`);
     ``refused_stores``: keys whose store job was refused for lack of space.
 
-    Once per ended round: plain loops, no generators (this runs on vLLM's scheduler thread).
+    Once per ended round: plain loops, no generators (it holds the aggregator's lock, on
+    its thread or, for a round with rare events or a span, on vLLM's scheduler thread).
     """
     refused = False
     for _, cause in first_miss.values():
@@ -160,7 +161,7 @@ def judge_plain_single(keys: list[bytes], tpc: int, first_miss_key: bytes | None
     no sliding window), no refused promotion and no quarantined key in the round.
     ``first_miss_key``: the round's first key answered MISS (None: no MISS). The same
     Coverage as judge() (tests/unit/test_coverage_plain.py compares them), without
-    its per-group dicts and loops: this runs for most rounds on the scheduler thread."""
+    its per-group dicts and loops: this runs for most rounds (on the aggregator thread)."""
     n = len(keys)
     want_end = n * tpc
     start = num_computed // tpc

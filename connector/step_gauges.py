@@ -2,8 +2,9 @@
 
 Gauges are what a scrape (seconds apart) reads, so they are refreshed on the
 aggregator thread (aggregator.py) every ``FLUSH_INTERVAL_S`` while the engine is
-busy, and at once for a reader and on every step of an idle engine: off vLLM's
-scheduler thread. What they read of vLLM's state is copied in one C-level call.
+busy (off vLLM's scheduler thread), and synchronously on every step of an idle
+engine and at shutdown; a reader's drain (a scrape) leaves them at that cadence.
+What they read of vLLM's state is copied in one C-level call.
 """
 
 from __future__ import annotations
