@@ -50,7 +50,8 @@ CAMPAIGN_CONFIG: Config = replace(
     capacity_ceiling_for="20s", checksum_mismatch_window="20s",
     stores_without_restores_window="60s", stores_without_restores_for="30s",
     stale_stats_seconds=30, stale_stats_for="20s", tier_write_failures_window="20s",
-    tier_write_failures_for="10s", tier_data_lost_window="20s")
+    tier_write_failures_for="10s", tier_data_lost_window="20s",
+    transfer_stuck_after_s=10, transfer_stuck_for="5s")
 
 @dataclass(frozen=True)
 class Firing:

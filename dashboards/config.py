@@ -98,6 +98,14 @@ class Config:
     # there is no "for": it fires at once and stays while a loss is within the window.
     tier_data_lost_window: str = "30m"
 
+    # ---- transfer stuck while busy -----------------------------------------------------------
+    # A transfer (store, promotion, cascade, load) unfinished for longer than the top bucket of
+    # kvscope_transfer_seconds (a cold disk read under load takes seconds, not this) while the
+    # engine has requests: the request waiting for it waits with it (a stalled read pool, a
+    # lost completion). On an idle engine KVOffloadTransfersPendingAtIdle is the alert.
+    transfer_stuck_after_s: float = signals.TRANSFER_SECONDS_BUCKETS[-1]
+    transfer_stuck_for: str = "2m"
+
     # ---- row checksum mismatch ---------------------------------------------------------------
     # A mismatch means a rank read bytes for a promoted row that differ from what was written:
     # the load was refused (vLLM recomputed), but the tier is corrupt or mis-addressed. One is
@@ -155,7 +163,7 @@ class Config:
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
             "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",
             "tier_write_failures_for", "stores_refused_window", "stores_refused_for",
-            "tier_data_lost_window",
+            "tier_data_lost_window", "transfer_stuck_for",
         ):
             value = getattr(self, name)
             if not _DURATION.match(value):
@@ -164,6 +172,8 @@ class Config:
             value = getattr(self, name)
             if "{" in value or "}" in value:
                 raise ValueError(f"Config.{name} holds matchers only, without braces: {value!r}")
+        if not self.transfer_stuck_after_s > 0:
+            raise ValueError("Config.transfer_stuck_after_s must be > 0")
         if not 0 < self.restore_coverage_min <= 1:
             raise ValueError("Config.restore_coverage_min must be in (0, 1]")
         if not self.engine_labels:

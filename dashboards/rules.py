@@ -23,6 +23,7 @@ ALERT_RESTORE_COVERAGE = "KVOffloadRestoreCoverageCollapsed"
 ALERT_TIER_WRITES_FAILING = "KVOffloadTierWritesFailing"
 ALERT_STORES_REFUSED = "KVOffloadStoresRefused"
 ALERT_TIER_DATA_LOST = "KVOffloadTierDataLost"
+ALERT_TRANSFER_STUCK = "KVOffloadTransferStuck"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -34,6 +35,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_TIER_WRITES_FAILING,
     ALERT_STORES_REFUSED,
     ALERT_TIER_DATA_LOST,
+    ALERT_TRANSFER_STUCK,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -256,6 +258,16 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # a lost-keys series born within the window with a value > 0
         f"or sum by ({by_tier}) ({lost} > 0 unless {lost} offset {lw})"
     )
+    oldest = f"{s.OLDEST_PENDING_TRANSFER.name}{sel()}"
+    transfer_stuck = (
+        # a transfer of some kind unfinished for longer than a slow one takes ...
+        f"max by ({by}, {s.L_KIND}) ({oldest}) > {cfg.transfer_stuck_after_s:g}\n"
+        # ... while the engine has requests (idle: KVOffloadTransfersPendingAtIdle)
+        f"and on ({by}) (\n"
+        f"  sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel()}) > 0\n"
+        f"  or sum by ({by}) ({s.REQUESTS.name}{sel()}) > 0\n"
+        f")"
+    )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -336,6 +348,15 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"The {{{{ $labels.{s.L_TIER} }}}} tier of {_WHO} lost {{{{ printf \"%.0f\" $value }}}} "
             f"key(s) it had confirmed written, in the last {lw}: their files are gone (directory "
             f"removed, volume unmounted or wiped). Those prefixes are recomputed; nothing fails.",
+        ),
+        _alert(
+            cfg, ALERT_TRANSFER_STUCK, transfer_stuck, cfg.transfer_stuck_for,
+            cfg.severity_warning,
+            "A KV offload transfer is stuck while requests wait.",
+            f"{_WHO} has had a {{{{ $labels.{s.L_KIND} }}}} transfer unfinished for "
+            f"{{{{ $value | humanizeDuration }}}} (more than {cfg.transfer_stuck_after_s:g}s, for "
+            f"more than {cfg.transfer_stuck_for}) while it has requests: a request waiting for "
+            f"it waits too (a stalled tier read or write pool, a completion never reported).",
         ),
     ]
 

@@ -61,11 +61,11 @@ EXPECTED = {
     ("faults-cpu", "dir_removed"): ({r.ALERT_TIER_DATA_LOST}, "tier_data_lost"),
     ("faults-cpu", "disk_full"): ({r.ALERT_TIER_WRITES_FAILING}, "tier_writes_failing"),
 }
-# The re-ask waits for the stalled promotion, so the engine is not idle: no alert is due
-# (pending at idle must not fire; aborting that request kills vLLM 0.26:
-# tests/connector/test_vllm_026_limits.py); kv-diagnose names it.
-EXPECTED[("faults-cpu", "stall_reads")] = (set(), "promotion_stalled")
-EXPECTED[("faults-h200-tp1", "stall_reads")] = (set(), "promotion_stalled")
+# The re-ask waits for the stalled promotion, so the engine is not idle: pending at idle must
+# not fire (aborting that request kills vLLM 0.26: tests/connector/test_vllm_026_limits.py);
+# the promotion stuck while a request waits does; kv-diagnose names it.
+EXPECTED[("faults-cpu", "stall_reads")] = ({r.ALERT_TRANSFER_STUCK}, "promotion_stalled")
+EXPECTED[("faults-h200-tp1", "stall_reads")] = ({r.ALERT_TRANSFER_STUCK}, "promotion_stalled")
 # Recorded and shown by `campaign_replay.py`, not judged (run, phase) -> why. None now: the
 # H200 TP=1 run was re-recorded with kvscope's tier probe, so dir_removed is judged.
 NOT_JUDGED: dict[tuple[str, str], str] = {}
@@ -106,7 +106,8 @@ def test_alerts(prom, phase):
             assert fired == [], fired
         return
     step = durations.seconds(replay.CAMPAIGN_CONFIG.rule_interval)
-    if want & {r.ALERT_PENDING_AT_IDLE, r.ALERT_TIER_WRITES_FAILING, r.ALERT_TIER_DATA_LOST}:
+    if want & {r.ALERT_PENDING_AT_IDLE, r.ALERT_TIER_WRITES_FAILING, r.ALERT_TIER_DATA_LOST,
+               r.ALERT_TRANSFER_STUCK}:
         # fires while the fault holds, and first
         (alert,) = want
         during = replay.firing(prom, phase["fault_on"], phase["fault_off"] + step)
