@@ -1,7 +1,12 @@
 """A recorded OpenMetrics file (``benchmarks/results/campaign*/*.om.gz``) as kv-diagnose's
 RawWindow, without Prometheus: what a range query over [start, end] would give, sample
 for sample (each series from its latest sample at or before ``start``, Prometheus'
-lookback, to its last one before ``end``; ``instance`` is the target)."""
+lookback, to its last one before ``end``; ``instance`` is the target).
+
+The recordings are OpenMetrics (seconds timestamps, ``# EOF``), read by prometheus_client's
+OpenMetrics parser. Only the sample lines of the series kv-diagnose reads reach it, as in
+``diagnostics/scrape.py``: a recording is tens of thousands of lines, and its metadata names
+``*_created`` families that clash with their counters' (the parser refuses the whole text)."""
 
 from __future__ import annotations
 
@@ -10,27 +15,26 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
 from kvscope.diagnostics.wanted import WANTED_SERIES
 
-_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})? (\S+) (\S+)$")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 LOOKBACK_S = 300.0  # Prometheus' default lookback delta
 
 
 def read_samples(path: Path) -> dict[tuple[str, tuple], list[tuple[float, float]]]:
     """Every kv-diagnose series of the recording: (name, sorted labels) -> samples."""
-    out: dict[tuple[str, tuple], list[tuple[float, float]]] = defaultdict(list)
     with gzip.open(path, "rt") as f:
-        for line in f:
-            if line.startswith("#"):
-                continue
-            m = _LINE.match(line.rstrip("\n"))
-            if m is None or m.group(1) not in WANTED_SERIES:
-                continue
-            labels = tuple(sorted((k, v.replace('\\"', '"').replace("\\\\", "\\"))
-                                  for k, v in _LABEL.findall(m.group(2) or "")))
-            out[(m.group(1), labels)].append((float(m.group(4)), float(m.group(3))))
+        # comments (metadata, # EOF) and other series skipped unparsed
+        wanted = [ln for ln in f if (m := _NAME.match(ln)) and m.group() in WANTED_SERIES]
+    out: dict[tuple[str, tuple], list[tuple[float, float]]] = defaultdict(list)
+    # without their metadata, each series parses as its own family of unknown type
+    for family in text_string_to_metric_families("".join(wanted) + "# EOF\n"):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))].append((float(s.timestamp),
+                                                                   float(s.value)))
     return out
 
 
