@@ -1,0 +1,148 @@
+"""kvscope switched off and on inside one running engine: the within-process A/B of issue 13.
+
+Fresh processes of one configuration spread by +-7 % in tokens/s on the H200 (and were
+bimodal in earlier runs), so comparing a stock process with an observed one cannot resolve
+1 % without ~50 processes per arm. Here one process holds one engine with
+``ObservedOffloadingConnector`` and alternates iterations with kvscope **on** (as loaded) and
+**off**; both arms share the process's memory placement, threads and compile state, so the
+between-process spread drops out of each pair.
+
+Off means vLLM's stock code path: the connector's hooks see no observer (each
+``ObservedOffloadingConnector`` method then calls ``OffloadingConnector``'s straight
+through), the connector scheduler talks to vLLM's own manager instead of kvscope's proxy,
+every worker-role connector to vLLM's own worker instead of kvscope's proxy, and the tiers'
+methods are their classes' again (the tier taps removed). What stays while off: the
+subclass's frame and one ``is None`` test per connector call, and kvscope's threads, idle
+(the aggregator wakes every 50 ms to an empty journal). That residual is measured on CPU
+against the real stock connector: ``python benchmarks/kvscope_switch.py residual``.
+
+A switch is allowed only when the engine is quiet (no request, no transfer job in vLLM's
+connector scheduler): a job started in one state and finished in the other would leave
+kvscope's books open. Benchmark instrument: it reaches into kvscope's private attributes on
+purpose and is not part of the package.
+
+    python benchmarks/kvscope_switch.py residual [--requests 1000] [--rounds 3] [--no-tiering]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+# What kvscope's tier taps set on a tier instance (connector/tier_taps.py)
+TAPPED = ("submit_load", "submit_store", "get_finished_jobs", "prepare_write")
+
+
+class NotQuiet(RuntimeError):
+    """A switch was asked while requests or transfer jobs were in flight."""
+
+
+def quiet(scheduler: Any) -> bool:
+    """No request in vLLM's scheduler, no job or request state in its offloading connector."""
+    cs = scheduler.connector.connector_scheduler
+    return not scheduler.requests and not cs._jobs and not cs._req_status
+
+
+class KvscopeSwitch:
+    """Turns one engine's kvscope off and on; ``on`` is the state it was loaded in."""
+
+    def __init__(self, scheduler: Any, worker_connectors: list[Any]) -> None:
+        self.scheduler = scheduler
+        self.connector = scheduler.connector
+        self.observer = self.connector._kvscope_observer
+        if self.observer is None:
+            raise TypeError("not an ObservedOffloadingConnector's scheduler side")
+        self.cs = self.connector.connector_scheduler
+        self.manager_proxy = self.cs.manager
+        self.manager = self.manager_proxy._inner
+        self.tier_taps = [(tier, {n: vars(tier)[n] for n in TAPPED if n in vars(tier)})
+                          for tier in (self.observer.primary, *self.observer.tiers)
+                          if tier is not None]
+        self.workers = []
+        for wc in worker_connectors:
+            cw = wc.connector_worker
+            self.workers.append((cw, cw.worker, cw.worker._inner))  # (holder, proxy, vLLM's)
+        self.on = True
+
+    def set(self, on: bool) -> None:
+        if on == self.on:
+            return
+        if not quiet(self.scheduler):
+            raise NotQuiet("switch kvscope only with no request and no transfer in flight")
+        if not on:
+            self.observer.refresh()  # everything seen so far reaches the recorder first
+        self.connector._kvscope_observer = self.observer if on else None
+        self.cs.manager = self.manager_proxy if on else self.manager
+        for tier, taps in self.tier_taps:
+            for name, tap in taps.items():
+                if on:
+                    setattr(tier, name, tap)
+                else:
+                    delattr(tier, name)  # the class's method again
+        for cw, proxy, inner in self.workers:
+            cw.worker = proxy if on else inner
+        self.on = on
+
+
+# ---- the residual on CPU: stock vs kvscope off vs kvscope on, in lockstep ---------------
+def residual(n_requests: int, tiering: bool) -> dict:
+    """vLLM's real scheduler on CPU, three engines stepped in lockstep (rotating which goes
+    first): stock ``OffloadingConnector``, observed switched off, observed on. Thread CPU
+    time inside schedule() + update_from_output(), as scheduler_overhead.py measures."""
+    import scheduler_overhead as so  # this directory
+
+    engines = [so._engine(so.STOCK, tiering), so._engine(so.OBSERVED, tiering),
+               so._engine(so.OBSERVED, tiering)]
+    try:
+        off = engines[1]
+        KvscopeSwitch(off.scheduler, [r.connector for r in off.ranks]).set(False)
+        todo = [(e, so._add_requests(e, n_requests)) for e in engines]
+        step = 0
+        while any(r not in e.finished for e, rids in todo for r in rids):
+            k = step % 3
+            for e, rids in todo[k:] + todo[:k]:
+                if any(r not in e.finished for r in rids):
+                    e.step()
+            step += 1
+            if step > 100_000:
+                raise TimeoutError("requests not done after 100000 steps")
+        return {name: e.scheduler_seconds for name, e in zip(("stock", "off", "on"), engines,
+                                                              strict=True)}
+    finally:
+        for e in engines:
+            e.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("residual", help="CPU: kvscope switched off vs the stock connector")
+    r.add_argument("--requests", type=int, default=1000)
+    r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--no-tiering", action="store_true")
+    args = p.parse_args()
+    rounds = []
+    for _ in range(args.rounds):
+        t = time.perf_counter()
+        s = residual(args.requests, not args.no_tiering)
+        rounds.append(s)
+        print(json.dumps({**s, "wall_s": round(time.perf_counter() - t, 1)}), flush=True)
+    print(json.dumps({
+        "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
+        "load_average": os.getloadavg()[0],
+        "off_over_stock": [round(s["off"] / s["stock"], 4) for s in rounds],
+        "on_over_stock": [round(s["on"] / s["stock"], 4) for s in rounds],
+        "step_time_ratio_off_over_stock": round(
+            statistics.median(s["off"] / s["stock"] for s in rounds), 4),
+        "step_time_ratio_on_over_stock": round(
+            statistics.median(s["on"] / s["stock"] for s in rounds), 4)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The within-process A/B's switch (benchmarks/kvscope_switch.py) on vLLM's real scheduler:
+off must be vLLM's own path (its manager, its worker, the tiers' own methods; kvscope sees
+nothing) and on must be kvscope as loaded again. Judged by what the engine restored."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.kvscope_switch import KvscopeSwitch, NotQuiet, quiet
+from kvscope.connector.compat import WRAPPED_MARK
+from kvscope.exporters import signals as S
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
+from kvscope.sim.cpu_model import prompt
+
+pytestmark = pytest.mark.vllm
+
+
+def _hits(e: CPUEngine) -> float:
+    e.refresh()
+    snap = e.connector.kvscope_recorder.snapshot()
+    return sum(v for (m, _), v in snap.counters.items() if m is S.HIT_TOKENS)
+
+
+def _flood(e: CPUEngine, seeds) -> None:
+    for seed in seeds:  # out of the GPU prefix cache, into the tiers
+        e.generate(prompt(seed, 96), 2)
+    e.drain()
+
+
+def _settle(e: CPUEngine) -> None:
+    for _ in range(50):
+        if quiet(e.scheduler):
+            return
+        e.step()
+    raise AssertionError("engine not quiet after 50 steps")
+
+
+@pytest.mark.parametrize("tiering", [False, True], ids=["cpu", "tiering"])
+def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
+    with CPUEngine(EngineConfig(rows=64, num_gpu_blocks=16, tiering=tiering)) as e:
+        switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
+        first = e.generate(prompt(3, 96), 2)
+        _flood(e, (4, 5, 6))
+        _settle(e)
+        switch.set(False)
+        assert e.connector.connector_scheduler.manager is switch.manager
+        assert not getattr(switch.manager, WRAPPED_MARK, False)
+        assert all(r.connector.connector_worker.worker is inner
+                   for r, (_, _, inner) in zip(e.ranks, switch.workers, strict=True))
+        for tier, taps in switch.tier_taps:
+            assert not set(taps) & set(vars(tier))  # the class's methods again
+        if tiering:
+            assert any(taps for _, taps in switch.tier_taps)  # there were taps to remove
+        hits_before = _hits(e)
+        off = e.generate(prompt(3, 96), 2)
+        _flood(e, (7, 8, 9))
+        _settle(e)
+        assert off.num_external_tokens == 96, off  # the premise: restored from the tiers
+        assert off.output == first.output
+        assert _hits(e) == hits_before  # kvscope saw nothing while off
+
+        switch.set(True)
+        assert e.connector.connector_scheduler.manager is switch.manager_proxy
+        hits_before = _hits(e)
+        on = e.generate(prompt(3, 96), 2)
+        e.drain()
+        assert on.num_external_tokens == 96, on
+        assert on.output == first.output
+        assert _hits(e) - hits_before == on.num_external_tokens  # kvscope sees again
+
+
+def test_a_switch_with_a_request_in_flight_is_refused():
+    with CPUEngine(EngineConfig(rows=64, num_gpu_blocks=16)) as e:
+        switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
+        rid = e.add_request(prompt(3, 96), 8)
+        e.step()
+        with pytest.raises(NotQuiet):
+            switch.set(False)
+        assert switch.on and e.connector._kvscope_observer is switch.observer
+        e.run_until_done([rid])
+        _settle(e)
+        switch.set(False)
+        assert not switch.on
