@@ -1,0 +1,273 @@
+"""Overhead where the scheduler is the bottleneck, resolved within one process (issue 13 item 1).
+
+``gpu_scheduler_bound.py`` compares fresh stock and observed processes; identical processes
+spread by +-7 % there (bimodal in earlier runs), so its ratio's 95 % CI over 11 processes was
+0.957-1.109. Here each process loads the same engine with ``ObservedOffloadingConnector`` and
+alternates its iterations between kvscope **on** and **off** (benchmarks/kvscope_switch.py:
+off is vLLM's stock path), in ABBA order (pair j: on then off for even j, off then on for
+odd j), so the process's own mode, memory placement and drift are shared by both arms of
+every pair. Same workload and model as gpu_scheduler_bound.py: an iteration asks 96 new
+1,024-token prompts (96 out), then the previous iteration's 96 again, restoring ~96 x 1,008
+tokens from the CPU tier (engine truth: ``num_cached_tokens``, recorded per iteration).
+
+Between iterations the engine is settled (vLLM's scheduler holds no request and its
+offloading connector no job: tiny requests are run until then, outside the timed region),
+then switched. The timed region is the two ``generate`` calls. Reported per mode: the
+geometric mean over pairs of tokens/s(on) / tokens/s(off) = t_off / t_on, with a t interval
+and a bootstrap interval over pairs, and per process. Checked per process: every re-ask
+restored the same tokens in both arms, and kvscope's own hit counter grew by exactly the
+tokens restored while it was on (so on was observed and off was not).
+
+Needs the in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the switch reaches the
+scheduler and the worker's connector in this process.
+
+    python3 benchmarks/gpu_within_process.py all --processes 2 --modes sync async --pairs 40 --out R.json
+    python3 benchmarks/gpu_within_process.py case --mode sync --pairs 40
+    python3 benchmarks/gpu_within_process.py summarize R.json [R2.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import gpu_scheduler_bound as gsb  # this directory
+from kvscope_switch import KvscopeSwitch, quiet
+
+SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
+
+
+def states(pairs: int) -> list[bool]:
+    """ABBA: pair j is (on, off) for even j, (off, on) for odd j."""
+    out: list[bool] = []
+    for j in range(pairs):
+        out += [True, False] if j % 2 == 0 else [False, True]
+    return out
+
+
+def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> dict:
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
+    t_import = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    import_s = round(time.perf_counter() - t_import, 1)
+    d = tempfile.mkdtemp(prefix="kvscope-1b-")
+    gsb.write_config(d)
+    port = gsb.free_port()
+    ktc = KVTransferConfig(
+        kv_connector="ObservedOffloadingConnector", kv_connector_module_path="kvscope.connector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, "block_size": 16,
+                                   "kvscope": {"exporter_port": port}})
+    t0 = time.perf_counter()
+    llm = LLM(model=d, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
+              block_size=16, num_gpu_blocks_override=gsb.GPU_BLOCKS, max_model_len=2048,
+              max_num_seqs=128, gpu_memory_utilization=0.5, enable_prefix_caching=True,
+              kv_transfer_config=ktc, disable_log_stats=False, seed=0,
+              async_scheduling=(mode == "async"),
+              compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 24, 32, 48, 64,
+                                                              96, 128]})
+    res: dict = {"mode": mode, "engine_up_s": round(time.perf_counter() - t0, 1),
+                 "vllm_import_s": import_s, "cpu_tier_gib": round(cpu_bytes / (1 << 30), 2),
+                 "affinity": sorted(os.sched_getaffinity(0)), "pid": os.getpid()}
+    if pin == "main":
+        res["pin_main"] = gsb.pin_main_thread()
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    switch = KvscopeSwitch(scheduler, [get_kv_transfer_group()])
+    sched_cpu = time_scheduler_calls(scheduler)
+    sp = SamplingParams(temperature=0.0, max_tokens=gsb.OUT, ignore_eos=True, detokenize=False)
+    tiny = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
+    hits = f"http://127.0.0.1:{port}/metrics"
+
+    def settle() -> int:
+        for n in range(200):
+            if quiet(scheduler):
+                return n
+            llm.generate([SETTLE_PROMPT], tiny, use_tqdm=False)
+        raise RuntimeError("engine not quiet after 200 settling requests")
+
+    llm.generate(gsb.batch(-1), sp, use_tqdm=False)  # the first re-ask's batch
+    order = [k % 2 == 0 for k in range(warmup)] + states(pairs)  # warm both states
+    iters: list[dict] = []
+    hits_on = hits0 = 0.0
+    for k, on in enumerate(order):
+        settled = settle()
+        switch.set(on)
+        if k == warmup:
+            hits0 = scrape_hits(hits)
+        gc_watch = gsb.GCWatch()
+        gc.callbacks.append(gc_watch)
+        sched0 = sched_cpu[0]
+        t = time.perf_counter()
+        new = llm.generate(gsb.batch(k), sp, use_tqdm=False)
+        again = llm.generate(gsb.batch(k - 1), sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        gc.callbacks.remove(gc_watch)
+        restored = sum(o.num_cached_tokens or 0 for o in again)
+        if k >= warmup:
+            iters.append({"on": on, "s": round(dt, 4), "restored": restored,
+                          "new_cached": sum(o.num_cached_tokens or 0 for o in new),
+                          "scheduler_cpu_s": round(sched_cpu[0] - sched0, 4),
+                          "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
+                          "settle_requests": settled})
+            if on:
+                hits_on += restored
+    settle()
+    switch.set(True)
+    hits_seen = scrape_hits(hits) - hits0
+    tokens = sum(len(p["prompt_token_ids"]) + gsb.OUT for p in gsb.batch(0)) * 2
+    res.update(pairs=pairs, warmup=warmup, tokens_per_iter=tokens, iters=iters,
+               kvscope_hit_tokens_seen=hits_seen, restored_while_on=hits_on,
+               summary=summarize_iters(iters))
+    return res
+
+
+def time_scheduler_calls(scheduler) -> list[float]:
+    """The engine thread's CPU seconds inside schedule() + update_from_output() (where every
+    scheduler-side connector call happens), summed into the returned one-item list: the
+    scheduler's share of an iteration, which bounds what the CPU-measured residual of
+    kvscope switched off (kvscope_switch.py residual) can cost here. Both arms pay it."""
+    total = [0.0]
+    for name in ("schedule", "update_from_output"):
+        inner = getattr(scheduler, name)
+
+        def timed(*a, _inner=inner, **kw):
+            t0 = time.thread_time()
+            try:
+                return _inner(*a, **kw)
+            finally:
+                total[0] += time.thread_time() - t0
+
+        setattr(scheduler, name, timed)
+    return total
+
+
+def scrape_hits(url: str) -> float:
+    got = gsb.scrape(url, ("kvscope_hit_tokens_total",))
+    if "error" in got:
+        raise RuntimeError(f"kvscope endpoint: {got['error']}")
+    return sum(got.values())
+
+
+def pair_logs(iters: list[dict]) -> list[float]:
+    """log(t_off / t_on) per pair: log of tokens/s(on) / tokens/s(off)."""
+    out = []
+    for a, b in zip(iters[0::2], iters[1::2], strict=True):
+        on, off = (a, b) if a["on"] else (b, a)
+        assert on["on"] and not off["on"], "a pair holds one iteration of each state"
+        out.append(math.log(off["s"] / on["s"]))
+    return out
+
+
+def interval(logs: list[float], seed: int = 0) -> dict:
+    n = len(logs)
+    mean = statistics.mean(logs)
+    out = {"pairs": n, "ratio_on_over_off": round(math.exp(mean), 4)}
+    if n >= 2:
+        half = gsb.t975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+        rng = random.Random(seed)
+        boots = sorted(statistics.mean(rng.choices(logs, k=n)) for _ in range(10000))
+        out.update(t_95ci=[round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
+                   bootstrap_95ci=[round(math.exp(boots[249]), 4),
+                                   round(math.exp(boots[9749]), 4)],
+                   pair_log_sd=round(statistics.stdev(logs), 4))
+    return out
+
+
+def summarize_iters(iters: list[dict]) -> dict:
+    on = [i["s"] for i in iters if i["on"]]
+    off = [i["s"] for i in iters if not i["on"]]
+    restored = {i["restored"] for i in iters}
+    return {**interval(pair_logs(iters)),
+            "median_s": {"on": statistics.median(on), "off": statistics.median(off)},
+            "scheduler_cpu_share": round(sum(i.get("scheduler_cpu_s", 0.0) for i in iters)
+                                         / sum(i["s"] for i in iters), 4),
+            "restored_per_reask": sorted(restored)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    out: dict = {}
+    for mode in sorted({r["mode"] for r in runs}):
+        ok = [r for r in runs if r["mode"] == mode and "iters" in r]
+        if not ok:
+            out[mode] = {"error": "no completed process"}
+            continue
+        logs = [x for r in ok for x in pair_logs(r["iters"])]
+        out[mode] = {**interval(logs), "processes": len(ok),
+                     "per_process": [r["summary"]["ratio_on_over_off"] for r in ok]}
+    return out
+
+
+def spawn(mode: str, args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "case", "--mode", mode,
+           "--pairs", str(args.pairs), "--warmup", str(args.warmup), "--pin", args.pin,
+           "--cpu-gib", str(args.cpu_gib)]
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+    except subprocess.TimeoutExpired as exc:
+        return {"mode": mode, "error": "timeout", "tail": str(exc.stderr or "")[-2000:]}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return {**json.loads(line), "process_s": round(time.perf_counter() - t, 1)}
+    return {"mode": mode, "error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("case")
+    c.add_argument("--mode", choices=["sync", "async"], default="sync")
+    a = sub.add_parser("all")
+    a.add_argument("--processes", type=int, default=2, help="per mode")
+    a.add_argument("--modes", nargs="+", default=["sync", "async"])
+    a.add_argument("--out", default="gpu_within_process.json")
+    a.add_argument("--case-timeout", type=float, default=560)
+    for q in (c, a):
+        q.add_argument("--pairs", type=int, default=40)
+        q.add_argument("--warmup", type=int, default=2)
+        q.add_argument("--pin", default="main", help="as gpu_scheduler_bound.py")
+        q.add_argument("--cpu-gib", type=float, default=12.0)
+    s = sub.add_parser("summarize")
+    s.add_argument("files", nargs="+")
+    args = p.parse_args()
+    if args.cmd == "summarize":
+        runs = [r for f in args.files for r in json.load(open(f))["runs"]]
+        print(json.dumps(summarize(runs), indent=1))
+        return 0
+    if args.cmd == "case":
+        cpus = gsb.pin_cpus(args.pin)
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # before vLLM starts its threads: they inherit it
+        print(json.dumps(run_case(args.mode, args.pairs, args.warmup, args.pin,
+                                  int(args.cpu_gib * (1 << 30)))), flush=True)
+        return 0
+    runs: list[dict] = []
+    result = {"command": " ".join(sys.argv), "runs": runs}
+    for _ in range(args.processes):
+        for mode in args.modes:
+            runs.append(spawn(mode, args))
+            r = runs[-1]
+            print(json.dumps({k: r.get(k) for k in ("mode", "engine_up_s", "process_s",
+                                                    "summary", "error", "tail")}), flush=True)
+            result["summary"] = summarize(runs)
+            with open(args.out, "w") as f:  # after every process: a cut run keeps its data
+                json.dump(result, f, indent=1)
+    print(json.dumps(result.get("summary")), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
