@@ -11,7 +11,8 @@ every pair. Same workload and model as gpu_scheduler_bound.py: an iteration asks
 tokens from the CPU tier (engine truth: ``num_cached_tokens``, recorded per iteration).
 
 Between iterations the engine is settled (vLLM's scheduler holds no request and its
-offloading connector no job: tiny requests are run until then, outside the timed region),
+offloading connector no transfer job: a store job still in flight completes only while the
+engine steps, so tiny requests are run until then, outside the timed region),
 then switched. The timed region is the two ``generate`` calls. Reported per mode: the
 geometric mean over pairs of tokens/s(on) / tokens/s(off) = t_off / t_on, with a t interval
 and a bootstrap interval over pairs, and per process. Checked per process: every re-ask
