@@ -101,8 +101,9 @@ class Config:
     # ---- transfer stuck while busy -----------------------------------------------------------
     # A transfer (store, promotion, cascade, load) unfinished for longer than the top bucket of
     # kvscope_transfer_seconds (a cold disk read under load takes seconds, not this) while the
-    # engine has requests: the request waiting for it waits with it (a stalled read pool, a
-    # lost completion). On an idle engine KVOffloadTransfersPendingAtIdle is the alert.
+    # engine has requests (kvscope's or vLLM's request gauges, rules.engine_requests): the
+    # request waiting for it waits with it (a stalled read pool, a lost completion). On an idle
+    # engine (the exact complement) KVOffloadTransfersPendingAtIdle is the alert.
     transfer_stuck_after_s: float = signals.TRANSFER_SECONDS_BUCKETS[-1]
     transfer_stuck_for: str = "2m"
 

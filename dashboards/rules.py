@@ -167,6 +167,27 @@ def eq(label: str, value: str) -> str:
     return f'{label}="{value}"'
 
 
+def engine_requests(cfg: Config = DEFAULT) -> str:
+    """Unfinished requests of each engine (by ``engine_labels``), counted on every view of it:
+    kvscope's request gauges plus, where vLLM's series share the target, vLLM's running and
+    waiting gauges (vLLM holds a request before kvscope sees it, e.g. one still queued). A
+    request may count more than once: only "> 0" (busy) or "== 0" (idle) is read. Defined once
+    for both alerts, so their clauses are exact complements: KVOffloadTransferStuck's busy is
+    "> 0", KVOffloadTransfersPendingAtIdle's idle "== 0". Absent where kvscope's request
+    gauges are (a target no longer scraped): neither fires, nothing read says idle."""
+    by, sel, vsel = cfg.by_engine, cfg.sel(), cfg.sel(vllm=True)
+    kvscope = (f"sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel})\n"
+               f"+ sum by ({by}) ({s.REQUESTS.name}{sel})")
+    vllm = (f"sum by ({by}) ({s.VLLM_REQUESTS_RUNNING}{vsel})\n"
+            f"+ sum by ({by}) ({s.VLLM_REQUESTS_WAITING}{vsel})")
+    # vLLM's gauges where they share the target, kvscope's alone where they don't
+    return f"{kvscope}\n+ on ({by}) (\n{_indent(vllm)}\n)\nor\n{kvscope}"
+
+
+def _indent(expr: str) -> str:
+    return "\n".join("  " + line for line in expr.splitlines())
+
+
 def _alert(cfg: Config, name: str, expr: str, for_: str, severity: str, summary: str,
            description: str) -> dict:
     rule: dict = {"alert": name, "expr": expr}
@@ -184,24 +205,17 @@ def _alert(cfg: Config, name: str, expr: str, for_: str, severity: str, summary:
 def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
     r = Recorded(cfg)
     by, sel = cfg.by_engine, cfg.sel
-    vsel = lambda *m: cfg.sel(*m, vllm=True)  # noqa: E731
     completed = s.CascadeResult.COMPLETED.value
     prepared = s.StoreJobResult.PREPARED.value
     mismatch = s.ChecksumOutcome.MISMATCH.value
     verdict_hit = s.Verdict.HIT.value
     cw, sw = cfg.checksum_mismatch_window, cfg.stores_without_restores_window
 
+    requests = _indent(engine_requests(cfg))
     pending_at_idle = (
-        # something is pending ...
+        # something is pending on an engine without requests (TransferStuck: with requests)
         f"{r.pending_transfers} > 0\n"
-        # ... while the connector sees no unfinished request in any state ...
-        f"and on ({by}) sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel()}) == 0\n"
-        f"and on ({by}) sum by ({by}) ({s.REQUESTS.name}{sel()}) == 0\n"
-        # ... and vLLM (where its series share the target) runs and queues nothing either.
-        f"unless on ({by}) (\n"
-        f"  sum by ({by}) ({s.VLLM_REQUESTS_RUNNING}{vsel()})\n"
-        f"  + sum by ({by}) ({s.VLLM_REQUESTS_WAITING}{vsel()})\n"
-        f") > 0"
+        f"and on ({by}) (\n{requests}\n) == 0"
     )
     ceiling = f"{s.ROUNDS_AT_ROW_CEILING.name}{sel()}"
     capacity_ceiling = (
@@ -263,10 +277,7 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # a transfer of some kind unfinished for longer than a slow one takes ...
         f"max by ({by}, {s.L_KIND}) ({oldest}) > {cfg.transfer_stuck_after_s:g}\n"
         # ... while the engine has requests (idle: KVOffloadTransfersPendingAtIdle)
-        f"and on ({by}) (\n"
-        f"  sum by ({by}) ({s.REQUESTS_IN_FLIGHT.name}{sel()}) > 0\n"
-        f"  or sum by ({by}) ({s.REQUESTS.name}{sel()}) > 0\n"
-        f")"
+        f"and on ({by}) (\n{requests}\n) > 0"
     )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
