@@ -1,0 +1,159 @@
+"""The CPU engine's knobs (:class:`EngineConfig`) and the vLLM configs they become.
+
+Kept apart from the engine that runs them: what a scenario asks for (rows, tiers, ranks,
+KV groups, policies) turns into vLLM's own ``VllmConfig`` and ``KVCacheConfig`` here,
+the offloading connector's extra config included, and nothing here runs a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+
+from kvscope.sim import cpu_worker, harness_compat
+
+
+@dataclass
+class EngineConfig:
+    rows: int = 64  # primary-tier rows
+    tiering: bool = True  # TieringOffloadingSpec + fs tier, else CPUOffloadingSpec
+    world_size: int = 1
+    kv_groups: int = 1
+    # Tokens of attention window of the last KV group (a sliding-window group,
+    # as in hybrid models); None: every group is full attention.
+    sliding_window: int | None = None
+    num_layers: int = 2
+    block_size: int = 16
+    num_gpu_blocks: int = 128
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 8
+    max_model_len: int = 4096
+    own_region_ranks: tuple[int, ...] = ()  # ranks with their own /dev/shm region
+    stuck: Callable[[int, str, int], bool] | None = None  # (rank, kind, job id) -> never report
+    checksum_policy: str = "refuse"
+    kv_load_failure_policy: str = "recompute"
+    exporter_port: int | None = None
+    kvscope_options: dict[str, Any] = field(default_factory=dict)  # more kvscope settings
+    connector: str = "ObservedOffloadingConnector"  # or "OffloadingConnector" (stock)
+    hash_seed: str | None = "0"  # PYTHONHASHSEED for NONE_HASH; None = random
+    fs_root: str | None = None
+    model_dir: str | None = None  # share it (and fs_root) to model a restarted engine
+    # Wall time one step takes (a GPU forward would); the fs tier's I/O threads
+    # run meanwhile, as they do beside a real engine.
+    step_time_s: float = 0.0
+    # Finish each step's tier I/O before the next step (repeatable scenarios);
+    # off, the fs tier's threads race the steps as beside a real engine.
+    settle_tiers: bool = True
+    # With settle_tiers: the fs tier's promotions stay in flight for this many steps after
+    # the one that started them (0: done by the next step); kvscope.sim.promotion_delay.
+    promotion_delay_steps: int = 0
+    # Feed scheduler stats to vLLM's own PrometheusStatLogger (the global
+    # prometheus-client registry), as `vllm serve` does for its /metrics.
+    vllm_metrics: bool = False
+
+
+@dataclass
+class VllmConfigs:
+    """What vLLM is built with for one engine, and the KV geometry the ranks share."""
+
+    vllm_config: VllmConfig
+    kv_cache_config: KVCacheConfig
+    layers: list[str]  # attention layer names, every KV group's
+    page: int  # bytes of one block of one layer
+    row_bytes: int  # bytes of one primary-tier row (every rank's slot)
+
+
+def build_vllm_configs(cfg: EngineConfig, engine_id: str, fs_root: str,
+                       model_dir: str) -> VllmConfigs:
+    layers = [f"model.layers.{i}.self_attn.attn" for i in range(cfg.num_layers * cfg.kv_groups)]
+    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=2, head_size=16,
+                             dtype=torch.float16)
+    page = spec.page_size_bytes
+    kv_cache_config = KVCacheConfig(
+        num_blocks=cfg.num_gpu_blocks,
+        kv_cache_tensors=harness_compat.kv_cache_tensors(layers, cfg.num_gpu_blocks, page),
+        kv_cache_groups=_kv_cache_groups(cfg, layers))
+    worker_bytes_per_block = page * len(layers)
+    row_bytes = _round_up(worker_bytes_per_block * cfg.world_size, 4096)
+    ktc = _kv_transfer_config(cfg, engine_id, fs_root, row_bytes)
+    model_config = ModelConfig(model=model_dir, tokenizer=None, skip_tokenizer_init=True,
+                               dtype="float16", max_model_len=cfg.max_model_len, seed=0)
+    # Ranks are simulated in this process; the offload geometry (rank slots
+    # per row) follows the configured world size.
+    parallel = ParallelConfig(tensor_parallel_size=cfg.world_size)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=cfg.max_model_len, is_encoder_decoder=False,
+            async_scheduling=False),
+        parallel_config=parallel,
+        device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=ktc)
+    vllm_config.cache_config.num_gpu_blocks = cfg.num_gpu_blocks
+    return VllmConfigs(vllm_config, kv_cache_config, layers, page, row_bytes)
+
+
+def _kv_cache_groups(cfg: EngineConfig, layers: list[str]) -> list[KVCacheGroupSpec]:
+    # Groups of one attention kind with distinct head shapes (same page size):
+    # vLLM keeps them as separate KV-cache groups, each with its own keys.
+    shapes = ((2, 16), (1, 32), (4, 8))  # (kv heads, head size)
+    group_specs = [FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=shapes[g][0],
+                                     head_size=shapes[g][1], dtype=torch.float16)
+                   for g in range(cfg.kv_groups)]
+    if cfg.sliding_window is not None:
+        last = group_specs[-1]
+        group_specs[-1] = SlidingWindowSpec(
+            block_size=cfg.block_size, num_kv_heads=last.num_kv_heads,
+            head_size=last.head_size, dtype=torch.float16, sliding_window=cfg.sliding_window)
+    return [KVCacheGroupSpec(layers[g::cfg.kv_groups], group_specs[g])
+            for g in range(cfg.kv_groups)]
+
+
+def _kv_transfer_config(cfg: EngineConfig, engine_id: str, fs_root: str,
+                        row_bytes: int) -> KVTransferConfig:
+    """The connector to load (observed or stock) and the offloading spec it builds:
+    the CPU-copy specs of :mod:`kvscope.sim.cpu_worker`, sized in primary-tier rows."""
+    extra: dict[str, Any] = {
+        "spec_name": "CPUSimTieringSpec" if cfg.tiering else "CPUSimOffloadingSpec",
+        "spec_module_path": cpu_worker.__name__,
+        "cpu_bytes_to_use": cfg.rows * row_bytes,
+        "block_size": cfg.block_size,
+        "kvscope": {"checksum_policy": cfg.checksum_policy,
+                    "exporter_port": cfg.exporter_port, **cfg.kvscope_options},
+    }
+    if cfg.connector != "ObservedOffloadingConnector":
+        extra.pop("kvscope")
+    if cfg.tiering:
+        extra["secondary_tiers"] = [{"type": "fs", "root_dir": fs_root,
+                                     "n_read_threads": 1, "n_write_threads": 1}]
+    module = ("kvscope.connector" if cfg.connector == "ObservedOffloadingConnector"
+              else "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
+    return KVTransferConfig(kv_connector=cfg.connector, kv_role="kv_both",
+                            kv_connector_module_path=module,
+                            engine_id=engine_id,
+                            kv_load_failure_policy=cfg.kv_load_failure_policy,
+                            kv_connector_extra_config=extra)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
