@@ -45,6 +45,19 @@ import gpu_scheduler_bound as gsb  # this directory
 from kvscope_switch import KvscopeSwitch, quiet
 
 SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
+PROBE_N = 300_000  # ~10-20 ms of pure Python on the engine's thread
+
+
+def cpu_probe() -> float:
+    """Seconds of a fixed pure-Python loop on this thread, run idle between iterations (no
+    request, kvscope's threads idle): how fast the host runs the engine's thread just then.
+    Run 1 showed the scheduler's own CPU time for the same work moving +-12 % between
+    adjacent iterations, in stretches: the host's speed, a covariate outside the arms."""
+    t = time.perf_counter()
+    x = 0
+    for i in range(PROBE_N):
+        x += i & 7
+    return time.perf_counter() - t
 
 
 def states(pairs: int) -> list[bool]:
@@ -106,6 +119,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     for k, on in enumerate(order):
         settled = settle()
         switch.set(on)
+        probe = cpu_probe()
         if k == warmup:
             hits0 = scrape_hits(hits)
         gc_watch = gsb.GCWatch()
@@ -122,7 +136,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
                           "new_cached": sum(o.num_cached_tokens or 0 for o in new),
                           "scheduler_cpu_s": round(sched_cpu[0] - sched0, 4),
                           "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
-                          "settle_requests": settled})
+                          "settle_requests": settled, "probe_s": round(probe, 5)})
             if on:
                 hits_on += restored
     settle()
