@@ -1,0 +1,141 @@
+"""Whole engine step time: ObservedOffloadingConnector vs the stock OffloadingConnector.
+
+    python benchmarks/engine_step_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
+        [--label TEXT] [--out results/engine_step_overhead.jsonl]
+
+``scheduler_overhead.py`` times only ``Scheduler.schedule()`` + ``update_from_output()``.
+With TP=1 vLLM's engine core also runs, on the same thread, the worker-side connector
+calls (``start_load_kv``, ``get_finished``, ``get_kv_connector_stats``, the offloading
+worker's submissions) and, in-process, vLLM's ``PrometheusStatLogger.record``. This
+times the WHOLE CPU engine step (``kvscope.sim.cpu_engine``, ``vllm_metrics=True``) on the
+engine thread's CPU clock, minus the harness's fake model forward and sampling (and its
+tier settling), for a stock and an observed engine in lockstep (step by step, alternating
+which goes first; see ``scheduler_overhead.py`` for why). Per run: the step split into
+the scheduler calls, vLLM's stat logger, and the rest (worker-side connector calls, the
+KV output aggregation, ...). The ratio reported is the median over rounds of each pair's
+``step_minus_forward`` ratio. The load average is recorded with every line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+from scheduler_overhead import OBSERVED, STOCK, _add_requests, _kvscope_threads_cpu  # noqa: E402
+
+
+def _engine(connector: str, tiering: bool):
+    from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
+
+    return CPUEngine(EngineConfig(rows=512, tiering=tiering, world_size=1, kv_groups=1,
+                                  num_gpu_blocks=512, max_num_batched_tokens=512,
+                                  max_num_seqs=32, connector=connector, step_time_s=0.0,
+                                  vllm_metrics=True))
+
+
+class _Clock:
+    """Thread CPU time spent inside some of an engine's calls (wrapped on the instance)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, owner, name: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*a, **kw):
+            t0 = time.thread_time()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.seconds += time.thread_time() - t0
+
+        setattr(owner, name, timed)
+
+
+def _clocks(e) -> dict[str, _Clock]:
+    """The harness's fake forward (and its tier settling) and vLLM's stat logger."""
+    forward, logger = _Clock(), _Clock()
+    forward.wrap(e.model, "forward")
+    forward.wrap(e.model, "sample_all")
+    forward.wrap(e, "_settle_tiers")
+    logger.wrap(e.stat_logger, "record")
+    return {"forward": forward, "logger": logger}
+
+
+def _result(connector: str, e, step_s: float, clocks: dict[str, _Clock],
+            threads_s: float = 0.0) -> dict:
+    fwd, log = clocks["forward"].seconds, clocks["logger"].seconds
+    net = step_s - fwd
+    return {"connector": connector, "steps": e.steps,
+            "step_minus_forward_s": round(net, 4),
+            "per_step_us": round(1e6 * net / e.steps, 1),
+            "scheduler_s": round(e.scheduler_seconds, 4), "stat_logger_s": round(log, 4),
+            "rest_s": round(net - e.scheduler_seconds - log, 4),
+            "forward_s": round(fwd, 4), "kvscope_threads_s": round(threads_s, 4),
+            "loadavg": round(os.getloadavg()[0], 2)}
+
+
+def run_pair(n_requests: int, tiering: bool) -> list[dict]:
+    with _engine(STOCK, tiering) as stock, _engine(OBSERVED, tiering) as observed:
+        engines = [(stock, _add_requests(stock, n_requests)),
+                   (observed, _add_requests(observed, n_requests))]
+        clocks = [_clocks(stock), _clocks(observed)]
+        spent = [0.0, 0.0]
+        step = 0
+        while any(r not in e.finished for e, rids in engines for r in rids):
+            for i in ((0, 1) if step % 2 == 0 else (1, 0)):
+                e, rids = engines[i]
+                if any(r not in e.finished for r in rids):
+                    t0 = time.thread_time()
+                    e.step()
+                    spent[i] += time.thread_time() - t0
+            step += 1
+            if step > 100_000:
+                raise TimeoutError("requests not done after 100000 steps")
+        threads_s = _kvscope_threads_cpu(observed)
+        return [_result(STOCK, stock, spent[0], clocks[0]),
+                _result(OBSERVED, observed, spent[1], clocks[1], threads_s)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-tiering", action="store_true")
+    p.add_argument("--label", default="", help="recorded with every line (e.g. a commit)")
+    p.add_argument("--out", help="also append every line to this JSONL file")
+    args = p.parse_args()
+    tiering = not args.no_tiering
+    out = open(args.out, "a") if args.out else None
+
+    def emit(row: dict) -> None:
+        line = json.dumps({"label": args.label, "tiering": tiering, **row})
+        print(line, flush=True)
+        if out is not None:
+            out.write(line + "\n")
+            out.flush()
+
+    ratios, parts = [], {"scheduler_s": [], "stat_logger_s": [], "rest_s": []}
+    for _ in range(args.rounds):
+        stock, obs = run_pair(args.requests, tiering)
+        emit(stock)
+        emit(obs)
+        ratios.append(obs["step_minus_forward_s"] / stock["step_minus_forward_s"])
+        for k, v in parts.items():  # observed minus stock, per step
+            v.append(1e6 * (obs[k] - stock[k]) / obs["steps"])
+    emit({"requests": args.requests, "rounds": args.rounds,
+          "pair_ratios": [round(x, 4) for x in ratios],
+          "extra_us_per_step_median": {k: round(statistics.median(v), 1)
+                                       for k, v in parts.items()},
+          "engine_step_ratio_observed_over_stock": round(statistics.median(ratios), 4)})
+    if out is not None:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
