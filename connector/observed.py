@@ -184,7 +184,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
 
     def start_load_kv(self, forward_context, **kwargs):
         w = self.kvscope_worker
-        if w is not None:  # which request each load job serves (request-level refusals)
+        if w is not None and w.wants_load_jobs:  # which request each load job serves
             w.note_load_jobs(bound_load_jobs(self))
         return super().start_load_kv(forward_context, **kwargs)
 
@@ -205,11 +205,11 @@ class ObservedOffloadingConnector(OffloadingConnector):
             return load_failures.with_failed_requests(results, w.take_failed_requests())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors = set(super().get_block_ids_with_load_errors())
+        errors = super().get_block_ids_with_load_errors()
         w = self.kvscope_worker
-        if w is not None:
-            errors |= w.take_load_errors()
-        return errors
+        if w is None or not w.has_load_errors:  # the common case: vLLM's own, untouched
+            return errors
+        return set(errors) | w.take_load_errors()
 
     # ---- scheduler role ---------------------------------------------------------------------
     def on_new_request(self, request):
@@ -268,6 +268,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
             else:  # worker side: its recorder flushes on the worker's thread
                 rec = self.kvscope_recorder
                 if not rec.delta_ready:
+                    return stats
+                w = self.kvscope_worker  # at most every 50 ms while busy (WorkerProxy)
+                if w is not None and not w.stats_due():
                     return stats
                 ours = stats_from_delta(rec.take_delta())
             if ours is None:
@@ -348,8 +351,14 @@ class KvscopePromMetrics(OffloadPromMetrics):
         self._kvscope_names.add(m.name)
 
     def observe(self, transfer_stats_data, engine_idx: int = 0):
-        types = transfer_stats_data.get("types", {})
         data = transfer_stats_data.get("data", {})
+        prefix = signals.PREFIX
+        for key in data:
+            if key.startswith(prefix):
+                break
+        else:  # no kvscope series in this batch (most steps): vLLM's, untouched
+            return super().observe(transfer_stats_data, engine_idx)
+        types = transfer_stats_data.get("types", {})
         theirs = {k: v for k, v in data.items() if not k.startswith(signals.PREFIX)}
         ours = {k: v for k, v in data.items() if k in self._kvscope_names}
         # vLLM's own keys beside types/data (0.33's "info": vllm:kv_offload_config_info) pass

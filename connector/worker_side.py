@@ -22,7 +22,6 @@ refuses the load (``reason="checksum_error"``) under ``refuse``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -31,18 +30,16 @@ from kvscope.connector import compat
 from kvscope.connector.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.integrity import mismatched_rows
-from kvscope.connector.scheduler_side import TIMESTAMP_RESOLUTION_S
+from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, TIMESTAMP_RESOLUTION_S
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ChecksumOutcome, Direction, ErrorSite, RefusalReason
 
-
-@dataclass
-class _Job:
-    direction: Direction
-    started: float
-    blocks: int
+# vLLM's stats object from this rank's recorder at most this often while transfers keep
+# coming (as the scheduler side's FLUSH_INTERVAL_S), at once on a quiet step; the
+# recorder itself (this rank's endpoint) flushes on every step that recorded something.
+STATS_INTERVAL_S = FLUSH_INTERVAL_S
 
 
 class WorkerProxy:
@@ -62,7 +59,17 @@ class WorkerProxy:
         rank = compat.region_rank(self._region)
         self.rank = rank if rank is not None else compat.process_rank()
         self._rank_label = str(self.rank)
-        self._jobs: dict[int, _Job] = {}
+        # job id -> (direction, monotonic start, GPU blocks); in flight per direction
+        self._jobs: dict[int, tuple[Direction, float, int]] = {}
+        self._in_flight = {Direction.GPU_TO_CPU: 0, Direction.CPU_TO_GPU: 0}
+        self._in_flight_shown: dict[Direction, int | None] = dict.fromkeys(self._in_flight)
+        # finished since the last step(), per direction: bytes and seconds (recorded at once)
+        self._done_bytes = dict.fromkeys(self._in_flight, 0)
+        self._done_seconds: dict[Direction, list[float]] = {d: [] for d in self._in_flight}
+        self._active = False  # a job submitted or finished since the last step()
+        self._quiet = False  # the last step() saw neither
+        self._recorded = True  # something went into the recorder since its last flush
+        self._flushed_at = self._stats_at = float("-inf")
         self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
         self._load_errors: set[int] = set()
         self._load_requests: dict[int, str] = {}  # job id -> request id (this step's loads)
@@ -89,33 +96,19 @@ class WorkerProxy:
         if self._policy != ChecksumPolicy.OFF and not self._verify(src_spec):
             if self._policy == ChecksumPolicy.REFUSE and self._can_refuse(job_id):
                 self._refused[job_id] = compat.spec_rows(dst_spec)
+                self._active = True
                 return True
         self._track(job_id, Direction.CPU_TO_GPU, dst_spec)
         return self._inner.submit_load(job_id, src_spec, dst_spec, *args, **kwargs)
 
     def get_finished(self):
         results = list(self._inner.get_finished())
-        with self._rec.guard(ErrorSite.WORKER):
-            now = time.monotonic()
-            for res in results:
-                job = self._jobs.pop(res.job_id, None)
-                if job is None or not res.success:
-                    continue
-                labels = (self._rank_label, job.direction.value)
-                size = res.transfer_size
-                if size is None and self._geometry is not None:
-                    size = job.blocks * self._geometry.slot_size
-                seconds = res.transfer_time if res.transfer_time is not None else now - job.started
-                self._rec.inc(signals.TRANSFER_BYTES, labels, size or 0)
-                self._rec.observe(signals.TRANSFER_SECONDS, labels, seconds)
-                if not self._tracing:
-                    continue
-                with self._tracer.start_as_current_span(signals.SPAN_TRANSFER) as span:
-                    span.set_attribute(signals.A_RANK, self.rank)
-                    span.set_attribute(signals.A_DIRECTION, job.direction.value)
-                    span.set_attribute(signals.A_BYTES, int(size or 0))
-                    span.set_attribute(signals.A_JOB_ID, int(res.job_id))
-                    span.set_attribute(signals.A_DURATION_S, float(seconds))
+        if results:
+            try:
+                self._finished(results)
+            except Exception as exc:
+                self._rec.error(ErrorSite.WORKER, exc)
+                self._recorded = True
         if self._refused:  # correctness path: outside any telemetry guard
             from kvscope.connector.compat.vllm_api import TransferResult
 
@@ -128,6 +121,40 @@ class WorkerProxy:
             self._refused.clear()
         return results
 
+    def _finished(self, results: list) -> None:
+        """This step's finished jobs: sizes and durations summed per direction here, into
+        the recorder once per step (:meth:`step`), not one locked call per job."""
+        self._active = True
+        jobs, in_flight, now = self._jobs, self._in_flight, None
+        for res in results:
+            job = jobs.pop(res.job_id, None)
+            if job is None:
+                continue
+            direction, started, blocks = job
+            in_flight[direction] -= 1
+            if not res.success:
+                continue
+            size = res.transfer_size
+            if size is None and self._geometry is not None:
+                size = blocks * self._geometry.slot_size
+            seconds = res.transfer_time
+            if seconds is None:
+                if now is None:
+                    now = time.monotonic()
+                seconds = now - started
+            self._done_bytes[direction] += size or 0
+            self._done_seconds[direction].append(seconds)
+            if self._tracing:
+                self._span(res.job_id, direction, size, seconds)
+
+    def _span(self, job_id: int, direction: Direction, size: int | None, seconds: float) -> None:
+        with self._tracer.start_as_current_span(signals.SPAN_TRANSFER) as span:
+            span.set_attribute(signals.A_RANK, self.rank)
+            span.set_attribute(signals.A_DIRECTION, direction.value)
+            span.set_attribute(signals.A_BYTES, int(size or 0))
+            span.set_attribute(signals.A_JOB_ID, int(job_id))
+            span.set_attribute(signals.A_DURATION_S, float(seconds))
+
     def wait(self, job_ids, *args, **kwargs):
         return self._inner.wait({j for j in job_ids if j not in self._refused}, *args, **kwargs)
 
@@ -136,6 +163,11 @@ class WorkerProxy:
         return self._inner.shutdown()
 
     # ---- kvscope ------------------------------------------------------------------------
+    @property
+    def wants_load_jobs(self) -> bool:
+        """Whether :meth:`note_load_jobs` is needed (request-level refusals only)."""
+        return self._refusal_path == load_failures.REQUESTS
+
     def note_load_jobs(self, load_jobs: dict | None) -> None:
         """Remember which request each of this step's asynchronous load jobs serves."""
         with self._rec.guard(ErrorSite.WORKER):
@@ -155,29 +187,74 @@ class WorkerProxy:
         failed, self._failed_requests = self._failed_requests, set()
         return failed
 
+    @property
+    def has_load_errors(self) -> bool:
+        return bool(self._load_errors)
+
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def step(self) -> None:
-        """Per-step gauges and flush (called from the connector's get_finished)."""
-        with self._rec.guard(ErrorSite.WORKER):
-            in_flight = {d: 0 for d in self._flight_labels}
-            for job in self._jobs.values():
-                in_flight[job.direction] += 1
-            for direction, n in in_flight.items():
-                self._rec.set(signals.TRANSFERS_IN_FLIGHT, self._flight_labels[direction], n)
+        """Per-step gauges and flush (called from the connector's get_finished). The
+        recorder is flushed when something was recorded since its last flush, on a quiet
+        step, and at least every STATS_INTERVAL_S (what others recorded: errors)."""
+        rec = self._rec
+        try:
+            for direction, seconds in self._done_seconds.items():
+                if seconds:
+                    labels = self._flight_labels[direction]
+                    self._done_seconds[direction] = []
+                    size, self._done_bytes[direction] = self._done_bytes[direction], 0
+                    rec.inc(signals.TRANSFER_BYTES, labels, size)
+                    rec.observe_many(signals.TRANSFER_SECONDS, labels, seconds)
+                    self._recorded = True
+            shown = self._in_flight_shown
+            for direction, n in self._in_flight.items():
+                if shown[direction] != n:
+                    shown[direction] = n
+                    rec.set(signals.TRANSFERS_IN_FLIGHT, self._flight_labels[direction], n)
+                    self._recorded = True
             now = time.time()
             if now - self._stamped >= TIMESTAMP_RESOLUTION_S:
                 self._stamped = now
-                self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), now)
+                rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), now)
                 self._tracing = tracing_enabled(self._tracer)
-        with self._rec.guard(ErrorSite.STATS):
-            self._rec.flush()
+                self._recorded = True
+        except Exception as exc:
+            rec.error(ErrorSite.WORKER, exc)
+            self._recorded = True
+        self._quiet, self._active = not self._active, False
+        mono = time.monotonic()
+        if self._recorded or self._quiet or mono - self._flushed_at >= STATS_INTERVAL_S:
+            self._recorded, self._flushed_at = False, mono
+            with rec.guard(ErrorSite.STATS):
+                rec.flush()
+
+    def stats_due(self) -> bool:
+        """Whether vLLM's stats hook hands over this rank's delta now: at most every
+        STATS_INTERVAL_S while transfers keep coming, at once on a quiet step (nothing
+        submitted or finished: the engine idles or waits). vLLM sums what is held back
+        (counters), keeps every observation and the latest gauge value: same values."""
+        now = time.monotonic()
+        if self._quiet or now - self._stats_at >= STATS_INTERVAL_S:
+            self._stats_at = now
+            return True
+        return False
 
     def _track(self, job_id: int, direction: Direction, gpu_spec: Any) -> None:
-        with self._rec.guard(ErrorSite.WORKER):
-            self._jobs[job_id] = _Job(direction, time.monotonic(), len(gpu_spec.block_ids))
+        try:
+            blocks = len(gpu_spec.block_ids)
+            jobs = self._jobs
+            old = jobs.get(job_id)
+            if old is not None:  # a job id reused while in flight: counted once
+                self._in_flight[old[0]] -= 1
+            jobs[job_id] = (direction, time.monotonic(), blocks)
+            self._in_flight[direction] += 1
+            self._active = True
+        except Exception as exc:
+            self._rec.error(ErrorSite.WORKER, exc)
+            self._recorded = True
 
     def _verify(self, src_spec: Any) -> bool:
         """Compare this rank's slot of promoted rows with the scheduler's digests.
@@ -187,6 +264,7 @@ class WorkerProxy:
         expected = getattr(src_spec, compat.EXPECTED_DIGESTS_ATTR, None)
         if not expected:
             return True
+        self._recorded = True  # the outcome is counted below, whatever it is
         g, buf = self._geometry, compat.region_buffer(self._region)
         try:
             if g is None or buf is None:
