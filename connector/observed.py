@@ -265,12 +265,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
         try:
             if observer is not None:  # scheduler side: built by the aggregator thread
                 ours = observer.take_stats()
-            else:  # worker side: its recorder flushes on the worker's thread
+            else:  # worker side: flushed at most every 50 ms while busy (WorkerProxy.step)
                 rec = self.kvscope_recorder
                 if not rec.delta_ready:
-                    return stats
-                w = self.kvscope_worker  # at most every 50 ms while busy (WorkerProxy)
-                if w is not None and not w.stats_due():
                     return stats
                 ours = stats_from_delta(rec.take_delta())
             if ours is None:

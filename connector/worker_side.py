@@ -31,15 +31,11 @@ from kvscope.connector.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Diges
 from kvscope.connector.compat import load_failures
 from kvscope.connector.integrity import mismatched_rows
 from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, TIMESTAMP_RESOLUTION_S
+from kvscope.connector.worker_tally import TransferTally
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ChecksumOutcome, Direction, ErrorSite, RefusalReason
-
-# vLLM's stats object from this rank's recorder at most this often while transfers keep
-# coming (as the scheduler side's FLUSH_INTERVAL_S), at once on a quiet step; the
-# recorder itself (this rank's endpoint) flushes on every step that recorded something.
-STATS_INTERVAL_S = FLUSH_INTERVAL_S
 
 
 class WorkerProxy:
@@ -59,17 +55,12 @@ class WorkerProxy:
         rank = compat.region_rank(self._region)
         self.rank = rank if rank is not None else compat.process_rank()
         self._rank_label = str(self.rank)
-        # job id -> (direction, monotonic start, GPU blocks); in flight per direction
-        self._jobs: dict[int, tuple[Direction, float, int]] = {}
-        self._in_flight = {Direction.GPU_TO_CPU: 0, Direction.CPU_TO_GPU: 0}
-        self._in_flight_shown: dict[Direction, int | None] = dict.fromkeys(self._in_flight)
-        # finished since the last step(), per direction: bytes and seconds (recorded at once)
-        self._done_bytes = dict.fromkeys(self._in_flight, 0)
-        self._done_seconds: dict[Direction, list[float]] = {d: [] for d in self._in_flight}
-        self._active = False  # a job submitted or finished since the last step()
-        self._quiet = False  # the last step() saw neither
-        self._recorded = True  # something went into the recorder since its last flush
-        self._flushed_at = self._stats_at = float("-inf")
+        # in flight and finished, into the recorder at most every FLUSH_INTERVAL_S while
+        # transfers keep coming, at once on a quiet step or for a reader (worker_tally.py)
+        self._tally = TransferTally(recorder, self._rank_label)
+        self._flushed_at = float("-inf")
+        self._recorded = False  # recorded outside the tally since the last flush
+        recorder.before_read = self.drain
         self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
         self._load_errors: set[int] = set()
         self._load_requests: dict[int, str] = {}  # job id -> request id (this step's loads)
@@ -78,7 +69,6 @@ class WorkerProxy:
         self._tracing = tracing_enabled(tracer)
         setattr(self, compat.WRAPPED_MARK, True)
         r = self._rank_label
-        self._flight_labels = {d: (r, d.value) for d in (Direction.GPU_TO_CPU, Direction.CPU_TO_GPU)}
         recorder.declare(signals.TRANSFER_BYTES, (r, Direction.GPU_TO_CPU.value),
                          (r, Direction.CPU_TO_GPU.value))
         recorder.declare(signals.ROW_CHECKSUMS, *[(r, o.value) for o in ChecksumOutcome])
@@ -96,7 +86,7 @@ class WorkerProxy:
         if self._policy != ChecksumPolicy.OFF and not self._verify(src_spec):
             if self._policy == ChecksumPolicy.REFUSE and self._can_refuse(job_id):
                 self._refused[job_id] = compat.spec_rows(dst_spec)
-                self._active = True
+                self._tally.active = True
                 return True
         self._track(job_id, Direction.CPU_TO_GPU, dst_spec)
         return self._inner.submit_load(job_id, src_spec, dst_spec, *args, **kwargs)
@@ -105,7 +95,9 @@ class WorkerProxy:
         results = list(self._inner.get_finished())
         if results:
             try:
-                self._finished(results)
+                g = self._geometry
+                self._tally.finish(results, g.slot_size if g is not None else None,
+                                   self._span if self._tracing else None)
             except Exception as exc:
                 self._rec.error(ErrorSite.WORKER, exc)
                 self._recorded = True
@@ -120,32 +112,6 @@ class WorkerProxy:
                     self._load_errors.update(blocks)
             self._refused.clear()
         return results
-
-    def _finished(self, results: list) -> None:
-        """This step's finished jobs: sizes and durations summed per direction here, into
-        the recorder once per step (:meth:`step`), not one locked call per job."""
-        self._active = True
-        jobs, in_flight, now = self._jobs, self._in_flight, None
-        for res in results:
-            job = jobs.pop(res.job_id, None)
-            if job is None:
-                continue
-            direction, started, blocks = job
-            in_flight[direction] -= 1
-            if not res.success:
-                continue
-            size = res.transfer_size
-            if size is None and self._geometry is not None:
-                size = blocks * self._geometry.slot_size
-            seconds = res.transfer_time
-            if seconds is None:
-                if now is None:
-                    now = time.monotonic()
-                seconds = now - started
-            self._done_bytes[direction] += size or 0
-            self._done_seconds[direction].append(seconds)
-            if self._tracing:
-                self._span(res.job_id, direction, size, seconds)
 
     def _span(self, job_id: int, direction: Direction, size: int | None, seconds: float) -> None:
         with self._tracer.start_as_current_span(signals.SPAN_TRANSFER) as span:
@@ -196,62 +162,34 @@ class WorkerProxy:
         return errors
 
     def step(self) -> None:
-        """Per-step gauges and flush (called from the connector's get_finished). The
-        recorder is flushed when something was recorded since its last flush, on a quiet
-        step, and at least every STATS_INTERVAL_S (what others recorded: errors)."""
-        rec = self._rec
-        try:
-            for direction, seconds in self._done_seconds.items():
-                if seconds:
-                    labels = self._flight_labels[direction]
-                    self._done_seconds[direction] = []
-                    size, self._done_bytes[direction] = self._done_bytes[direction], 0
-                    rec.inc(signals.TRANSFER_BYTES, labels, size)
-                    rec.observe_many(signals.TRANSFER_SECONDS, labels, seconds)
-                    self._recorded = True
-            shown = self._in_flight_shown
-            for direction, n in self._in_flight.items():
-                if shown[direction] != n:
-                    shown[direction] = n
-                    rec.set(signals.TRANSFERS_IN_FLIGHT, self._flight_labels[direction], n)
-                    self._recorded = True
-            now = time.time()
-            if now - self._stamped >= TIMESTAMP_RESOLUTION_S:
-                self._stamped = now
-                rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), now)
-                self._tracing = tracing_enabled(self._tracer)
-                self._recorded = True
-        except Exception as exc:
-            rec.error(ErrorSite.WORKER, exc)
+        """Once per step (the connector's get_finished): the tally into the recorder every
+        FLUSH_INTERVAL_S, and at once on a quiet step (nothing submitted or finished: the
+        engine idles or waits) if anything is left; vLLM's stats hook hands over what was
+        flushed, so a rank's series reach vLLM up to 50 ms and one step after the fact."""
+        tally = self._tally
+        quiet, tally.active = not tally.active, False
+        wall = time.time()
+        if wall - self._stamped >= TIMESTAMP_RESOLUTION_S:
+            self._stamped = wall
             self._recorded = True
-        self._quiet, self._active = not self._active, False
-        mono = time.monotonic()
-        if self._recorded or self._quiet or mono - self._flushed_at >= STATS_INTERVAL_S:
-            self._recorded, self._flushed_at = False, mono
-            with rec.guard(ErrorSite.STATS):
-                rec.flush()
-
-    def stats_due(self) -> bool:
-        """Whether vLLM's stats hook hands over this rank's delta now: at most every
-        STATS_INTERVAL_S while transfers keep coming, at once on a quiet step (nothing
-        submitted or finished: the engine idles or waits). vLLM sums what is held back
-        (counters), keeps every observation and the latest gauge value: same values."""
+            with self._rec.guard(ErrorSite.WORKER):
+                self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), wall)
+                self._tracing = tracing_enabled(self._tracer)
         now = time.monotonic()
-        if self._quiet or now - self._stats_at >= STATS_INTERVAL_S:
-            self._stats_at = now
-            return True
-        return False
+        if (now - self._flushed_at >= FLUSH_INTERVAL_S
+                or quiet and (tally.pending or self._recorded)):
+            self._flushed_at, self._recorded = now, False
+            self.drain()
+
+    def drain(self) -> None:
+        """The tally and everything recorded into the recorder's flushed state now (also
+        ``Recorder.before_read``: a reader, on its own thread, sees every transfer)."""
+        with self._rec.guard(ErrorSite.STATS):
+            self._tally.push()
 
     def _track(self, job_id: int, direction: Direction, gpu_spec: Any) -> None:
         try:
-            blocks = len(gpu_spec.block_ids)
-            jobs = self._jobs
-            old = jobs.get(job_id)
-            if old is not None:  # a job id reused while in flight: counted once
-                self._in_flight[old[0]] -= 1
-            jobs[job_id] = (direction, time.monotonic(), blocks)
-            self._in_flight[direction] += 1
-            self._active = True
+            self._tally.start(job_id, direction, len(gpu_spec.block_ids))
         except Exception as exc:
             self._rec.error(ErrorSite.WORKER, exc)
             self._recorded = True
