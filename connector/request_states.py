@@ -62,11 +62,19 @@ class RequestStates:
             self.counts[QUEUED] += 1
 
     def on_round(self, rid: str, num_tokens: int, deferred: bool) -> None:
-        """``num_tokens``: the request's token count when its round ended."""
-        if rid not in self.need:
-            self.need[rid] = self.request_keys(num_tokens)
+        """``num_tokens``: the request's token count when its round ended. Once per round
+        (on the aggregator thread): request_keys and set's no-change case inlined."""
+        need = self.need
+        if rid not in need:
+            n = 0
+            for t in self._chunk_tokens:
+                n += num_tokens // t
+            need[rid] = n
         self.looked_up.add(rid)
-        self.set(rid, DEFERRED if deferred else QUEUED, known_only=True)
+        new = DEFERRED if deferred else QUEUED
+        old = self.state.get(rid)
+        if old is not None and old != new:  # a known request changes state
+            self.set(rid, new)
 
     def request_keys(self, tokens: int) -> int:
         """Chunk keys (over all groups) a prefix of ``tokens`` tokens covers."""

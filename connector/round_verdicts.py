@@ -31,6 +31,8 @@ from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CeilingForm, ErrorSite, ShortReason, Verdict
 
 _HIT, _VETOED, _DEFERRED = Verdict.HIT, Verdict.VETOED, Verdict.DEFERRED
+_MISS_VERDICT = Verdict.MISS
+_HIT_LABELS, _MISS_LABELS = (Verdict.HIT.value,), (Verdict.MISS.value,)
 _NOTHING: frozenset[bytes] = frozenset()
 _REASON_LABELS = {r: (r.value,) for r in ShortReason}
 _NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
@@ -62,6 +64,8 @@ class RoundVerdicts:
         self._hit_tokens = 0
         self._held_tokens = 0
         self._coverages: list[float] = []
+        self._short_rounds: dict[tuple[str], int] = {}  # reason label -> rounds
+        self._short_tokens: dict[tuple[str], int] = {}  # reason label -> tokens
 
     def declare(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -92,14 +96,52 @@ class RoundVerdicts:
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
-    def judge_plain(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
-                    num_tokens: int | None, num_computed: int) -> None:
-        """A plain round (no rare events, no span), on the aggregator thread."""
+    def judge_plain(self, keys: list[bytes], results: list[Any], start: int, rid: str,
+                    req_tokens: int, offload: Offload | None, num_tokens: int | None,
+                    num_computed: int) -> None:
+        """A plain round (no rare events, no span), on the aggregator thread, from what
+        the scheduler thread captured: ``[start:]`` of the lookups handed over. A hit or
+        a miss on one full-attention group (most rounds) is judged here as :meth:`_judge`
+        and :meth:`_coverage` would (the same sums; no Round, no per-group lists): per
+        round, calls are what the aggregator's CPU time is made of."""
+        tpc = self._single_tpc
         try:
-            self._judge(rnd, rid, req_tokens, offload, num_tokens, num_computed)
+            if start:
+                keys, results = keys[start:], results[start:]
+            # a hit, or a miss (nothing found: else vetoed), of one full-attention group
+            if (tpc and num_tokens is not None and offload and len(offload[0]) == 1
+                    and len(offload[1]) == 1
+                    and (num_tokens > 0 or results.count(_MISS) == len(results))):
+                self._plain_single(keys, results, tpc, offload, num_tokens, num_computed)
+            else:
+                self._judge(Round.plain(keys, results, 0), rid, req_tokens, offload,
+                            num_tokens, num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
         self.requests.on_round(rid, req_tokens, num_tokens is None)
+
+    def _plain_single(self, keys: list[bytes], results: list[Any], tpc: int,
+                      offload: Offload, num_tokens: int, num_computed: int) -> None:
+        """A hit or miss round of one full-attention group: verdict, coverage, sums."""
+        labels = _HIT_LABELS if num_tokens > 0 else _MISS_LABELS
+        try:  # its own guard: the verdict still counts
+            lists, lens = offload
+            group_keys, n = lists[0], lens[0]
+            if len(group_keys) != n:
+                group_keys = group_keys[:n]
+            if num_tokens and num_tokens >= len(group_keys) * tpc - num_computed:
+                self._held_tokens += num_tokens  # the whole prefix offered (_full_restore)
+                self._coverages.append(1.0)
+            else:
+                self._count_coverage(judge_plain_single(
+                    group_keys, tpc, keys[results.index(_MISS)] if _MISS in results else None,
+                    _HIT if num_tokens > 0 else _MISS_VERDICT, num_tokens, num_computed,
+                    self.refused_stores))
+        except Exception as exc:
+            self.rec.error(ErrorSite.ROUND, exc)
+        self._rounds[labels] = self._rounds.get(labels, 0) + 1
+        if num_tokens > 0:
+            self._hit_tokens += num_tokens
 
     def _judge(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
                num_tokens: int | None, num_computed: int
@@ -147,6 +189,12 @@ class RoundVerdicts:
         if self._coverages:
             rec.observe_many(signals.RESTORE_COVERAGE, (), self._coverages)
             self._coverages = []
+        for metric, sums in ((signals.RESTORE_SHORT_ROUNDS, self._short_rounds),
+                             (signals.RESTORE_SHORT_TOKENS, self._short_tokens)):
+            if sums:
+                for labels, n in sums.items():
+                    rec.inc(metric, labels, n)
+                sums.clear()
 
     def _coverage(self, rnd: Round, verdict: Verdict, req_id: str, offload: Offload | None,
                   offered: int, num_computed: int) -> Coverage | None:
@@ -176,19 +224,10 @@ class RoundVerdicts:
                         refused_stores=self.refused_stores)
         if cov is None:
             return None
-        if cov.held > 0:
-            self._held_tokens += cov.held
-            self._coverages.append(cov.offered / cov.held)
+        self._count_coverage(cov)
         if cov.reason is None:
             return cov
         rec = self.rec
-        label = _REASON_LABELS[cov.reason]
-        rec.inc(signals.RESTORE_SHORT_ROUNDS, label)
-        if cov.held > cov.offered:
-            rec.inc(signals.RESTORE_SHORT_TOKENS, label, cov.held - cov.offered)
-        if cov.want > cov.held:  # beyond the stored prefix: refused stores, or never stored
-            rec.inc(signals.RESTORE_SHORT_TOKENS,
-                    label if cov.reason is _STORE_REFUSED else _NOT_STORED, cov.want - cov.held)
         if cov.refused and cov.held > cov.offered:  # rare: the row ceiling cut this restore
             others = self.requests.restoring_others(req_id)
             need = self.requests.need
@@ -205,6 +244,23 @@ class RoundVerdicts:
             rec.inc(signals.RESTORE_CEILING_ROUNDS,
                     _FORM_LABELS[CeilingForm.CONCURRENT if fits else CeilingForm.ALONE])
         return cov
+
+    def _count_coverage(self, cov: Coverage) -> None:
+        """A judged round's held tokens, coverage and short-restore reason, into the
+        sums :meth:`flush` hands to the recorder (no recorder call per round)."""
+        if cov.held > 0:
+            self._held_tokens += cov.held
+            self._coverages.append(cov.offered / cov.held)
+        if cov.reason is None:
+            return
+        label = _REASON_LABELS[cov.reason]
+        rounds, tokens = self._short_rounds, self._short_tokens
+        rounds[label] = rounds.get(label, 0) + 1
+        if cov.held > cov.offered:
+            tokens[label] = tokens.get(label, 0) + cov.held - cov.offered
+        if cov.want > cov.held:  # beyond the stored prefix: refused stores, or never stored
+            label = label if cov.reason is _STORE_REFUSED else _NOT_STORED
+            tokens[label] = tokens.get(label, 0) + cov.want - cov.held
 
     def _full_restore(self, offered: int, num_computed: int,
                       keys: list[list[bytes]]) -> Coverage | None:

@@ -280,8 +280,8 @@ class SchedulerObserver:
                      num_computed) -> None:
         """Aggregator: count a plain round's lookups and judge it (``[start:]`` of them)."""
         self.lookups.add(keys, results)
-        self.verdicts.judge_plain(Round.plain(keys, results, start), rid, req_tokens, offload,
-                                  num_tokens, num_computed)
+        self.verdicts.judge_plain(keys, results, start, rid, req_tokens, offload, num_tokens,
+                                  num_computed)
 
     # ---- request lifecycle (journal; applied by the aggregator) ------------------------------
     def on_new_request(self, request: Any) -> None:
