@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from itertools import chain
 from typing import Any
 
 from kvscope.connector import compat
@@ -108,25 +107,25 @@ class LookupCounts:
         self.only_suffix = only_suffix
         self.counts: Counter = Counter()
         self._labels: dict[tuple[bytes, int], tuple[str, str]] = {}
-        # the rounds' lookup lists since the last flush (never changed once handed over),
-        # counted in one C-level pass at the flush: per round a list append
-        self._keys: list[list[bytes]] = []
-        self._results: list[list[Any]] = []
+        # the lookups since the last flush, counted in one C-level pass at the flush: per
+        # round one list extend (its lists are in cache now; 50 ms later they are not)
+        self._keys: list[bytes] = []
+        self._results: list[Any] = []
 
     def add(self, keys: list[bytes], results: list[Any]) -> None:
-        self._results.append(results)
+        self._results += results
         if self.only_suffix is None:  # several KV groups: the key's suffix names it
-            self._keys.append(keys)
+            self._keys += keys
 
     def _count(self) -> None:
-        results, self._results = chain.from_iterable(self._results), []
+        results, self._results = self._results, []
         only = self.only_suffix
         if only is not None:  # one KV group: every key carries its suffix
             counts = self.counts
             for result_id, n in Counter(map(id, results)).items():
                 counts[only, result_id] += n
         else:
-            keys, self._keys = chain.from_iterable(self._keys), []
+            keys, self._keys = self._keys, []
             self.counts.update(zip(map(_SUFFIX, keys), map(id, results)))
 
     def flush(self, rec: Any) -> None:

@@ -16,7 +16,7 @@ count (the row ceiling's tells). All of it runs holding the aggregator's lock.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -38,6 +38,12 @@ _REASON_LABELS = {r: (r.value,) for r in ShortReason}
 _NOT_STORED = _REASON_LABELS[ShortReason.NOT_STORED]
 _STORE_REFUSED = ShortReason.STORE_REFUSED
 _FORM_LABELS = {f: (f.value,) for f in CeilingForm}
+
+
+def _ignore(keys: list[bytes], results: list[Any]) -> None:
+    return None
+
+
 # A request's offload-key lists per KV group and their lengths when its round ended
 Offload = tuple[list[list[bytes]], tuple[int, ...]]
 
@@ -45,8 +51,11 @@ Offload = tuple[list[list[bytes]], tuple[int, ...]]
 class RoundVerdicts:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
                  primary: Any, requests: RequestStates,
-                 refused_stores: Container[bytes] = ()) -> None:
+                 refused_stores: Container[bytes] = (),
+                 count_lookups: Callable[[list[bytes], list[Any]], None] = _ignore) -> None:
+        """``count_lookups``: told a plain round's lookups (LookupCounts.add)."""
         self.rec = recorder
+        self.count_lookups = count_lookups
         self.tracer = tracer
         self.tracing = False  # set by the coordinator (re-checked periodically)
         self.cs = connector_scheduler
@@ -99,11 +108,13 @@ class RoundVerdicts:
     def judge_plain(self, keys: list[bytes], results: list[Any], start: int, rid: str,
                     req_tokens: int, offload: Offload | None, num_tokens: int | None,
                     num_computed: int) -> None:
-        """A plain round (no rare events, no span), on the aggregator thread, from what
-        the scheduler thread captured: ``[start:]`` of the lookups handed over. A hit or
-        a miss on one full-attention group (most rounds) is judged here as :meth:`_judge`
-        and :meth:`_coverage` would (the same sums; no Round, no per-group lists): per
-        round, calls are what the aggregator's CPU time is made of."""
+        """A plain round (no rare events, no span): the journal's handler, on the
+        aggregator thread, from what the scheduler thread captured. Its lookups (all
+        handed over) are counted; ``[start:]`` of them are the round. A hit or a miss on
+        one full-attention group (most rounds) is judged here as :meth:`_judge` and
+        :meth:`_coverage` would (the same sums; no Round, no per-group lists, no frames
+        between): per round, calls are what the aggregator's CPU time is made of."""
+        self.count_lookups(keys, results)
         tpc = self._single_tpc
         try:
             if start:
@@ -112,36 +123,31 @@ class RoundVerdicts:
             if (tpc and num_tokens is not None and offload and len(offload[0]) == 1
                     and len(offload[1]) == 1
                     and (num_tokens > 0 or results.count(_MISS) == len(results))):
-                self._plain_single(keys, results, tpc, offload, num_tokens, num_computed)
+                try:  # its own guard: the verdict still counts
+                    group_keys, n = offload[0][0], offload[1][0]
+                    if len(group_keys) != n:
+                        group_keys = group_keys[:n]
+                    if num_tokens and num_tokens >= len(group_keys) * tpc - num_computed:
+                        self._held_tokens += num_tokens  # all offered (_full_restore)
+                        self._coverages.append(1.0)
+                    else:
+                        self._count_coverage(judge_plain_single(
+                            group_keys, tpc,
+                            keys[results.index(_MISS)] if _MISS in results else None,
+                            _HIT if num_tokens > 0 else _MISS_VERDICT, num_tokens,
+                            num_computed, self.refused_stores))
+                except Exception as exc:
+                    self.rec.error(ErrorSite.ROUND, exc)
+                labels = _HIT_LABELS if num_tokens > 0 else _MISS_LABELS
+                self._rounds[labels] = self._rounds.get(labels, 0) + 1
+                if num_tokens > 0:
+                    self._hit_tokens += num_tokens
             else:
                 self._judge(Round.plain(keys, results, 0), rid, req_tokens, offload,
                             num_tokens, num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
         self.requests.on_round(rid, req_tokens, num_tokens is None)
-
-    def _plain_single(self, keys: list[bytes], results: list[Any], tpc: int,
-                      offload: Offload, num_tokens: int, num_computed: int) -> None:
-        """A hit or miss round of one full-attention group: verdict, coverage, sums."""
-        labels = _HIT_LABELS if num_tokens > 0 else _MISS_LABELS
-        try:  # its own guard: the verdict still counts
-            lists, lens = offload
-            group_keys, n = lists[0], lens[0]
-            if len(group_keys) != n:
-                group_keys = group_keys[:n]
-            if num_tokens and num_tokens >= len(group_keys) * tpc - num_computed:
-                self._held_tokens += num_tokens  # the whole prefix offered (_full_restore)
-                self._coverages.append(1.0)
-            else:
-                self._count_coverage(judge_plain_single(
-                    group_keys, tpc, keys[results.index(_MISS)] if _MISS in results else None,
-                    _HIT if num_tokens > 0 else _MISS_VERDICT, num_tokens, num_computed,
-                    self.refused_stores))
-        except Exception as exc:
-            self.rec.error(ErrorSite.ROUND, exc)
-        self._rounds[labels] = self._rounds.get(labels, 0) + 1
-        if num_tokens > 0:
-            self._hit_tokens += num_tokens
 
     def _judge(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
                num_tokens: int | None, num_computed: int

@@ -36,7 +36,7 @@ from kvscope.connector.aggregator import INTERVAL_S, Aggregator
 from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
 from kvscope.connector.integrity import PromotedRows
-from kvscope.connector.lookup_rounds import LookupCounts, LookupLog, Round
+from kvscope.connector.lookup_rounds import LookupCounts, LookupLog
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts
 from kvscope.connector.step_gauges import StepGauges
@@ -166,7 +166,9 @@ class SchedulerObserver:
         self.verdicts = RoundVerdicts(recorder=recorder, tracer=tracer,
                                       connector_scheduler=connector_scheduler,
                                       primary=self.taps.primary, requests=self.requests,
-                                      refused_stores=self.refused_stores)
+                                      refused_stores=self.refused_stores,
+                                      count_lookups=self.lookups.add)
+        self._judge_plain = self.verdicts.judge_plain  # a plain round's journal handler
         self.gauges = StepGauges(recorder=recorder, connector_scheduler=connector_scheduler,
                                  taps=self.taps, requests=self.requests, rows=self.rows,
                                  spec=spec, vllm_config=vllm_config,
@@ -259,7 +261,7 @@ class SchedulerObserver:
             rid = request.request_id
             if not self._tracing and log.plain():
                 keys, results = log.keys, log.results
-                self.journal.append((self._plain_round, keys[:], results[:], log.start, rid,
+                self.journal.append((self._judge_plain, keys[:], results[:], log.start, rid,
                                      request.num_tokens, self._offload_prefix(rid),
                                      num_tokens, num_computed))
                 del keys[:], results[:]
@@ -275,13 +277,6 @@ class SchedulerObserver:
                                          num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
-
-    def _plain_round(self, keys, results, start, rid, req_tokens, offload, num_tokens,
-                     num_computed) -> None:
-        """Aggregator: count a plain round's lookups and judge it (``[start:]`` of them)."""
-        self.lookups.add(keys, results)
-        self.verdicts.judge_plain(keys, results, start, rid, req_tokens, offload, num_tokens,
-                                  num_computed)
 
     # ---- request lifecycle (journal; applied by the aggregator) ------------------------------
     def on_new_request(self, request: Any) -> None:

@@ -22,10 +22,17 @@ from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import PendingKind, RowState
 
-_ROW_LABELS = tuple((s.value,) for s in (RowState.TOTAL, RowState.OCCUPIED, RowState.IN_FLIGHT))
-_STATE_LABELS = tuple((s.value,) for s in STATES)
-_LOAD, _STORE = (PendingKind.LOAD.value,), (PendingKind.STORE.value,)
-_PROMOTION, _CASCADE = (PendingKind.PROMOTION.value,), (PendingKind.CASCADE.value,)
+# The recorder's keys (metric, labels) of every snapshot gauge, built once
+_ROW_KEYS = tuple((signals.PRIMARY_ROWS, (s.value,))
+                  for s in (RowState.TOTAL, RowState.OCCUPIED, RowState.IN_FLIGHT))
+_STATE_KEYS = tuple((signals.REQUESTS, (s.value,)) for s in STATES)
+# (pending count, oldest pending) per kind: load, store, promotion, cascade
+_PENDING_KEYS = tuple(((signals.PENDING_TRANSFERS, (k.value,)),
+                       (signals.OLDEST_PENDING_TRANSFER, (k.value,)))
+                      for k in (PendingKind.LOAD, PendingKind.STORE, PendingKind.PROMOTION,
+                                PendingKind.CASCADE))
+_IN_FLIGHT_KEY = (signals.REQUESTS_IN_FLIGHT, ())
+_QUARANTINED_KEY = (signals.QUARANTINED_KEYS, ())
 
 
 class StepGauges:
@@ -50,12 +57,18 @@ class StepGauges:
         self._fingerprint_src: object = None
 
     def refresh(self) -> None:
-        rec = self.rec
+        """Every gauge's value now, into the recorder in one call (one lock); on an
+        error, what was read before it still is (as one set() per gauge would)."""
         now = self.refreshed_at = time.monotonic()
-        total, occupied, in_flight = compat.row_states(self.taps.primary)
-        for labels, n in zip(_ROW_LABELS, (total, occupied, in_flight)):
-            rec.set(signals.PRIMARY_ROWS, labels, n)
+        values = list(zip(_ROW_KEYS, compat.row_states(self.taps.primary)))
+        try:
+            self._read(now, values)
+        finally:
+            self.rec.set_many(values)
+        self._update_info(values[0][1])
 
+    def _read(self, now: float, values: list) -> None:
+        """Pending transfers and request gauges, appended to ``values``."""
         loads: list[float] = []
         stores: list[float] = []
         live = set()
@@ -68,17 +81,14 @@ class StepGauges:
         # list(): one C-level copy; vLLM's thread changes these dicts meanwhile
         promotions = list(self.taps.promotions.values())
         cascades = list(self.taps.cascades.values())
-        for labels, times in ((_LOAD, loads), (_STORE, stores),
-                              (_PROMOTION, [j.started for j in promotions]),
-                              (_CASCADE, [j.started for j in cascades])):
-            rec.set(signals.PENDING_TRANSFERS, labels, len(times))
-            rec.set(signals.OLDEST_PENDING_TRANSFER, labels, now - min(times) if times else 0.0)
-
-        for labels, n in zip(_STATE_LABELS, self.requests.counts):
-            rec.set(signals.REQUESTS, labels, n)
-        rec.set(signals.REQUESTS_IN_FLIGHT, (), len(self.requests))
-        rec.set(signals.QUARANTINED_KEYS, (), len(self.rows.quarantine))
-        self._update_info(total)
+        for (count_key, oldest_key), times in zip(_PENDING_KEYS, (
+                loads, stores, [j.started for j in promotions],
+                [j.started for j in cascades])):
+            values.append((count_key, len(times)))
+            values.append((oldest_key, now - min(times) if times else 0.0))
+        values.extend(zip(_STATE_KEYS, self.requests.counts))
+        values.append((_IN_FLIGHT_KEY, len(self.requests)))
+        values.append((_QUARANTINED_KEY, len(self.rows.quarantine)))
 
     def _update_info(self, rows_total: int) -> None:
         src = vllm_api.none_hash()

@@ -31,6 +31,7 @@ Labels = tuple[str, ...]
 # Histogram observations kept per series for vLLM's stats path between two takes.
 MAX_DELTA_OBSERVATIONS = 10_000
 Key = tuple[Metric, Labels]
+_ABSENT = object()  # compares unequal to every value
 
 
 @dataclass
@@ -129,6 +130,16 @@ class Recorder:
             if self._gauges.get(key) != value or key not in self._gauges:
                 self._gauges[key] = value
                 self._dirty_gauges.add(key)  # only changes travel through vLLM's stats path
+
+    def set_many(self, items: list[tuple[Key, float]]) -> None:
+        """Several gauges at once, ``((metric, labels), value)`` each: one lock for a
+        snapshot's gauges (the scheduler side's, every flush); as :meth:`set` each."""
+        with self._wlock:
+            gauges, dirty = self._gauges, self._dirty_gauges  # flush() swaps the set
+            for key, value in items:
+                if gauges.get(key, _ABSENT) != value:  # absent, changed (or NaN)
+                    gauges[key] = value
+                    dirty.add(key)
 
     def replace_gauge(self, metric: Metric, values: dict[Labels, float]) -> None:
         """Set every series of ``metric`` at once; series not named are dropped."""
