@@ -2,6 +2,7 @@
 
     python benchmarks/scheduler_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
     python benchmarks/scheduler_overhead.py --profile F [--profile-connector NAME]
+    python benchmarks/scheduler_overhead.py --profile-aggregator F [--no-tiering]
 
 Runs the same workload on vLLM's real Scheduler on CPU (kvscope.sim.cpu_engine)
 with each connector, two engines in lockstep (step by step, alternating which goes
@@ -12,7 +13,9 @@ aggregates on its own thread (connector/aggregator.py), whose CPU time the ratio
 not see: ``cpu_ratio_with_kvscope_threads`` adds it back (its threads' per-thread
 clocks, plus the last synchronous refresh after the run). ``--profile F`` cProfiles only those two calls
 (the engine thread's scheduler step; the CPU harness's fake forward pass is left
-out) into F and writes the top entries as text to F.txt. Results:
+out) into F and writes the top entries as text to F.txt; ``--profile-aggregator F`` does the
+same for the refreshes kvscope's aggregator thread runs (one observed engine alone: its
+caches are warmer than in a lockstep pair, so the times are lower). Results:
 benchmarks/results/scheduler_overhead_*.jsonl and scheduler_profile_*.txt.
 """
 
@@ -100,17 +103,44 @@ def run_pair(n_requests: int, tiering: bool) -> list[dict]:
                 _result(OBSERVED, observed, walls[1], threads_s, _final_refresh(observed))]
 
 
-def run(connector: str, n_requests: int, tiering: bool, profile: str | None = None) -> dict:
+def run(connector: str, n_requests: int, tiering: bool, profile: str | None = None,
+        profile_aggregator: str | None = None) -> dict:
     with _engine(connector, tiering) as e:
         rids = _add_requests(e, n_requests)
         if profile:
             _profile_scheduler_calls(e.scheduler, profile)
+        if profile_aggregator:
+            prof = _profile_aggregator(e)
         t0 = time.perf_counter()
         e.run_until_done(rids, max_steps=100_000)
         wall = time.perf_counter() - t0
         if profile:
             _write_profile(e.scheduler, profile)
-        return _result(connector, e, wall)
+        if profile_aggregator:
+            _write_stats(prof, profile_aggregator, "scheduler_side|aggregator|round_verdicts|"
+                         "coverage|request_states|step_gauges|recorder|lookup_rounds|observed|"
+                         "store_refusals|tier_taps")
+        return _result(connector, e, wall, _kvscope_threads_cpu(e))
+
+
+def _profile_aggregator(e):
+    """cProfile kvscope's aggregator thread: every refresh it runs (on its own thread's
+    CPU clock), not the engine thread's synchronous ones."""
+    import cProfile
+
+    agg = e.connector._kvscope_observer.agg
+    prof = cProfile.Profile(time.thread_time)
+    inner = agg._refresh
+
+    def profiled() -> None:
+        prof.enable()
+        try:
+            inner()
+        finally:
+            prof.disable()
+
+    agg._refresh = profiled
+    return prof
 
 
 def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
@@ -159,17 +189,20 @@ def _profile_scheduler_calls(scheduler, path: str) -> None:
 
 
 def _write_profile(scheduler, path: str) -> None:
+    _write_stats(scheduler._bench_profile, path,
+                 "observed|scheduler_side|recorder|coverage|compat|offloading|lookup_rounds|"
+                 "round_verdicts|tier_taps|integrity|request_states|step_gauges")
+
+
+def _write_stats(prof, path: str, ours: str) -> None:
     import io
     import pstats
 
-    prof = scheduler._bench_profile
     prof.dump_stats(path)
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out).strip_dirs()
     stats.sort_stats("tottime").print_stats(40)
-    stats.sort_stats("cumulative").print_stats(
-        "observed|scheduler_side|recorder|coverage|compat|offloading|lookup_rounds|"
-        "round_verdicts|tier_taps|integrity|request_states|step_gauges", 40)
+    stats.sort_stats("cumulative").print_stats(ours, 40)
     with open(path + ".txt", "w") as f:
         f.write(out.getvalue())
 
@@ -182,15 +215,18 @@ def main() -> None:
     p.add_argument("--profile", help="cProfile one run's scheduler calls into this file (+ .txt)")
     p.add_argument("--coverage-cost", action="store_true",
                    help="observed runs only: thread CPU time spent judging restore coverage")
+    p.add_argument("--profile-aggregator",
+                   help="cProfile the observed engine's aggregator thread into this file (+ .txt)")
     p.add_argument("--profile-connector", default="ObservedOffloadingConnector",
                    choices=["ObservedOffloadingConnector", "OffloadingConnector"])
     args = p.parse_args()
     if args.coverage_cost:
         coverage_cost(args.requests, not args.no_tiering, args.rounds)
         return
-    if args.profile:
-        print(json.dumps(run(args.profile_connector, args.requests,
-                             not args.no_tiering, args.profile)))
+    if args.profile or args.profile_aggregator:
+        print(json.dumps(run(args.profile_connector if args.profile else OBSERVED,
+                             args.requests, not args.no_tiering, args.profile,
+                             args.profile_aggregator)))
         return
     runs: dict[str, list[dict]] = {STOCK: [], OBSERVED: []}
     ratios, cpu_ratios = [], []

@@ -298,13 +298,16 @@ def stats_from_delta(delta) -> OffloadingConnectorStats | None:
     if delta.is_empty():
         return None
     ours = OffloadingConnectorStats()
+    # bound once: on the scheduler side this runs at every flush (the aggregator's cadence)
+    inc, set_gauge, observe = ours.increase_counter, ours.set_gauge, ours.observe_histogram
     for (metric, labels), value in delta.counters.items():
-        ours.increase_counter(metric.name, value, labels)
+        inc(metric.name, value, labels)
     for (metric, labels), value in delta.gauges.items():
-        ours.set_gauge(metric.name, value, labels)
+        set_gauge(metric.name, value, labels)
     for (metric, labels), values in delta.observations.items():
+        name = metric.name
         for v in values:
-            ours.observe_histogram(metric.name, v, labels)
+            observe(name, v, labels)
     return ours
 
 

@@ -36,11 +36,19 @@ def bound_load_jobs(connector: Any) -> Any:
     return getattr(getattr(connector, "_connector_metadata", None), "load_jobs", None)
 
 
-def none_hash() -> object:
-    """vLLM's NONE_HASH (re-seeded when the prefix-hash configuration changes)."""
-    from vllm.v1.core import kv_cache_utils
+_kv_cache_utils: Any = None  # vllm.v1.core.kv_cache_utils, once imported
 
-    return getattr(kv_cache_utils, "NONE_HASH", None)
+
+def none_hash() -> object:
+    """vLLM's NONE_HASH (re-seeded when the prefix-hash configuration changes). Read at
+    every gauge refresh: the module is kept after the first call (an import statement
+    runs Python-level import machinery each time, ~10 us on a cold cache)."""
+    global _kv_cache_utils
+    if _kv_cache_utils is None:
+        from vllm.v1.core import kv_cache_utils
+
+        _kv_cache_utils = kv_cache_utils
+    return getattr(_kv_cache_utils, "NONE_HASH", None)
 
 
 def declare_offload_metric(prom_metrics: Any, name: str, base: str, metadata: Any) -> None:
