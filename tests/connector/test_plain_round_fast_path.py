@@ -1,0 +1,98 @@
+"""RoundVerdicts.judge_plain judges a plain hit or miss round of one full-attention KV group
+inline (no Round, no per-group lists). It must add up to exactly what the general path
+(``_judge`` on a ``Round``, then the request's state) adds up to, for every shape of round:
+hits whole or short, misses, vetoed and deferred rounds (which it hands to the general
+path), lookups before the round's start, offload-key lists longer than at the round's end,
+computed tokens anywhere, refused stores at the miss or elsewhere. The verdict rooms are
+built on a real observed engine's connector scheduler and primary tier (one full-attention
+group: the fast path's case)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kvscope.connector import compat
+from kvscope.connector.lookup_rounds import Round
+from kvscope.connector.request_states import RequestStates
+from kvscope.connector.round_verdicts import RoundVerdicts
+from kvscope.connector.store_refusals import RefusedStores
+from kvscope.exporters import signals as S
+from kvscope.exporters.otel import get_tracer
+from kvscope.exporters.recorder import Recorder
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
+
+pytestmark = pytest.mark.vllm
+
+
+def _rooms(observer) -> RoundVerdicts:
+    refused = RefusedStores()
+    verdicts = RoundVerdicts(
+        recorder=Recorder(), tracer=get_tracer(None), connector_scheduler=observer.cs,
+        primary=observer.primary, requests=RequestStates(observer.requests._chunk_tokens),
+        refused_stores=refused)
+    verdicts.declare()
+    return verdicts
+
+
+def _general(verdicts: RoundVerdicts, keys, results, start, rid, req_tokens, offload,
+             num_tokens, num_computed) -> None:
+    """The path every round took before the fast one (scheduler_side's _plain_round)."""
+    verdicts._judge(Round.plain(keys, results, start), rid, req_tokens, offload, num_tokens,
+                    num_computed)
+    verdicts.requests.on_round(rid, req_tokens, num_tokens is None)
+
+
+def _state(verdicts: RoundVerdicts) -> tuple:
+    verdicts.flush()
+    verdicts.rec.flush()
+    snap = verdicts.rec.snapshot()
+    return (snap.counters, snap.gauges,
+            {k: (h.count, h.total, h.counts) for k, h in snap.histograms.items()},
+            verdicts.requests.state, verdicts.requests.counts, verdicts.requests.need)
+
+
+def test_the_fast_path_adds_up_to_the_general_one():
+    with CPUEngine(EngineConfig(rows=12)) as e:
+        observer = e.connector._kvscope_observer
+        fast, general = _rooms(observer), _rooms(observer)
+        tpc = fast._single_tpc
+        assert tpc > 0  # one full-attention group: the fast path's case
+        taken_general = []
+        inner = fast._judge
+        fast._judge = lambda *a: taken_general.append(1) or inner(*a)
+        suffix = fast.groups[0][0]
+        keys = [bytes([i + 1]) * 8 + suffix for i in range(5)]
+        hit, miss, retry = compat.HIT, compat.MISS, compat.RETRY
+        rounds = 0
+        for n, extra, start, found, computed, refused in itertools.product(
+                range(0, 5), (0, 1), (0, 2), range(0, 6), (0, tpc // 2, tpc, 3 * tpc),
+                ((), (0,), (1,))):
+            rid = f"r{rounds}"
+            looked = keys[:n]
+            results = [hit if i < found else miss for i in range(n)]
+            if found > n:  # a pending lookup: vetoed if offered nothing, else deferred
+                results = [retry] * n
+            before = [keys[-1]] * start  # lookups outside the round (counted, not judged)
+            lookups, answers = before + looked, [miss] * start + results
+            offload = ([keys[:n + extra]], (n,))
+            for verdicts in (fast, general):
+                verdicts.refused_stores.refused([keys[i] for i in refused if i < n])
+                verdicts.requests.on_new(rid)
+            for num_tokens in (None, 0, tpc,  # tpc: one chunk of more found (load_cap)
+                               found * tpc - computed if found * tpc > computed else 0,
+                               max(n * tpc - computed, 0) or None):
+                args = (lookups, answers, start, rid, n * tpc + 7, offload, num_tokens,
+                        computed)
+                fast.judge_plain(*args)
+                _general(general, *args)
+                rounds += 1
+        assert _state(fast) == _state(general)
+        assert taken_general and rounds - len(taken_general) > rounds / 3  # both paths ran
+        rec = fast.rec  # every branch of the fast path was taken
+        assert rec.value(S.HIT_TOKENS) > 0 and rec.value(S.RESTORE_HELD_TOKENS) > 0
+        assert rec.value(S.RESTORE_COVERAGE) > 0
+        for reason in (S.ShortReason.NOT_STORED, S.ShortReason.STORE_REFUSED,
+                       S.ShortReason.LOAD_CAP):
+            assert rec.value(S.RESTORE_SHORT_ROUNDS, (reason.value,)) > 0, reason
