@@ -1,5 +1,6 @@
 """In-process telemetry state: pending counters, flushed every 50 ms on the scheduler
-side (``connector/aggregator.py``; at once for a reader) and every step on a worker rank.
+side (``connector/aggregator.py``) and on a worker rank (``connector/worker_tally.py``);
+at once for a reader.
 
 The connector calls :meth:`Recorder.inc` / :meth:`Recorder.observe` /
 :meth:`Recorder.set` from vLLM's scheduler or worker thread and from kvscope's
@@ -171,7 +172,7 @@ class Recorder:
             g = self._guards[where] = _Guard(self, where)
         return g
 
-    # ---- scheduler side: every 50 ms or a synchronous drain (aggregator.py); worker: each step
+    # ---- every 50 ms or a synchronous drain (scheduler: aggregator.py; worker: worker_tally.py)
     def flush(self) -> None:
         with self._wlock:
             counts, self._pending_counts = self._pending_counts, defaultdict(float)
