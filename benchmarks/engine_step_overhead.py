@@ -2,6 +2,7 @@
 
     python benchmarks/engine_step_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
         [--label TEXT] [--out results/engine_step_overhead.jsonl]
+    python benchmarks/engine_step_overhead.py --profile F.txt [--profile-connector NAME]
 
 ``scheduler_overhead.py`` times only ``Scheduler.schedule()`` + ``update_from_output()``.
 With TP=1 vLLM's engine core also runs, on the same thread, the worker-side connector
@@ -14,6 +15,8 @@ which goes first; see ``scheduler_overhead.py`` for why). Per run: the step spli
 the scheduler calls, vLLM's stat logger, and the rest (worker-side connector calls, the
 KV output aggregation, ...). The ratio reported is the median over rounds of each pair's
 ``step_minus_forward`` ratio. The load average is recorded with every line.
+``--profile F.txt``: one engine alone, cProfile on the engine thread's CPU clock over its
+whole steps; the worker-side connector calls and vLLM's stat logger, as text.
 """
 
 from __future__ import annotations
@@ -102,6 +105,30 @@ def run_pair(n_requests: int, tiering: bool) -> list[dict]:
                 _result(OBSERVED, observed, spent[1], clocks[1], threads_s)]
 
 
+def profile(connector: str, n_requests: int, tiering: bool, path: str) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    with _engine(connector, tiering) as e:
+        rids = _add_requests(e, n_requests)
+        prof = cProfile.Profile(time.thread_time)
+        while any(r not in e.finished for r in rids):
+            prof.enable()
+            e.step()
+            prof.disable()
+        steps = e.steps
+    out = io.StringIO()
+    out.write(f"# {connector}, tiering={tiering}, {n_requests} requests, {steps} steps, "
+              f"load average {os.getloadavg()[0]:.2f}\n")
+    stats = pstats.Stats(prof, stream=out).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(
+        "observed|worker_side|worker_tally|offloading_connector|offloading/worker|"
+        "loggers|metrics|recorder|engine_step\\.py", 45)
+    with open(path, "w") as f:
+        f.write(out.getvalue())
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=1000)
@@ -109,8 +136,13 @@ def main() -> None:
     p.add_argument("--no-tiering", action="store_true")
     p.add_argument("--label", default="", help="recorded with every line (e.g. a commit)")
     p.add_argument("--out", help="also append every line to this JSONL file")
+    p.add_argument("--profile", help="cProfile one engine's whole steps; text into this file")
+    p.add_argument("--profile-connector", default=OBSERVED, choices=[OBSERVED, STOCK])
     args = p.parse_args()
     tiering = not args.no_tiering
+    if args.profile:
+        profile(args.profile_connector, args.requests, tiering, args.profile)
+        return
     out = open(args.out, "a") if args.out else None
 
     def emit(row: dict) -> None:
