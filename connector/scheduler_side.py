@@ -184,6 +184,9 @@ class SchedulerObserver:
         self._stamped = 0.0
         self._flushed_at = 0.0  # monotonic time of the last refresh()
         self._steps = 0  # steps since then (aggregator side)
+        # A round of this step deferred (lookups in flight): a step that schedules nothing
+        # then waits for a tier, and vLLM steps again; not the idle state (scheduler thread)
+        self._deferred_in_step = False
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
@@ -255,14 +258,19 @@ class SchedulerObserver:
     def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
         """Scheduler thread. A plain round: what judging it needs, captured now (its
         lookups copied, the request's token count and offload-key lengths), into the
-        journal. Otherwise (rare events, a span): judged now, after a synchronous drain."""
+        journal. Otherwise (rare events, a span): judged now, after a synchronous drain.
+        A deferred round (``num_tokens`` None) captures no offload keys: coverage judges
+        only rounds that ended."""
         log = self.log
         try:
             rid = request.request_id
+            if num_tokens is None:
+                self._deferred_in_step = True
             if not self._tracing and log.plain():
                 keys, results = log.keys, log.results
                 self.journal.append((self._judge_plain, keys[:], results[:], log.start, rid,
-                                     request.num_tokens, self._offload_prefix(rid),
+                                     request.num_tokens,
+                                     None if num_tokens is None else self._offload_prefix(rid),
                                      num_tokens, num_computed))
                 del keys[:], results[:]
                 log.start = -1
@@ -317,12 +325,17 @@ class SchedulerObserver:
     def on_step(self, scheduler_output: Any) -> None:
         """Scheduler thread: the step's scheduled and preempted ids into the journal. An
         idle step (nothing scheduled: the state an operator inspects afterwards), or a
-        journal the aggregator thread let grow past its limit, is aggregated at once."""
+        journal the aggregator thread let grow past its limit, is aggregated at once. A
+        step that scheduled nothing because its lookups were deferred (a tier's existence
+        checks in flight: vLLM steps again at once) is not idle: the aggregator thread
+        applies it, as any busy step (synchronously if that thread is not running)."""
         with self._step_guard:
             scheduled = scheduler_output.num_scheduled_tokens
             self.journal.append((self._step, scheduled,
                                  getattr(scheduler_output, "preempted_req_ids", None)))
-            if not scheduled or self.agg.overflowed():
+            deferred, self._deferred_in_step = self._deferred_in_step, False
+            if (not scheduled and not (deferred and self.agg.alive())) \
+                    or self.agg.overflowed():
                 self.refresh()
 
     def _step(self, scheduled: Any, preempted: Any) -> None:
