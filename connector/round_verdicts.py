@@ -16,7 +16,7 @@ count (the row ceiling's tells). All of it runs holding the aggregator's lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -45,7 +45,7 @@ def _ignore(keys: list[bytes], results: list[Any]) -> None:
 
 
 # A request's offload-key lists per KV group and their lengths when its round ended
-Offload = tuple[list[list[bytes]], tuple[int, ...]]
+Offload = tuple[Sequence[list[bytes]], tuple[int, ...]]
 
 
 class RoundVerdicts:

@@ -187,6 +187,11 @@ class SchedulerObserver:
         # A round of this step deferred (lookups in flight): a step that schedules nothing
         # then waits for a tier, and vLLM steps again; not the idle state (scheduler thread)
         self._deferred_in_step = False
+        # journal handlers bound once (a bound method per event is an allocation)
+        self._step_handler, self._store_job_handler = self._step, self._store_job
+        self._on_new = self.requests.on_new
+        self._after_alloc = self.requests.after_alloc
+        self._on_finished = self.requests.on_finished
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
@@ -231,7 +236,7 @@ class SchedulerObserver:
         """Scheduler thread: the journal gets the job (the refused keys coverage reads
         change in journal order); promoted-row digests are forgotten at once."""
         try:
-            self.journal.append((self._store_job, out, keys))
+            self.journal.append((self._store_job_handler, out, keys))
             if out is not None:
                 rows = self.rows
                 if rows.expected or rows.quarantine:  # digests exist only with tiering
@@ -289,20 +294,19 @@ class SchedulerObserver:
     # ---- request lifecycle (journal; applied by the aggregator) ------------------------------
     def on_new_request(self, request: Any) -> None:
         try:
-            self.journal.append((self.requests.on_new, request.request_id))
+            self.journal.append((self._on_new, request.request_id))
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
     def after_alloc(self, request: Any, num_external_tokens: int) -> None:
         try:
-            self.journal.append((self.requests.after_alloc, request.request_id,
-                                 num_external_tokens))
+            self.journal.append((self._after_alloc, request.request_id, num_external_tokens))
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
     def on_finished(self, request: Any) -> None:
         try:
-            self.journal.append((self.requests.on_finished, request.request_id))
+            self.journal.append((self._on_finished, request.request_id))
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
@@ -329,14 +333,16 @@ class SchedulerObserver:
         step that scheduled nothing because its lookups were deferred (a tier's existence
         checks in flight: vLLM steps again at once) is not idle: the aggregator thread
         applies it, as any busy step (synchronously if that thread is not running)."""
-        with self._step_guard:
+        try:  # guarded as every hook (a plain try: no context-manager frames per step)
             scheduled = scheduler_output.num_scheduled_tokens
-            self.journal.append((self._step, scheduled,
+            self.journal.append((self._step_handler, scheduled,
                                  getattr(scheduler_output, "preempted_req_ids", None)))
             deferred, self._deferred_in_step = self._deferred_in_step, False
             if (not scheduled and not (deferred and self.agg.alive())) \
                     or self.agg.overflowed():
                 self.refresh()
+        except Exception as exc:
+            self.rec.error(ErrorSite.STEP, exc)
 
     def _step(self, scheduled: Any, preempted: Any) -> None:
         """Aggregator: a step ended."""

@@ -67,6 +67,7 @@ class TierTaps:
         self._cascade_keys = [0, 0, 0]
         self._cascade_bytes = 0
         self._cascade_seconds: list[float] = []
+        self._cascade_done_handler = self._cascade_done  # bound once, not per job
         self._guard = recorder.guard(ErrorSite.TIER)
         with self._guard:
             for tier in self.tiers:
@@ -159,7 +160,7 @@ class TierTaps:
             return
         tj = self.cascades.pop(job_id, None)
         if tj is not None:  # summed on the aggregator thread
-            self.journal.append((self._cascade_done, tj, success, now))
+            self.journal.append((self._cascade_done_handler, tj, success, now))
 
     # ---- the aggregator thread (journal order) ----------------------------------------
     def _cascade_started(self, job: Any) -> None:

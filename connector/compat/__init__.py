@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
@@ -314,7 +314,7 @@ def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[byt
 
 
 def offload_prefix_capture(connector_scheduler: Any
-                           ) -> Callable[[str], tuple[list[list[bytes]], tuple[int, ...]] | None]:
+                           ) -> Callable[[str], tuple[Sequence[list[bytes]], tuple[int, ...]] | None]:
     """A function of a request id: :func:`request_offload_keys` captured for later, the
     per-group key lists (vLLM only appends to them) and their lengths now; None for an
     unknown request. A reader on another thread takes ``keys[:n]``: the prefix that
@@ -332,7 +332,11 @@ def offload_prefix_capture(connector_scheduler: Any
         status = get(req_id)
         if status is None:
             return None
-        keys = [g.offload_keys for g in status.group_states]
+        states = status.group_states
+        if len(states) == 1:  # one KV group (most models): no comprehension, no map
+            keys = states[0].offload_keys
+            return (keys,), (len(keys),)
+        keys = [g.offload_keys for g in states]
         return keys, tuple(map(len, keys))
 
     return capture
