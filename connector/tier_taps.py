@@ -57,8 +57,8 @@ class TierTaps:
         self.row_bytes = row_bytes
         self.primary = compat.primary_tier(manager)
         self.tiers = compat.secondary_tiers(manager)
-        self.promotions: dict[int, TierJob] = {}
-        self.cascades: dict[int, TierJob] = {}
+        self.promotions: dict[int, TierJob] = {}  # scheduler thread (digests at completion)
+        self.cascades: dict[int, TierJob] = {}  # the aggregator thread (journal order)
         # (tier, keys) of completed cascades, for the tier probe's thread (tier_probe.py),
         # appended on the aggregator thread
         self.written: deque[tuple[str, list[bytes]]] = deque(maxlen=WRITTEN_JOBS)
@@ -118,20 +118,25 @@ class TierTaps:
                 self.promotions[job.job_id] = TierJob(time.monotonic(), job, name)
             return submit_load(job, *a, **kw)
 
-        journal, cascade_started = self.journal, self._cascade_started
+        journal, monotonic, rec = self.journal, time.monotonic, self.rec
+        cascade_started, job_done = self._cascade_started, self._on_job_done
 
+        # A cascade: one journal tuple (started, recorded and summed on the aggregator
+        # thread); a plain try, no context-manager frames, no object built here.
         def tap_submit_store(job, *a, **kw):
-            with guard:
-                self.cascades[job.job_id] = TierJob(time.monotonic(), job, name)
-                journal.append((cascade_started, job))
+            try:
+                journal.append((cascade_started, job, name, monotonic()))
+            except Exception as exc:
+                rec.error(ErrorSite.TIER, exc)
             return submit_store(job, *a, **kw)
 
         def tap_get_finished_jobs(*a, **kw):
             results = list(get_finished_jobs(*a, **kw))
             if results:
                 with guard:
+                    now = monotonic()
                     for res in results:
-                        self._on_job_done(res.job_id, bool(res.success))
+                        job_done(res.job_id, bool(res.success), now)
             return results
 
         tier.submit_load = tap_submit_load
@@ -139,8 +144,10 @@ class TierTaps:
         tier.get_finished_jobs = tap_get_finished_jobs
         setattr(tier, compat.WRAPPED_MARK, True)
 
-    def _on_job_done(self, job_id: int, success: bool) -> None:
-        now = time.monotonic()
+    def _on_job_done(self, job_id: int, success: bool, now: float) -> None:
+        """Scheduler thread: a tier job finished. A promotion is recorded now (its rows
+        digested before vLLM can load them); anything else goes to the journal, where the
+        aggregator thread matches it with a cascade it knows."""
         tj = self.promotions.pop(job_id, None)
         if tj is not None:
             keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
@@ -158,15 +165,17 @@ class TierTaps:
                 self.rec.inc(signals.TRANSFER_BYTES, _DISK_TO_CPU, len(rows) * self.row_bytes)
                 self.rec.observe(signals.TRANSFER_SECONDS, _DISK_TO_CPU, now - tj.started)
             return
-        tj = self.cascades.pop(job_id, None)
-        if tj is not None:  # summed on the aggregator thread
-            self.journal.append((self._cascade_done_handler, tj, success, now))
+        self.journal.append((self._cascade_done_handler, job_id, success, now))
 
     # ---- the aggregator thread (journal order) ----------------------------------------
-    def _cascade_started(self, job: Any) -> None:
+    def _cascade_started(self, job: Any, tier: str, started: float) -> None:
+        self.cascades[job.job_id] = TierJob(started, job, tier)
         self._cascade_keys[0] += compat.job_key_count(job)
 
-    def _cascade_done(self, tj: TierJob, success: bool, now: float) -> None:
+    def _cascade_done(self, job_id: int, success: bool, now: float) -> None:
+        tj = self.cascades.pop(job_id, None)
+        if tj is None:  # not a cascade kvscope saw start (submitted before the tap)
+            return
         job = tj.job
         if success:
             keys = compat.job_keys(job)
