@@ -29,7 +29,13 @@ import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from scheduler_overhead import OBSERVED, STOCK, _add_requests, _kvscope_threads_cpu  # noqa: E402
+from scheduler_overhead import (  # noqa: E402
+    OBSERVED,
+    STOCK,
+    _add_requests,
+    _kvscope_threads_cpu,
+    lockstep,
+)
 
 
 def _engine(connector: str, tiering: bool):
@@ -85,21 +91,10 @@ def _result(connector: str, e, step_s: float, clocks: dict[str, _Clock],
 
 def run_pair(n_requests: int, tiering: bool) -> list[dict]:
     with _engine(STOCK, tiering) as stock, _engine(OBSERVED, tiering) as observed:
-        engines = [(stock, _add_requests(stock, n_requests)),
-                   (observed, _add_requests(observed, n_requests))]
+        todo = [(stock, _add_requests(stock, n_requests)),
+                (observed, _add_requests(observed, n_requests))]
         clocks = [_clocks(stock), _clocks(observed)]
-        spent = [0.0, 0.0]
-        step = 0
-        while any(r not in e.finished for e, rids in engines for r in rids):
-            for i in ((0, 1) if step % 2 == 0 else (1, 0)):
-                e, rids = engines[i]
-                if any(r not in e.finished for r in rids):
-                    t0 = time.thread_time()
-                    e.step()
-                    spent[i] += time.thread_time() - t0
-            step += 1
-            if step > 100_000:
-                raise TimeoutError("requests not done after 100000 steps")
+        spent = lockstep(todo, time.thread_time)
         threads_s = _kvscope_threads_cpu(observed)
         return [_result(STOCK, stock, spent[0], clocks[0]),
                 _result(OBSERVED, observed, spent[1], clocks[1], threads_s)]

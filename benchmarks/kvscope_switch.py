@@ -105,16 +105,7 @@ def residual(n_requests: int, tiering: bool) -> dict:
     try:
         off = engines[1]
         KvscopeSwitch(off.scheduler, [r.connector for r in off.ranks]).set(False)
-        todo = [(e, so._add_requests(e, n_requests)) for e in engines]
-        step = 0
-        while any(r not in e.finished for e, rids in todo for r in rids):
-            k = step % 3
-            for e, rids in todo[k:] + todo[:k]:
-                if any(r not in e.finished for r in rids):
-                    e.step()
-            step += 1
-            if step > 100_000:
-                raise TimeoutError("requests not done after 100000 steps")
+        so.lockstep([(e, so._add_requests(e, n_requests)) for e in engines])
         return {name: e.scheduler_seconds for name, e in zip(("stock", "off", "on"), engines,
                                                               strict=True)}
     finally:

@@ -142,18 +142,12 @@ def run_pair(n_requests: int, tiering: bool, gc_mode: str, no_aggregator: bool,
             gc.disable()
         gc.callbacks.append(clock)
         try:
-            step = 0
-            while any(r not in e.finished for e, rids in engines for r in rids):
-                order = (0, 1) if step % 2 == 0 else (1, 0)
-                for i in order:
-                    e, rids = engines[i]
-                    if any(r not in e.finished for r in rids):
-                        e.step()
-                        if i == 1:
-                            if no_aggregator:
-                                count_journal()
-                                observed.refresh()
-                step += 1
+            def after_step(i: int) -> None:
+                if i == 1 and no_aggregator:
+                    count_journal()
+                    observed.refresh()
+
+            so.lockstep(engines, after_step=after_step)
         finally:
             gc.callbacks.remove(clock)
             gc.enable()

@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
@@ -77,26 +78,37 @@ def _final_refresh(e) -> float:
     return time.thread_time() - t0
 
 
+def lockstep(todo: list, clock: Callable[[], float] = time.perf_counter,
+             after_step: Callable[[int], None] | None = None) -> list[float]:
+    """Step engines in turn until each one's requests are done, rotating which goes first
+    (step k starts with engine k mod n), so all see the same machine at each moment: on a
+    shared box, drift between whole runs is larger than the effects measured. ``todo``:
+    (engine, request ids) pairs; returns each engine's ``clock`` time inside ``step()``;
+    ``after_step(i)`` runs after engine i's step, outside the timing."""
+    spent = [0.0] * len(todo)
+    n, step = len(todo), 0
+    while any(r not in e.finished for e, rids in todo for r in rids):
+        for i in [*range(step % n, n), *range(step % n)]:
+            e, rids = todo[i]
+            if any(r not in e.finished for r in rids):
+                t0 = clock()
+                e.step()
+                spent[i] += clock() - t0
+                if after_step is not None:
+                    after_step(i)
+        step += 1
+        if step > 100_000:
+            raise TimeoutError("requests not done after 100000 steps")
+    return spent
+
+
 def run_pair(n_requests: int, tiering: bool) -> list[dict]:
     """One stock and one observed engine in lockstep: step by step, alternating which
     goes first, so both see the same machine (load, clock, caches) at each moment:
     on a shared box, drift between whole runs is larger than the effect measured."""
     with _engine(STOCK, tiering) as stock, _engine(OBSERVED, tiering) as observed:
-        engines = [(stock, _add_requests(stock, n_requests)),
-                   (observed, _add_requests(observed, n_requests))]
-        walls = [0.0, 0.0]
-        step = 0
-        while any(r not in e.finished for e, rids in engines for r in rids):
-            order = (0, 1) if step % 2 == 0 else (1, 0)
-            for i in order:
-                e, rids = engines[i]
-                if any(r not in e.finished for r in rids):
-                    t0 = time.perf_counter()
-                    e.step()
-                    walls[i] += time.perf_counter() - t0
-            step += 1
-            if step > 100_000:
-                raise TimeoutError("requests not done after 100000 steps")
+        walls = lockstep([(stock, _add_requests(stock, n_requests)),
+                          (observed, _add_requests(observed, n_requests))])
         threads_s = _kvscope_threads_cpu(observed)
         stock.refresh()
         return [_result(STOCK, stock, walls[0]),
