@@ -35,6 +35,7 @@ from scheduler_overhead import (  # noqa: E402
     _add_requests,
     _kvscope_threads_cpu,
     lockstep,
+    workload_args,
 )
 
 
@@ -125,10 +126,7 @@ def profile(connector: str, n_requests: int, tiering: bool, path: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--requests", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--no-tiering", action="store_true")
+    p = workload_args(argparse.ArgumentParser())
     p.add_argument("--label", default="", help="recorded with every line (e.g. a commit)")
     p.add_argument("--out", help="also append every line to this JSONL file")
     p.add_argument("--profile", help="cProfile one engine's whole steps; text into this file")

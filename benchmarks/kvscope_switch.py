@@ -116,10 +116,10 @@ def residual(n_requests: int, tiering: bool) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("residual", help="CPU: kvscope switched off vs the stock connector")
-    r.add_argument("--requests", type=int, default=1000)
-    r.add_argument("--rounds", type=int, default=3)
-    r.add_argument("--no-tiering", action="store_true")
+    from scheduler_overhead import workload_args  # this directory
+
+    workload_args(sub.add_parser("residual",
+                                 help="CPU: kvscope switched off vs the stock connector"))
     args = p.parse_args()
     rounds = []
     for _ in range(args.rounds):

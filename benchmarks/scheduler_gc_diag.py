@@ -183,10 +183,7 @@ def _split_table(calls: dict, s: float, o: float) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--requests", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--no-tiering", action="store_true")
+    p = so.workload_args(argparse.ArgumentParser(), rounds=1)
     p.add_argument("--gc", choices=["normal", "freeze", "disable"], default="normal")
     p.add_argument("--no-aggregator", action="store_true")
     p.add_argument("--split", action="store_true",

@@ -219,11 +219,16 @@ def _write_stats(prof, path: str, ours: str) -> None:
         f.write(out.getvalue())
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def workload_args(p: argparse.ArgumentParser, rounds: int = 3) -> argparse.ArgumentParser:
+    """The workload options every lockstep benchmark here shares."""
     p.add_argument("--requests", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--no-tiering", action="store_true")
+    return p
+
+
+def main() -> None:
+    p = workload_args(argparse.ArgumentParser())
     p.add_argument("--profile", help="cProfile one run's scheduler calls into this file (+ .txt)")
     p.add_argument("--coverage-cost", action="store_true",
                    help="observed runs only: thread CPU time spent judging restore coverage")
