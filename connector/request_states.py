@@ -63,13 +63,10 @@ class RequestStates:
 
     def on_round(self, rid: str, num_tokens: int, deferred: bool) -> None:
         """``num_tokens``: the request's token count when its round ended. Once per round
-        (on the aggregator thread): request_keys and set's no-change case inlined."""
+        (on the aggregator thread): set's no-change case inlined."""
         need = self.need
-        if rid not in need:
-            n = 0
-            for t in self._chunk_tokens:
-                n += num_tokens // t
-            need[rid] = n
+        if rid not in need:  # a request's first round only
+            need[rid] = self.request_keys(num_tokens)
         self.looked_up.add(rid)
         new = DEFERRED if deferred else QUEUED
         old = self.state.get(rid)
