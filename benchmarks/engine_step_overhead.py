@@ -29,6 +29,7 @@ import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
+from call_clock import CallClock  # noqa: E402
 from scheduler_overhead import (  # noqa: E402
     OBSERVED,
     STOCK,
@@ -48,28 +49,9 @@ def _engine(connector: str, tiering: bool):
                                   vllm_metrics=True))
 
 
-class _Clock:
-    """Thread CPU time spent inside some of an engine's calls (wrapped on the instance)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def wrap(self, owner, name: str) -> None:
-        inner = getattr(owner, name)
-
-        def timed(*a, **kw):
-            t0 = time.thread_time()
-            try:
-                return inner(*a, **kw)
-            finally:
-                self.seconds += time.thread_time() - t0
-
-        setattr(owner, name, timed)
-
-
-def _clocks(e) -> dict[str, _Clock]:
+def _clocks(e) -> dict[str, CallClock]:
     """The harness's fake forward (and its tier settling) and vLLM's stat logger."""
-    forward, logger = _Clock(), _Clock()
+    forward, logger = CallClock(), CallClock()
     forward.wrap(e.model, "forward")
     forward.wrap(e.model, "sample_all")
     forward.wrap(e, "_settle_tiers")
@@ -77,7 +59,7 @@ def _clocks(e) -> dict[str, _Clock]:
     return {"forward": forward, "logger": logger}
 
 
-def _result(connector: str, e, step_s: float, clocks: dict[str, _Clock],
+def _result(connector: str, e, step_s: float, clocks: dict[str, CallClock],
             threads_s: float = 0.0) -> dict:
     fwd, log = clocks["forward"].seconds, clocks["logger"].seconds
     net = step_s - fwd

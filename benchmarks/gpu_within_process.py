@@ -42,6 +42,7 @@ import tempfile
 import time
 
 import gpu_scheduler_bound as gsb  # this directory
+from call_clock import CallClock
 from kvscope_switch import KvscopeSwitch, quiet
 
 SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
@@ -100,7 +101,11 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
         res["pin_main"] = gsb.pin_main_thread()
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     switch = KvscopeSwitch(scheduler, [get_kv_transfer_group()])
-    sched_cpu = time_scheduler_calls(scheduler)
+    # The engine thread's CPU inside schedule() + update_from_output() (every scheduler-side
+    # connector call): the scheduler's share of an iteration, which bounds what the
+    # CPU-measured residual of kvscope switched off (kvscope_switch.py residual) can cost
+    # here. Both arms pay it.
+    sched_cpu = CallClock().wrap(scheduler, "schedule").wrap(scheduler, "update_from_output")
     sp = SamplingParams(temperature=0.0, max_tokens=gsb.OUT, ignore_eos=True, detokenize=False)
     tiny = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
     hits = f"http://127.0.0.1:{port}/metrics"
@@ -124,7 +129,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
             hits0 = scrape_hits(hits)
         gc_watch = gsb.GCWatch()
         gc.callbacks.append(gc_watch)
-        sched0 = sched_cpu[0]
+        sched0 = sched_cpu.seconds
         t = time.perf_counter()
         new = llm.generate(gsb.batch(k), sp, use_tqdm=False)
         again = llm.generate(gsb.batch(k - 1), sp, use_tqdm=False)
@@ -134,7 +139,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
         if k >= warmup:
             iters.append({"on": on, "s": round(dt, 4), "restored": restored,
                           "new_cached": sum(o.num_cached_tokens or 0 for o in new),
-                          "scheduler_cpu_s": round(sched_cpu[0] - sched0, 4),
+                          "scheduler_cpu_s": round(sched_cpu.seconds - sched0, 4),
                           "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
                           "settle_requests": settled, "probe_s": round(probe, 5)})
             if on:
@@ -147,26 +152,6 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
                kvscope_hit_tokens_seen=hits_seen, restored_while_on=hits_on,
                summary=summarize_iters(iters))
     return res
-
-
-def time_scheduler_calls(scheduler) -> list[float]:
-    """The engine thread's CPU seconds inside schedule() + update_from_output() (where every
-    scheduler-side connector call happens), summed into the returned one-item list: the
-    scheduler's share of an iteration, which bounds what the CPU-measured residual of
-    kvscope switched off (kvscope_switch.py residual) can cost here. Both arms pay it."""
-    total = [0.0]
-    for name in ("schedule", "update_from_output"):
-        inner = getattr(scheduler, name)
-
-        def timed(*a, _inner=inner, **kw):
-            t0 = time.thread_time()
-            try:
-                return _inner(*a, **kw)
-            finally:
-                total[0] += time.thread_time() - t0
-
-        setattr(scheduler, name, timed)
-    return total
 
 
 def scrape_hits(url: str) -> float:
