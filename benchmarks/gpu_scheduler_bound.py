@@ -283,24 +283,33 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def run_case_process(cmd: list[str], timeout: float, ident: dict) -> tuple[dict, str]:
+    """One case in a fresh process (vLLM keeps process-wide state): the last JSON line of
+    its stdout plus ``process_s``, or ``ident`` with the error and the output's tail; and
+    its whole output (stderr, then stdout: vLLM logs to stdout) for the caller."""
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        return {**ident, "error": "timeout", "process_s": timeout,
+                "tail": str(exc.stderr or "")[-2000:]}, ""
+    output = p.stderr + p.stdout
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return {**json.loads(line), "process_s": round(time.perf_counter() - t, 1)}, output
+    return {**ident, "error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}, output
+
+
 def spawn(arm: str, mode: str, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "case", "--arm", arm, "--mode", mode,
            "--iters", str(args.iters), "--warmup", str(args.warmup), "--pin", args.pin,
            "--cpu-gib", str(args.cpu_gib)]
-    t = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
-    except subprocess.TimeoutExpired as exc:
-        return {"arm": arm, "mode": mode, "error": "timeout", "process_s": args.case_timeout,
-                "tail": str(exc.stderr or "")[-2000:]}
-    # where a process's start goes: vLLM's own timing lines (import, compile, graphs, tier)
-    marks = [ln[-240:] for ln in (p.stderr + p.stdout).splitlines()  # vLLM logs to stdout
-             if any(m in ln for m in STARTUP_MARKS) and not ln.startswith("{")]
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("{"):
-            return {**json.loads(line), "process_s": round(time.perf_counter() - t, 1),
-                    "startup_log": marks[-25:]}
-    return {"arm": arm, "mode": mode, "error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}
+    res, output = run_case_process(cmd, args.case_timeout, {"arm": arm, "mode": mode})
+    if "error" not in res:  # where its start went: vLLM's own timing lines
+        res["startup_log"] = [ln[-240:] for ln in output.splitlines()
+                              if any(m in ln for m in STARTUP_MARKS)
+                              and not ln.startswith("{")][-25:]
+    return res
 
 
 def summarize(runs: list[dict], seed: int = 0) -> dict:

@@ -36,7 +36,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -214,15 +213,7 @@ def spawn(mode: str, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "case", "--mode", mode,
            "--pairs", str(args.pairs), "--warmup", str(args.warmup), "--pin", args.pin,
            "--cpu-gib", str(args.cpu_gib)]
-    t = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
-    except subprocess.TimeoutExpired as exc:
-        return {"mode": mode, "error": "timeout", "tail": str(exc.stderr or "")[-2000:]}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("{"):
-            return {**json.loads(line), "process_s": round(time.perf_counter() - t, 1)}
-    return {"mode": mode, "error": p.returncode, "tail": (p.stdout + p.stderr)[-3000:]}
+    return gsb.run_case_process(cmd, args.case_timeout, {"mode": mode})[0]
 
 
 def main() -> int:
