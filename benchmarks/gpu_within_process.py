@@ -41,6 +41,7 @@ import tempfile
 import time
 
 import gpu_scheduler_bound as gsb  # this directory
+import thread_cpu
 from call_clock import CallClock
 from kvscope_switch import KvscopeSwitch, quiet
 
@@ -105,6 +106,12 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # CPU-measured residual of kvscope switched off (kvscope_switch.py residual) can cost
     # here. Both arms pay it.
     sched_cpu = CallClock().wrap(scheduler, "schedule").wrap(scheduler, "update_from_output")
+    # vLLM's output processing (frontend, same thread): no kvscope code runs in it and both
+    # arms give it the same outputs, so its CPU time tracks the host's speed during the
+    # iteration (a covariate; its own on/off ratio is reported to show it is not an arm's)
+    out_cpu = CallClock().wrap(llm.llm_engine.output_processor, "process_outputs")
+    steps = StepCount(scheduler)
+    sync_refresh = CallClock().wrap(switch.observer, "refresh")  # the engine thread's own
     sp = SamplingParams(temperature=0.0, max_tokens=gsb.OUT, ignore_eos=True, detokenize=False)
     tiny = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
     hits = f"http://127.0.0.1:{port}/metrics"
@@ -128,11 +135,14 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
             hits0 = scrape_hits(hits)
         gc_watch = gsb.GCWatch()
         gc.callbacks.append(gc_watch)
-        sched0 = sched_cpu.seconds
+        sched0, out0, refresh0 = sched_cpu.seconds, out_cpu.seconds, sync_refresh.seconds
+        steps0 = steps.counts()
+        threads0 = thread_cpu.snapshot()
         t = time.perf_counter()
         new = llm.generate(gsb.batch(k), sp, use_tqdm=False)
         again = llm.generate(gsb.batch(k - 1), sp, use_tqdm=False)
         dt = time.perf_counter() - t
+        threads = thread_cpu.between(threads0, thread_cpu.snapshot())
         gc.callbacks.remove(gc_watch)
         restored = sum(o.num_cached_tokens or 0 for o in again)
         if k >= warmup:
@@ -140,7 +150,12 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
                           "new_cached": sum(o.num_cached_tokens or 0 for o in new),
                           "scheduler_cpu_s": round(sched_cpu.seconds - sched0, 4),
                           "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
-                          "settle_requests": settled, "probe_s": round(probe, 5)})
+                          "settle_requests": settled, "probe_s": round(probe, 5),
+                          "output_cpu_s": round(out_cpu.seconds - out0, 4),
+                          "sync_refresh_cpu_s": round(sync_refresh.seconds - refresh0, 4),
+                          "threads": threads,
+                          **{n: b - a for n, a, b in zip(StepCount.NAMES, steps0,
+                                                          steps.counts())}})
             if on:
                 hits_on += restored
     settle()
@@ -151,6 +166,30 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
                kvscope_hit_tokens_seen=hits_seen, restored_while_on=hits_on,
                summary=summarize_iters(iters))
     return res
+
+
+class StepCount:
+    """Calls of vLLM's ``schedule()``, and those that scheduled no token (an engine
+    waiting for loads steps on: kvscope refreshes synchronously on such a step), and the
+    engine thread's synchronous refreshes."""
+
+    NAMES = ("schedules", "empty_schedules")
+
+    def __init__(self, scheduler) -> None:
+        self.calls = self.empty = 0
+        inner = scheduler.schedule
+
+        def counted(*a, **kw):
+            out = inner(*a, **kw)
+            self.calls += 1
+            if not out.total_num_scheduled_tokens:
+                self.empty += 1
+            return out
+
+        scheduler.schedule = counted
+
+    def counts(self) -> tuple[int, int]:
+        return self.calls, self.empty
 
 
 def scrape_hits(url: str) -> float:
@@ -185,6 +224,64 @@ def interval(logs: list[float], seed: int = 0) -> dict:
     return out
 
 
+def _field(it: dict, name: str) -> float:
+    if name == "engine_blocked_s":  # wall time the engine thread neither ran nor queued
+        e = it["threads"]["engine"]
+        return it["s"] - e["cpu_s"] - e["runq_s"]
+    if "." in name:
+        kind, what = name.split(".")
+        return it["threads"][kind][what]
+    return it[name]
+
+
+DIAGNOSTICS = ("scheduler_cpu_s", "output_cpu_s", "sync_refresh_cpu_s", "schedules",
+               "empty_schedules", "engine.cpu_s", "engine.runq_s", "engine_blocked_s",
+               "kvscope.cpu_s", "other.cpu_s")
+
+
+def diagnostics(iters: list[dict]) -> dict:
+    """Per field: the mean on and off, and the mean paired difference (on - off) with a
+    t interval: where an arm's extra wall time went."""
+    if not iters or "threads" not in iters[0]:
+        return {}
+    out = {}
+    pairs = [(a, b) if a["on"] else (b, a) for a, b in zip(iters[0::2], iters[1::2])]
+    for name in ("s", *DIAGNOSTICS):
+        d = [_field(on, name) - _field(off, name) for on, off in pairs]
+        half = gsb.t975(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
+        out[name] = {"on": round(statistics.mean(_field(on, name) for on, _ in pairs), 4),
+                     "off": round(statistics.mean(_field(off, name) for _, off in pairs), 4),
+                     "diff": round(statistics.mean(d), 4),
+                     "diff_95ci": [round(statistics.mean(d) - half, 4),
+                                   round(statistics.mean(d) + half, 4)]}
+    return out
+
+
+def adjusted(iters: list[dict], covariate: str = "output_cpu_s") -> dict:
+    """The on/off ratio adjusted for the host's speed during each pair: the intercept of
+    pair log(t_off/t_on) regressed on the covariate's pair log ratio (valid while the
+    covariate's own on/off ratio is 1: reported as ``covariate_ratio``)."""
+    pairs = [(a, b) if a["on"] else (b, a) for a, b in zip(iters[0::2], iters[1::2])]
+    if len(pairs) < 4 or any(not on.get(covariate) or not off.get(covariate)
+                             for on, off in pairs):
+        return {}
+    y = [math.log(off["s"] / on["s"]) for on, off in pairs]
+    x = [math.log(off[covariate] / on[covariate]) for on, off in pairs]
+    n, mx, my = len(y), statistics.mean(x), statistics.mean(y)
+    sxx = sum((v - mx) ** 2 for v in x)
+    slope = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
+    a = my - slope * mx
+    res = [v - a - slope * u for u, v in zip(x, y)]
+    se = math.sqrt(sum(r * r for r in res) / (n - 2) * (1 / n + mx * mx / sxx))
+    half = gsb.t975(n - 2) * se
+    cx = interval([-v for v in x])  # covariate on/off, as the time ratio on/off
+    return {"covariate": covariate, "ratio_on_over_off": round(math.exp(a), 4),
+            "t_95ci": [round(math.exp(a - half), 4), round(math.exp(a + half), 4)],
+            "slope": round(slope, 3), "residual_log_sd": round(statistics.stdev(res), 4),
+            "covariate_ratio": {"on_over_off": cx["ratio_on_over_off"],
+                                "t_95ci": cx.get("t_95ci")}}
+
+
 def summarize_iters(iters: list[dict]) -> dict:
     on = [i["s"] for i in iters if i["on"]]
     off = [i["s"] for i in iters if not i["on"]]
@@ -193,7 +290,8 @@ def summarize_iters(iters: list[dict]) -> dict:
             "median_s": {"on": statistics.median(on), "off": statistics.median(off)},
             "scheduler_cpu_share": round(sum(i.get("scheduler_cpu_s", 0.0) for i in iters)
                                          / sum(i["s"] for i in iters), 4),
-            "restored_per_reask": sorted(restored)}
+            "restored_per_reask": sorted(restored),
+            "adjusted": adjusted(iters), "diagnostics": diagnostics(iters)}
 
 
 def summarize(runs: list[dict]) -> dict:
