@@ -110,6 +110,17 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # arms give it the same outputs, so its CPU time tracks the host's speed during the
     # iteration (a covariate; its own on/off ratio is reported to show it is not an arm's)
     out_cpu = CallClock().wrap(llm.llm_engine.output_processor, "process_outputs")
+    # ... and with the model runner's input preparation, a larger sample of the same
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
+        .model_runner
+    vllm_cpu = CallClock().wrap(llm.llm_engine.output_processor, "process_outputs") \
+        .wrap(runner, "_update_states").wrap(runner, "_prepare_inputs")
+    # Where kvscope's calls run on the engine thread: the connector's scheduler-role calls
+    # (inside schedule() / update_from_output()), its worker-role calls (inside the model
+    # runner), vLLM's stat loggers (kvscope's series pass through them)
+    sched_conn = clock_calls(scheduler.connector, SCHEDULER_CALLS)
+    worker_conn = clock_calls(get_kv_transfer_group(), WORKER_CALLS)
+    stat_cpu = clock_calls(llm.llm_engine.logger_manager, ("record",))
     steps = StepCount(scheduler)
     sync_refresh = CallClock().wrap(switch.observer, "refresh")  # the engine thread's own
     sp = SamplingParams(temperature=0.0, max_tokens=gsb.OUT, ignore_eos=True, detokenize=False)
@@ -135,7 +146,10 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
             hits0 = scrape_hits(hits)
         gc_watch = gsb.GCWatch()
         gc.callbacks.append(gc_watch)
-        sched0, out0, refresh0 = sched_cpu.seconds, out_cpu.seconds, sync_refresh.seconds
+        clocks = {"scheduler_cpu_s": sched_cpu, "output_cpu_s": out_cpu, "vllm_cpu_s": vllm_cpu,
+                  "sync_refresh_cpu_s": sync_refresh, "sched_connector_cpu_s": sched_conn,
+                  "worker_connector_cpu_s": worker_conn, "stat_logger_cpu_s": stat_cpu}
+        clocks0 = {n: c.seconds for n, c in clocks.items()}
         steps0 = steps.counts()
         threads0 = thread_cpu.snapshot()
         t = time.perf_counter()
@@ -148,11 +162,9 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
         if k >= warmup:
             iters.append({"on": on, "s": round(dt, 4), "restored": restored,
                           "new_cached": sum(o.num_cached_tokens or 0 for o in new),
-                          "scheduler_cpu_s": round(sched_cpu.seconds - sched0, 4),
+                          **{n: round(c.seconds - clocks0[n], 4) for n, c in clocks.items()},
                           "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
                           "settle_requests": settled, "probe_s": round(probe, 5),
-                          "output_cpu_s": round(out_cpu.seconds - out0, 4),
-                          "sync_refresh_cpu_s": round(sync_refresh.seconds - refresh0, 4),
                           "threads": threads,
                           **{n: b - a for n, a, b in zip(StepCount.NAMES, steps0,
                                                           steps.counts())}})
@@ -166,6 +178,23 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
                kvscope_hit_tokens_seen=hits_seen, restored_while_on=hits_on,
                summary=summarize_iters(iters))
     return res
+
+
+# The connector calls vLLM makes per step or per request, by role
+SCHEDULER_CALLS = ("get_num_new_matched_tokens", "update_state_after_alloc",
+                   "build_connector_meta", "request_finished", "update_connector_output",
+                   "get_kv_connector_stats", "take_events")
+WORKER_CALLS = ("bind_connector_metadata", "clear_connector_metadata", "start_load_kv",
+                "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
+                "get_kv_connector_stats", "handle_preemptions", "build_connector_worker_meta")
+
+
+def clock_calls(owner, names) -> CallClock:
+    clock = CallClock()
+    for name in names:
+        if callable(getattr(owner, name, None)):
+            clock.wrap(owner, name)
+    return clock
 
 
 class StepCount:
@@ -234,7 +263,8 @@ def _field(it: dict, name: str) -> float:
     return it[name]
 
 
-DIAGNOSTICS = ("scheduler_cpu_s", "output_cpu_s", "sync_refresh_cpu_s", "schedules",
+DIAGNOSTICS = ("scheduler_cpu_s", "sched_connector_cpu_s", "worker_connector_cpu_s",
+               "stat_logger_cpu_s", "output_cpu_s", "vllm_cpu_s", "sync_refresh_cpu_s", "schedules",
                "empty_schedules", "engine.cpu_s", "engine.runq_s", "engine_blocked_s",
                "kvscope.cpu_s", "other.cpu_s")
 
@@ -291,7 +321,8 @@ def summarize_iters(iters: list[dict]) -> dict:
             "scheduler_cpu_share": round(sum(i.get("scheduler_cpu_s", 0.0) for i in iters)
                                          / sum(i["s"] for i in iters), 4),
             "restored_per_reask": sorted(restored),
-            "adjusted": adjusted(iters), "diagnostics": diagnostics(iters)}
+            "adjusted": adjusted(iters), "adjusted_vllm": adjusted(iters, "vllm_cpu_s"),
+            "diagnostics": diagnostics(iters)}
 
 
 def summarize(runs: list[dict]) -> dict:
