@@ -5,7 +5,8 @@ The scheduler thread appends immutable facts to :attr:`Aggregator.journal`, one
 tuple ``(handler, *args)`` per event (ints, and references to objects vLLM or
 kvscope no longer changes: a round's copied lookups, a request, a step's
 ``num_scheduled_tokens``); nothing else. A daemon thread wakes every
-``interval_s`` (50 ms: the cadence kvscope's counters already had while busy) and,
+``interval_s`` (kvscope's ``flush_interval_s`` setting, default :data:`INTERVAL_S`, 50 ms)
+and,
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
 events in the order they were recorded (round judging and coverage, request states,
 store jobs), then the flush into the recorder, the gauges and vLLM's stats object.
@@ -35,7 +36,9 @@ from kvscope.exporters.signals import ErrorSite
 
 logger = logging.getLogger("kvscope")
 
-# Seconds between two aggregations while events arrive (counters lag by at most this).
+# The default of kvscope's flush_interval_s setting (observed.Settings), the one place it
+# is written: seconds between two aggregations while events arrive (vLLM's stats path lags
+# by at most this and one step; a scrape drains at once), and a rank's tally flush cadence.
 INTERVAL_S = 0.05
 # Events waiting past which the scheduler thread drains itself (~5 MiB of tuples).
 JOURNAL_LIMIT = 50_000
@@ -80,8 +83,9 @@ class Aggregator:
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:
-        stopped, interval = self._stop.acquire, self.interval_s
-        while not stopped(timeout=interval):
+        stopped = self._stop.acquire
+        # interval_s read at each wake-up: a benchmark may change it while the engine runs
+        while not stopped(timeout=self.interval_s):
             if not self.journal:
                 continue
             try:

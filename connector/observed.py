@@ -15,6 +15,7 @@ after ``register_kv_caches`` wraps the worker instance. Options live under
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from kvscope.connector.compat.vllm_api import (
     bound_load_jobs,
     declare_offload_metric,
 )
-from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, SchedulerObserver
 from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
 from kvscope.connector.worker_side import WorkerProxy
 from kvscope.exporters import signals
@@ -70,6 +71,13 @@ class Settings:
     # Seconds between two checks, off the scheduler thread, that the data the secondary
     # tiers confirmed written is still there (tier_probe.py); 0: no probe.
     tier_probe_interval_s: float = DEFAULT_INTERVAL_S
+    # Seconds between two flushes while the engine is busy, on the scheduler side (the
+    # aggregator thread: journal applied, rooms, gauges, vLLM's stats object) and on each
+    # rank (its transfer tally). It bounds how late kvscope's series reach vLLM's /metrics
+    # (this plus one step; a scrape of kvscope's own endpoint drains at once) and how stale
+    # the snapshot gauges get while busy; longer: fewer wake-ups competing with vLLM's
+    # engine thread for the GIL. A finite number > 0.
+    flush_interval_s: float = FLUSH_INTERVAL_S
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
@@ -82,6 +90,11 @@ class Settings:
             raise ValueError(f"checksum_policy must be one of {ChecksumPolicy.ALL}")
         if not s.tier_probe_interval_s >= 0:
             raise ValueError("tier_probe_interval_s must be >= 0 (0: no tier probe)")
+        f = s.flush_interval_s
+        if isinstance(f, bool) or not isinstance(f, int | float) or not math.isfinite(f) \
+                or f <= 0:
+            raise ValueError(f"flush_interval_s must be a finite number of seconds > 0, "
+                             f"got {f!r}")
         if s.checksum_algorithm not in ALGORITHMS:
             raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
         if s.checksum_threads is not None and not (isinstance(s.checksum_threads, int)
@@ -125,7 +138,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     tier_probe_interval_s=self.kvscope_settings.tier_probe_interval_s,
                     digester=Digester(self.kvscope_settings.checksum_algorithm,
                                       self.kvscope_settings.checksum_threads),
-                    stats_builder=stats_from_delta)
+                    stats_builder=stats_from_delta,
+                    flush_interval_s=self.kvscope_settings.flush_interval_s)
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
@@ -169,7 +183,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
                 spec=cw.spec, checksum_policy=policy,
                 algorithm=self.kvscope_settings.checksum_algorithm,
                 digest_threads=self.kvscope_settings.checksum_threads,
-                refusal_path=load_failures.refusal_path(cw.kv_cache_config, extra))
+                refusal_path=load_failures.refusal_path(cw.kv_cache_config, extra),
+                flush_interval_s=self.kvscope_settings.flush_interval_s)
             faults.install_worker(cw.worker)  # test-only, off unless KVSCOPE_FAULT_FILE
             self._maybe_start_exporter(1 + cw.worker.rank)
 
@@ -265,7 +280,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
         try:
             if observer is not None:  # scheduler side: built by the aggregator thread
                 ours = observer.take_stats()
-            else:  # worker side: flushed at most every 50 ms while busy (WorkerProxy.step)
+            else:  # worker side: flushed at most every flush_interval_s while busy (WorkerProxy.step)
                 rec = self.kvscope_recorder
                 if not rec.delta_ready:
                     return stats

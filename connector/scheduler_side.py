@@ -7,7 +7,8 @@ and never reaches vLLM. The rooms:
 
 * ``lookup_rounds``: raw lookup events in slots handed over as each round ends;
 * ``aggregator``: its own daemon thread: the journal of raw facts the scheduler thread
-  appends, applied in order every 50 ms (rounds judged, request states, store jobs),
+  appends, applied in order every ``flush_interval_s`` (default 50 ms: rounds judged,
+  request states, store jobs),
   then the flush into the recorder, the gauges and vLLM's stats object;
 * ``round_verdicts``: verdict, row ceiling, restore coverage and span per round;
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
@@ -52,7 +53,8 @@ from kvscope.exporters.signals import ErrorSite, LookupResult, StoreJobResult
 # and an unchanged gauge costs nothing on vLLM's per-step stats path.
 TIMESTAMP_RESOLUTION_S = 1.0
 # While busy, counters, histograms and gauges reach the recorder (vLLM's stats path)
-# this often, from the aggregator thread; a scrape or a read drains at once.
+# this often by default, from the aggregator thread (kvscope's flush_interval_s setting);
+# a scrape or a read drains at once.
 FLUSH_INTERVAL_S = INTERVAL_S
 _NO_SPACE = (StoreJobResult.NO_SPACE.value,)
 _PREPARED = (StoreJobResult.PREPARED.value,)
@@ -130,7 +132,8 @@ class SchedulerObserver:
                  checksum_policy: str = ChecksumPolicy.REFUSE,
                  tier_probe_interval_s: float = DEFAULT_INTERVAL_S,
                  digester: Digester | None = None,
-                 stats_builder: Callable[[Any], Any] | None = None) -> None:
+                 stats_builder: Callable[[Any], Any] | None = None,
+                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
         self.rec = recorder
         self.tracer = tracer
         self.cs = connector_scheduler
@@ -153,7 +156,8 @@ class SchedulerObserver:
         per_chunk = compat.blocks_per_chunk(spec)
         self.requests = RequestStates([t * per_chunk for t in compat.group_tokens_per_block(spec)
                                        if t])
-        self.agg = Aggregator(recorder=recorder, refresh=self.refresh)
+        self.agg = Aggregator(recorder=recorder, refresh=self.refresh,
+                              interval_s=flush_interval_s)
         self.journal = self.agg.journal
         self.taps = TierTaps(recorder=recorder, tracer=tracer, manager=inner, log=self.log,
                              rows=self.rows,
@@ -377,7 +381,7 @@ class SchedulerObserver:
 
     def refresh(self, gauges: bool = True) -> None:
         """Apply the journal, recompute the gauges and flush everything now: the
-        aggregator thread every FLUSH_INTERVAL_S while events arrive; synchronously an
+        aggregator thread every flush_interval_s while events arrive; synchronously an
         idle step, shutdown, a harness, a test. ``gauges=False`` (a reader of the
         recorder: :meth:`drain`): the snapshot gauges keep their step cadence."""
         rec = self.rec

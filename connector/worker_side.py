@@ -43,7 +43,8 @@ class WorkerProxy:
                  checksum_policy: str = ChecksumPolicy.REFUSE,
                  algorithm: str = DEFAULT_ALGORITHM,
                  digest_threads: int | None = None,
-                 refusal_path: str | None = load_failures.BLOCKS) -> None:
+                 refusal_path: str | None = load_failures.BLOCKS,
+                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
         self._inner = inner
         self._refusal_path = refusal_path
         self._rec = recorder
@@ -55,8 +56,10 @@ class WorkerProxy:
         rank = compat.region_rank(self._region)
         self.rank = rank if rank is not None else compat.process_rank()
         self._rank_label = str(self.rank)
-        # in flight and finished, into the recorder at most every FLUSH_INTERVAL_S while
-        # transfers keep coming, at once on a quiet step or for a reader (worker_tally.py)
+        # in flight and finished, into the recorder at most every flush_interval_s (kvscope's
+        # setting) while transfers keep coming, at once on a quiet step or for a reader
+        # (worker_tally.py)
+        self.flush_interval_s = flush_interval_s
         self._tally = TransferTally(recorder, self._rank_label)
         self._flushed_at = float("-inf")
         self._recorded = False  # recorded outside the tally since the last flush
@@ -163,9 +166,10 @@ class WorkerProxy:
 
     def step(self) -> None:
         """Once per step (the connector's get_finished): the tally into the recorder every
-        FLUSH_INTERVAL_S, and at once on a quiet step (nothing submitted or finished: the
-        engine idles or waits) if anything is left; vLLM's stats hook hands over what was
-        flushed, so a rank's series reach vLLM up to 50 ms and one step after the fact."""
+        :attr:`flush_interval_s`, and at once on a quiet step (nothing submitted or finished:
+        the engine idles or waits) if anything is left; vLLM's stats hook hands over what was
+        flushed, so a rank's series reach vLLM up to flush_interval_s (default 50 ms) and one
+        step after the fact."""
         tally = self._tally
         quiet, tally.active = not tally.active, False
         wall = time.time()
@@ -176,7 +180,7 @@ class WorkerProxy:
                 self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), wall)
                 self._tracing = tracing_enabled(self._tracer)
         now = time.monotonic()
-        if (now - self._flushed_at >= FLUSH_INTERVAL_S
+        if (now - self._flushed_at >= self.flush_interval_s
                 or quiet and (tally.pending or self._recorded)):
             self._flushed_at, self._recorded = now, False
             self.drain()
