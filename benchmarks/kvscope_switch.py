@@ -13,8 +13,8 @@ through), the connector scheduler talks to vLLM's own manager instead of kvscope
 every worker-role connector to vLLM's own worker instead of kvscope's proxy, and the tiers'
 methods are their classes' again (the tier taps removed). What stays while off: the
 subclass's frame and one ``is None`` test per connector call, and kvscope's threads, idle
-(the aggregator wakes every 50 ms to an empty journal). That residual is measured on CPU
-against the real stock connector: ``python benchmarks/kvscope_switch.py residual``.
+(the aggregator wakes every flush_interval_s, 50 ms by default, to an empty journal). That
+residual is measured on CPU against the real stock connector: ``python benchmarks/kvscope_switch.py residual``.
 
 A switch is allowed only when the engine is quiet (no request in vLLM's scheduler, no
 transfer job in its offloading connector): a job started in one state and finished in the other would leave

@@ -5,8 +5,8 @@ The scheduler thread appends immutable facts to :attr:`Aggregator.journal`, one
 tuple ``(handler, *args)`` per event (ints, and references to objects vLLM or
 kvscope no longer changes: a round's copied lookups, a request, a step's
 ``num_scheduled_tokens``); nothing else. A daemon thread wakes every
-``interval_s`` (kvscope's ``flush_interval_s`` setting, default :data:`INTERVAL_S`, 50 ms)
-and,
+``interval_s`` (kvscope's ``flush_interval_s`` setting, default :data:`INTERVAL_S`:
+50 ms) and,
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
 events in the order they were recorded (round judging and coverage, request states,
 store jobs), then the flush into the recorder, the gauges and vLLM's stats object.

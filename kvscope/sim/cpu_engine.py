@@ -161,8 +161,8 @@ class CPUEngine(EngineStepping):
         return n
 
     def refresh(self) -> None:
-        """Bring kvscope's gauges up to date now (they refresh at most every 50 ms
-        while busy); a no-op with the stock connector."""
+        """Bring kvscope's gauges up to date now (they refresh at most every
+        ``flush_interval_s`` while busy, 50 ms by default); a no-op with the stock connector."""
         observer = getattr(self.connector, "_kvscope_observer", None)
         if observer is not None:
             observer.refresh()
