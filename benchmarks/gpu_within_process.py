@@ -113,8 +113,11 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # ... and with the model runner's input preparation, a larger sample of the same
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
         .model_runner
-    vllm_cpu = CallClock().wrap(llm.llm_engine.output_processor, "process_outputs") \
-        .wrap(runner, "_update_states").wrap(runner, "_prepare_inputs")
+    vllm_cpu = clock_calls(runner, RUNNER_CALLS).wrap(llm.llm_engine.output_processor,
+                                                      "process_outputs")
+    res["covariate_calls"] = [n for n in RUNNER_CALLS if callable(getattr(runner, n, None))]
+    res["runner"] = [type(runner).__module__, *[n for n in dir(runner) if "prepare" in n
+                                                or "update_states" in n]]
     # Where kvscope's calls run on the engine thread: the connector's scheduler-role calls
     # (inside schedule() / update_from_output()), its worker-role calls (inside the model
     # runner), vLLM's stat loggers (kvscope's series pass through them)
@@ -187,6 +190,11 @@ SCHEDULER_CALLS = ("get_num_new_matched_tokens", "update_state_after_alloc",
 WORKER_CALLS = ("bind_connector_metadata", "clear_connector_metadata", "start_load_kv",
                 "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
                 "get_kv_connector_stats", "handle_preemptions", "build_connector_worker_meta")
+
+
+# The model runner's input preparation (names differ between runner versions)
+RUNNER_CALLS = ("_update_states", "_prepare_inputs", "update_states", "prepare_inputs",
+                "_prepare_input_ids", "_calc_spec_decode_metadata")
 
 
 def clock_calls(owner, names) -> CallClock:
