@@ -32,10 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
-import random
-import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +41,7 @@ import gpu_scheduler_bound as gsb  # this directory
 import thread_cpu
 from call_clock import CallClock
 from kvscope_switch import KvscopeSwitch, quiet
+from pair_stats import summarize, summarize_iters
 
 SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
 PROBE_N = 300_000  # ~10-20 ms of pure Python on the engine's thread
@@ -234,116 +232,6 @@ def scrape_hits(url: str) -> float:
     if "error" in got:
         raise RuntimeError(f"kvscope endpoint: {got['error']}")
     return sum(got.values())
-
-
-def pair_logs(iters: list[dict]) -> list[float]:
-    """log(t_off / t_on) per pair: log of tokens/s(on) / tokens/s(off)."""
-    out = []
-    for a, b in zip(iters[0::2], iters[1::2], strict=True):
-        on, off = (a, b) if a["on"] else (b, a)
-        assert on["on"] and not off["on"], "a pair holds one iteration of each state"
-        out.append(math.log(off["s"] / on["s"]))
-    return out
-
-
-def interval(logs: list[float], seed: int = 0) -> dict:
-    n = len(logs)
-    mean = statistics.mean(logs)
-    out = {"pairs": n, "ratio_on_over_off": round(math.exp(mean), 4)}
-    if n >= 2:
-        half = gsb.t975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
-        rng = random.Random(seed)
-        boots = sorted(statistics.mean(rng.choices(logs, k=n)) for _ in range(10000))
-        out.update(t_95ci=[round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
-                   bootstrap_95ci=[round(math.exp(boots[249]), 4),
-                                   round(math.exp(boots[9749]), 4)],
-                   pair_log_sd=round(statistics.stdev(logs), 4))
-    return out
-
-
-def _field(it: dict, name: str) -> float:
-    if name == "engine_blocked_s":  # wall time the engine thread neither ran nor queued
-        e = it["threads"]["engine"]
-        return it["s"] - e["cpu_s"] - e["runq_s"]
-    if "." in name:
-        kind, what = name.split(".")
-        return it["threads"][kind][what]
-    return it[name]
-
-
-DIAGNOSTICS = ("scheduler_cpu_s", "sched_connector_cpu_s", "worker_connector_cpu_s",
-               "stat_logger_cpu_s", "output_cpu_s", "vllm_cpu_s", "sync_refresh_cpu_s", "schedules",
-               "empty_schedules", "engine.cpu_s", "engine.runq_s", "engine_blocked_s",
-               "kvscope.cpu_s", "other.cpu_s")
-
-
-def diagnostics(iters: list[dict]) -> dict:
-    """Per field: the mean on and off, and the mean paired difference (on - off) with a
-    t interval: where an arm's extra wall time went."""
-    if not iters or "threads" not in iters[0]:
-        return {}
-    out = {}
-    pairs = [(a, b) if a["on"] else (b, a) for a, b in zip(iters[0::2], iters[1::2])]
-    for name in ("s", *DIAGNOSTICS):
-        d = [_field(on, name) - _field(off, name) for on, off in pairs]
-        half = gsb.t975(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
-        out[name] = {"on": round(statistics.mean(_field(on, name) for on, _ in pairs), 4),
-                     "off": round(statistics.mean(_field(off, name) for _, off in pairs), 4),
-                     "diff": round(statistics.mean(d), 4),
-                     "diff_95ci": [round(statistics.mean(d) - half, 4),
-                                   round(statistics.mean(d) + half, 4)]}
-    return out
-
-
-def adjusted(iters: list[dict], covariate: str = "output_cpu_s") -> dict:
-    """The on/off ratio adjusted for the host's speed during each pair: the intercept of
-    pair log(t_off/t_on) regressed on the covariate's pair log ratio (valid while the
-    covariate's own on/off ratio is 1: reported as ``covariate_ratio``)."""
-    pairs = [(a, b) if a["on"] else (b, a) for a, b in zip(iters[0::2], iters[1::2])]
-    if len(pairs) < 4 or any(not on.get(covariate) or not off.get(covariate)
-                             for on, off in pairs):
-        return {}
-    y = [math.log(off["s"] / on["s"]) for on, off in pairs]
-    x = [math.log(off[covariate] / on[covariate]) for on, off in pairs]
-    n, mx, my = len(y), statistics.mean(x), statistics.mean(y)
-    sxx = sum((v - mx) ** 2 for v in x)
-    slope = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
-    a = my - slope * mx
-    res = [v - a - slope * u for u, v in zip(x, y)]
-    se = math.sqrt(sum(r * r for r in res) / (n - 2) * (1 / n + mx * mx / sxx))
-    half = gsb.t975(n - 2) * se
-    cx = interval([-v for v in x])  # covariate on/off, as the time ratio on/off
-    return {"covariate": covariate, "ratio_on_over_off": round(math.exp(a), 4),
-            "t_95ci": [round(math.exp(a - half), 4), round(math.exp(a + half), 4)],
-            "slope": round(slope, 3), "residual_log_sd": round(statistics.stdev(res), 4),
-            "covariate_ratio": {"on_over_off": cx["ratio_on_over_off"],
-                                "t_95ci": cx.get("t_95ci")}}
-
-
-def summarize_iters(iters: list[dict]) -> dict:
-    on = [i["s"] for i in iters if i["on"]]
-    off = [i["s"] for i in iters if not i["on"]]
-    restored = {i["restored"] for i in iters}
-    return {**interval(pair_logs(iters)),
-            "median_s": {"on": statistics.median(on), "off": statistics.median(off)},
-            "scheduler_cpu_share": round(sum(i.get("scheduler_cpu_s", 0.0) for i in iters)
-                                         / sum(i["s"] for i in iters), 4),
-            "restored_per_reask": sorted(restored),
-            "adjusted": adjusted(iters), "adjusted_vllm": adjusted(iters, "vllm_cpu_s"),
-            "diagnostics": diagnostics(iters)}
-
-
-def summarize(runs: list[dict]) -> dict:
-    out: dict = {}
-    for mode in sorted({r["mode"] for r in runs}):
-        ok = [r for r in runs if r["mode"] == mode and "iters" in r]
-        if not ok:
-            out[mode] = {"error": "no completed process"}
-            continue
-        logs = [x for r in ok for x in pair_logs(r["iters"])]
-        out[mode] = {**interval(logs), "processes": len(ok),
-                     "per_process": [r["summary"]["ratio_on_over_off"] for r in ok]}
-    return out
 
 
 def spawn(mode: str, args) -> dict:
