@@ -7,14 +7,17 @@ bimodal in earlier runs), so comparing a stock process with an observed one cann
 **off**; both arms share the process's memory placement, threads and compile state, so the
 between-process spread drops out of each pair.
 
-Off means vLLM's stock code path: the connector's hooks see no observer (each
-``ObservedOffloadingConnector`` method then calls ``OffloadingConnector``'s straight
-through), the connector scheduler talks to vLLM's own manager instead of kvscope's proxy,
-every worker-role connector to vLLM's own worker instead of kvscope's proxy, and the tiers'
-methods are their classes' again (the tier taps removed). What stays while off: the
-subclass's frame and one ``is None`` test per connector call, and kvscope's threads, idle
-(the aggregator wakes every flush_interval_s, 50 ms by default, to an empty journal). That
-residual is measured on CPU against the real stock connector: ``python benchmarks/kvscope_switch.py residual``.
+Off means vLLM's stock code path: every connector instance (the scheduler's and each
+worker's) is of class ``OffloadingConnector`` again (``__class__`` assigned: vLLM calls
+its own methods, no frame of kvscope's), without an observer; the connector scheduler
+talks to vLLM's own manager instead of kvscope's proxy, every worker-role connector to
+vLLM's own worker instead of kvscope's proxy, and the tiers' methods are their classes'
+again (the tier taps removed). What stays while off: kvscope's threads, idle (the
+aggregator wakes every flush_interval_s to an empty journal), and the pass-through of
+kvscope's Prometheus wrapper in vLLM's stat logger (built once at start-up; a batch
+without kvscope keys goes to vLLM's own observe untouched). The residual is measured on
+CPU against an engine built with the stock connector:
+``python benchmarks/kvscope_switch.py residual``.
 
 A switch is allowed only when the engine is quiet (no request in vLLM's scheduler, no
 transfer job in its offloading connector): a job started in one state and finished in the other would leave
@@ -67,6 +70,9 @@ class KvscopeSwitch:
         self.tier_taps = [(tier, {n: vars(tier)[n] for n in TAPPED if n in vars(tier)})
                           for tier in (self.observer.primary, *self.observer.tiers)
                           if tier is not None]
+        # (instance, kvscope's class, vLLM's class it subclasses) per connector instance
+        self.classes = [(c, type(c), _stock_class(type(c)))
+                        for c in (self.connector, *worker_connectors)]
         self.workers = []
         for wc in worker_connectors:
             cw = wc.connector_worker
@@ -90,7 +96,14 @@ class KvscopeSwitch:
                     delattr(tier, name)  # the class's method again
         for cw, proxy, inner in self.workers:
             cw.worker = proxy if on else inner
+        for conn, ours, stock in self.classes:
+            conn.__class__ = ours if on else stock
         self.on = on
+
+
+def _stock_class(cls: type) -> type:
+    """The first class of ``cls``'s MRO that is not kvscope's: vLLM's connector."""
+    return next(c for c in cls.__mro__ if not c.__module__.startswith("kvscope"))
 
 
 # ---- the residual on CPU: stock vs kvscope off vs kvscope on, in lockstep ---------------

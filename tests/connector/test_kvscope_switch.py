@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.kvscope_switch import KvscopeSwitch, NotQuiet, quiet
+from kvscope.connector import ObservedOffloadingConnector
 from kvscope.connector.compat import WRAPPED_MARK
+from kvscope.connector.compat.vllm_api import OffloadingConnector
 from kvscope.exporters import signals as S
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 from kvscope.sim.cpu_model import prompt
@@ -27,6 +29,10 @@ def _flood(e: CPUEngine, seeds) -> None:
     e.drain()
 
 
+def connectors(e: CPUEngine) -> list:
+    return [r.connector for r in e.ranks]
+
+
 def _settle(e: CPUEngine) -> None:
     for _ in range(50):
         if quiet(e.scheduler):
@@ -43,6 +49,7 @@ def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
         _flood(e, (4, 5, 6))
         _settle(e)
         switch.set(False)
+        assert all(type(c) is OffloadingConnector for c in (e.connector, *connectors(e)))
         assert e.connector.connector_scheduler.manager is switch.manager
         assert not getattr(switch.manager, WRAPPED_MARK, False)
         assert all(r.connector.connector_worker.worker is inner
@@ -60,6 +67,8 @@ def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
         assert _hits(e) == hits_before  # kvscope saw nothing while off
 
         switch.set(True)
+        assert all(type(c) is ObservedOffloadingConnector
+                   for c in (e.connector, *connectors(e)))
         assert e.connector.connector_scheduler.manager is switch.manager_proxy
         hits_before = _hits(e)
         on = e.generate(prompt(3, 96), 2)
