@@ -1,6 +1,7 @@
 """Scheduler step time: ObservedOffloadingConnector vs the stock OffloadingConnector.
 
     python benchmarks/scheduler_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
+        [--flush-interval S]
     python benchmarks/scheduler_overhead.py --profile F [--profile-connector NAME]
     python benchmarks/scheduler_overhead.py --profile-aggregator F [--no-tiering]
 
@@ -17,6 +18,8 @@ out) into F and writes the top entries as text to F.txt; ``--profile-aggregator 
 same for the refreshes kvscope's aggregator thread runs (one observed engine alone: its
 caches are warmer than in a lockstep pair, so the times are lower). Results:
 benchmarks/results/scheduler_overhead_*.jsonl and scheduler_profile_*.txt.
+``--flush-interval S`` sets the observed engine's ``flush_interval_s`` (kvscope's cadence:
+aggregator thread and rank tally; default: kvscope's own); the last JSON line names it.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 STOCK, OBSERVED = "OffloadingConnector", "ObservedOffloadingConnector"
 
 
-def _engine(connector: str, tiering: bool):
+def _engine(connector: str, tiering: bool, flush_interval_s: float | None = None):
     from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 
+    options = {} if flush_interval_s is None else {"flush_interval_s": flush_interval_s}
     return CPUEngine(EngineConfig(rows=512, tiering=tiering, world_size=1, kv_groups=1,
                                   num_gpu_blocks=512, max_num_batched_tokens=512,
-                                  max_num_seqs=32, connector=connector, step_time_s=0.0))
+                                  max_num_seqs=32, connector=connector, step_time_s=0.0,
+                                  kvscope_options=options))
 
 
 def _add_requests(e, n_requests: int) -> list[str]:
@@ -102,11 +107,12 @@ def lockstep(todo: list, clock: Callable[[], float] = time.perf_counter,
     return spent
 
 
-def run_pair(n_requests: int, tiering: bool) -> list[dict]:
+def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = None) -> list[dict]:
     """One stock and one observed engine in lockstep: step by step, alternating which
     goes first, so both see the same machine (load, clock, caches) at each moment:
     on a shared box, drift between whole runs is larger than the effect measured."""
-    with _engine(STOCK, tiering) as stock, _engine(OBSERVED, tiering) as observed:
+    with _engine(STOCK, tiering) as stock, \
+            _engine(OBSERVED, tiering, flush_interval_s) as observed:
         walls = lockstep([(stock, _add_requests(stock, n_requests)),
                           (observed, _add_requests(observed, n_requests))])
         threads_s = _kvscope_threads_cpu(observed)
@@ -116,8 +122,8 @@ def run_pair(n_requests: int, tiering: bool) -> list[dict]:
 
 
 def run(connector: str, n_requests: int, tiering: bool, profile: str | None = None,
-        profile_aggregator: str | None = None) -> dict:
-    with _engine(connector, tiering) as e:
+        profile_aggregator: str | None = None, flush_interval_s: float | None = None) -> dict:
+    with _engine(connector, tiering, flush_interval_s) as e:
         rids = _add_requests(e, n_requests)
         if profile:
             _profile_scheduler_calls(e.scheduler, profile)
@@ -227,6 +233,12 @@ def workload_args(p: argparse.ArgumentParser, rounds: int = 3) -> argparse.Argum
     return p
 
 
+def _effective_interval(flush_interval_s: float | None) -> float:
+    from kvscope.connector.aggregator import INTERVAL_S
+
+    return INTERVAL_S if flush_interval_s is None else flush_interval_s
+
+
 def main() -> None:
     p = workload_args(argparse.ArgumentParser())
     p.add_argument("--profile", help="cProfile one run's scheduler calls into this file (+ .txt)")
@@ -236,6 +248,8 @@ def main() -> None:
                    help="cProfile the observed engine's aggregator thread into this file (+ .txt)")
     p.add_argument("--profile-connector", default="ObservedOffloadingConnector",
                    choices=["ObservedOffloadingConnector", "OffloadingConnector"])
+    p.add_argument("--flush-interval", type=float, default=None, metavar="S",
+                   help="the observed engine's flush_interval_s (default: kvscope's)")
     args = p.parse_args()
     if args.coverage_cost:
         coverage_cost(args.requests, not args.no_tiering, args.rounds)
@@ -243,12 +257,12 @@ def main() -> None:
     if args.profile or args.profile_aggregator:
         print(json.dumps(run(args.profile_connector if args.profile else OBSERVED,
                              args.requests, not args.no_tiering, args.profile,
-                             args.profile_aggregator)))
+                             args.profile_aggregator, args.flush_interval)))
         return
     runs: dict[str, list[dict]] = {STOCK: [], OBSERVED: []}
     ratios, cpu_ratios = [], []
     for _ in range(args.rounds):
-        pair = run_pair(args.requests, not args.no_tiering)
+        pair = run_pair(args.requests, not args.no_tiering, args.flush_interval)
         for r in pair:
             runs[r["connector"]].append(r)
             print(json.dumps(r), flush=True)
@@ -260,6 +274,7 @@ def main() -> None:
     med = {n: statistics.median(r["scheduler_s"] for r in rs) for n, rs in runs.items()}
     print(json.dumps({
         "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
+        "flush_interval_s": _effective_interval(args.flush_interval),
         "scheduler_s_median": med,
         "kvscope_threads_s_median": statistics.median(
             r["kvscope_threads_s"] + r["final_refresh_s"] for r in runs[OBSERVED]),
