@@ -217,6 +217,10 @@ def _write_stats(prof, path: str, ours: str) -> None:
     import pstats
 
     prof.dump_stats(path)
+    if not prof.getstats():  # nothing ran profiled (a run shorter than the cadence)
+        with open(path + ".txt", "w") as f:
+            f.write("no call profiled\n")
+        return
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out).strip_dirs()
     stats.sort_stats("tottime").print_stats(40)
