@@ -9,7 +9,8 @@ between-process spread drops out of each pair.
 
 Off means vLLM's stock code path: every connector instance (the scheduler's and each
 worker's) is of class ``OffloadingConnector`` again (``__class__`` assigned: vLLM calls
-its own methods, no frame of kvscope's), without an observer; the connector scheduler
+its own methods, no frame of kvscope's), without an observer and without the scheduler
+role's hooks (instance attributes: connector/scheduler_hooks.py); the connector scheduler
 talks to vLLM's own manager instead of kvscope's proxy, every worker-role connector to
 vLLM's own worker instead of kvscope's proxy, and the tiers' methods are their classes'
 again (the tier taps removed). What stays while off: kvscope's threads, idle (the
@@ -67,6 +68,9 @@ class KvscopeSwitch:
         self.cs = self.connector.connector_scheduler
         self.manager_proxy = self.cs.manager
         self.manager = self.manager_proxy._inner
+        from kvscope.connector.scheduler_hooks import HOOKED
+
+        self.hooks = {n: vars(self.connector)[n] for n in HOOKED if n in vars(self.connector)}
         self.tier_taps = [(tier, {n: vars(tier)[n] for n in TAPPED if n in vars(tier)})
                           for tier in (self.observer.primary, *self.observer.tiers)
                           if tier is not None]
@@ -87,6 +91,11 @@ class KvscopeSwitch:
         if not on:
             self.observer.refresh()  # everything seen so far reaches the recorder first
         self.connector._kvscope_observer = self.observer if on else None
+        for name, hook in self.hooks.items():
+            if on:
+                setattr(self.connector, name, hook)
+            else:
+                delattr(self.connector, name)  # the class's method again
         self.cs.manager = self.manager_proxy if on else self.manager
         for tier, taps in self.tier_taps:
             for name, tap in taps.items():

@@ -75,12 +75,6 @@ class LookupLog:
             self.refusals.clear()
             self.evictions.clear()
 
-    def plain(self) -> bool:
-        """A round is open and nothing rare happened in it (no quarantined key, refused
-        promotion or eviction): the caller hands its lookups over (copies of ``keys``
-        and ``results``, the round being ``[start:]`` of them), and empties the slots."""
-        return self.start >= 0 and not (self.quarantined or self.refusals or self.evictions)
-
     def end(self) -> tuple[Round | None, list[bytes], list[Any]]:
         """End the open round (any kind): the round decoded, and copies of the lookups
         since the last hand-over (to count); the slots are emptied."""
@@ -158,7 +152,8 @@ class Round:
 
     @classmethod
     def plain(cls, keys: list[bytes], results: list[Any], start: int) -> Round:
-        """A round without rare events (:meth:`LookupLog.plain`): ``[start:]`` of
+        """A round without rare events (no quarantined key, refused promotion or eviction:
+        the connector's hook hands its lookups over, scheduler_hooks.py): ``[start:]`` of
         the lookups handed over."""
         rnd = cls.__new__(cls)
         rnd.started_ns = 0

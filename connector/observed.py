@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.connector import compat, faults
+from kvscope.connector import compat, faults, scheduler_hooks
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.compat.vllm_api import (
@@ -140,6 +140,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                                       self.kvscope_settings.checksum_threads),
                     stats_builder=stats_from_delta,
                     flush_interval_s=self.kvscope_settings.flush_interval_s)
+                scheduler_hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
@@ -227,58 +228,17 @@ class ObservedOffloadingConnector(OffloadingConnector):
         return set(errors) | w.take_load_errors()
 
     # ---- scheduler role ---------------------------------------------------------------------
-    def on_new_request(self, request):
-        super().on_new_request(request)
-        if self._kvscope_observer is not None:
-            self._kvscope_observer.on_new_request(request)
-
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        observer = self._kvscope_observer
-        if observer is None or not compat.reads_prefix_cache(request):
-            # a request that reads no cached KV (prompt_logprobs) is looked up nowhere: no
-            # round, else its whole stored prefix would count as held and not offered
-            return super().get_num_new_matched_tokens(request, num_computed_tokens)
-        observer.begin_round()  # the lookups this call makes form one round
-        result = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        observer.end_round(request, result[0], num_computed_tokens)
-        return result
-
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        out = super().update_state_after_alloc(request, blocks, num_external_tokens)
-        if self._kvscope_observer is not None:
-            self._kvscope_observer.after_alloc(request, num_external_tokens)
-        return out
-
-    def build_connector_meta(self, scheduler_output):
-        meta = super().build_connector_meta(scheduler_output)
-        if self._kvscope_observer is not None:
-            self._kvscope_observer.on_meta(meta)
-            self._kvscope_observer.on_step(scheduler_output)
-        return meta
-
-    def update_connector_output(self, connector_output):
-        if self._kvscope_observer is not None:
-            self._kvscope_observer.on_connector_output(connector_output)
-        return super().update_connector_output(connector_output)
-
-    def request_finished(self, request, block_ids):
-        out = super().request_finished(request, block_ids)
-        if self._kvscope_observer is not None:
-            self._kvscope_observer.on_finished(request)
-        return out
-
-    def request_finished_all_groups(self, request, block_ids):
-        out = super().request_finished_all_groups(request, block_ids)
-        if self._kvscope_observer is not None:
-            self._kvscope_observer.on_finished(request)
-        return out
+    # on_new_request, get_num_new_matched_tokens, update_state_after_alloc,
+    # build_connector_meta, update_connector_output, request_finished(_all_groups) and
+    # the scheduler side's get_kv_connector_stats: closures set on the instance once the
+    # observer exists (scheduler_hooks.py: one Python frame of kvscope per vLLM call).
 
     # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
     def get_kv_connector_stats(self):
         stats = super().get_kv_connector_stats()
         observer = self._kvscope_observer
         try:
-            if observer is not None:  # scheduler side: built by the aggregator thread
+            if observer is not None:  # scheduler side (its hook, scheduler_hooks.py, first)
                 ours = observer.take_stats()
             else:  # worker side: flushed at most every flush_interval_s while busy (WorkerProxy.step)
                 rec = self.kvscope_recorder

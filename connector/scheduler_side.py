@@ -63,10 +63,10 @@ _PREPARED = (StoreJobResult.PREPARED.value,)
 class ManagerProxy:
     """Stands in for the OffloadingManager the connector scheduler talks to.
 
-    Every method forwards to the real manager; ``lookup`` (an instance attribute,
-    see :func:`_lookup_tap`), ``prepare_load`` and ``prepare_store`` also record.
-    Attributes not defined here (``primary_tier``, ``secondary_tiers``, 0.33's
-    ``lock``, ...) resolve on the real manager.
+    Every method forwards to the real manager; ``lookup``, ``prepare_load`` and
+    ``prepare_store`` (instance attributes: closures, see :func:`_lookup_tap` and
+    :func:`_store_tap`) also record. Attributes not defined here (``primary_tier``,
+    ``secondary_tiers``, 0.33's ``lock``, ...) resolve on the real manager.
     """
 
     def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
@@ -76,6 +76,8 @@ class ManagerProxy:
         object.__setattr__(self, compat.WRAPPED_MARK, True)
         object.__setattr__(self, "lookup", _lookup_tap(inner.lookup, observer.log,
                                                        observer.rows.quarantine))
+        object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, observer.rows))
+        object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, observer))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:
@@ -89,16 +91,6 @@ class ManagerProxy:
     def __setattr__(self, name: str, value: Any) -> None:
         self.__dict__.pop(name, None)  # a kept bound method must not shadow the new value
         setattr(self._inner, name, value)
-
-    def prepare_load(self, keys, req_context, *args, **kwargs):
-        spec = self._inner.prepare_load(keys, req_context, *args, **kwargs)
-        self._obs.rows.on_prepare_load(keys, spec)
-        return spec
-
-    def prepare_store(self, keys, req_context, *args, **kwargs):
-        out = self._inner.prepare_store(keys, req_context, *args, **kwargs)
-        self._obs.on_prepare_store(out, keys)
-        return out
 
 
 def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
@@ -122,6 +114,44 @@ def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
         return result
 
     return lookup
+
+
+def _load_tap(inner_prepare_load: Callable[..., Any], rows: PromotedRows
+              ) -> Callable[..., Any]:
+    """The proxy's ``prepare_load``: checked loads exist only once promoted rows were
+    digested (tiering, ``rows.expected``), so the common case costs one dict test."""
+    expected, on_prepare_load = rows.expected, rows.on_prepare_load  # kept for rows' life
+
+    def prepare_load(keys, req_context, *args, **kwargs):
+        spec = inner_prepare_load(keys, req_context, *args, **kwargs)
+        if expected:
+            on_prepare_load(keys, spec)
+        return spec
+
+    return prepare_load
+
+
+def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObserver
+               ) -> Callable[..., Any]:
+    """The proxy's ``prepare_store`` (once per store job): the journal gets the job (the
+    refused keys coverage reads change in journal order); promoted-row digests of the
+    rows it evicts or rewrites are forgotten at once."""
+    append, handler = observer.journal.append, observer._store_job_handler
+    rows, error = observer.rows, observer.rec.error
+    expected, quarantine, forget = rows.expected, rows.quarantine, rows.forget
+
+    def prepare_store(keys, req_context, *args, **kwargs):
+        out = inner_prepare_store(keys, req_context, *args, **kwargs)
+        try:
+            append((handler, out, keys))
+            if out is not None and (expected or quarantine):  # digests: tiering only
+                forget(out.evicted_keys)
+                forget(out.keys_to_store)
+        except Exception as exc:
+            error(ErrorSite.MANAGER, exc)
+        return out
+
+    return prepare_store
 
 
 class SchedulerObserver:
@@ -178,8 +208,6 @@ class SchedulerObserver:
                                  spec=spec, vllm_config=vllm_config,
                                  kv_cache_config=kv_cache_config,
                                  checksum_policy=checksum_policy)
-        if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
-            connector_scheduler.manager = ManagerProxy(inner, self)
         self.primary, self.tiers = self.taps.primary, self.taps.tiers
         # vLLM's stats objects the aggregator prepared (stats_builder(delta)), each handed
         # over whole by the scheduler thread (take_stats): popleft/append are atomic
@@ -197,6 +225,8 @@ class SchedulerObserver:
         self._after_alloc = self.requests.after_alloc
         self._on_finished = self.requests.on_finished
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
+        if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
+            connector_scheduler.manager = ManagerProxy(inner, self)  # its taps bind the above
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
@@ -221,9 +251,8 @@ class SchedulerObserver:
         return self.rows.view
 
     def _set_tracing(self, on: bool) -> None:
+        # read once per round by the connector's hook (scheduler_hooks.py)
         self._tracing = self.taps.tracing = self.verdicts.tracing = on
-        # once per round: the log's own begin (no frame of ours) unless spans need a start
-        self.begin_round = self._begin_traced if on else self.log.begin
 
     def _declare_series(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -235,20 +264,7 @@ class SchedulerObserver:
         rec.declare(signals.SCHEDULER_STEPS)
         self.taps.declare()
 
-    # ---- manager calls ---------------------------------------------------------------------
-    def on_prepare_store(self, out, keys=()) -> None:
-        """Scheduler thread: the journal gets the job (the refused keys coverage reads
-        change in journal order); promoted-row digests are forgotten at once."""
-        try:
-            self.journal.append((self._store_job_handler, out, keys))
-            if out is not None:
-                rows = self.rows
-                if rows.expected or rows.quarantine:  # digests exist only with tiering
-                    rows.forget(out.evicted_keys)
-                    rows.forget(out.keys_to_store)
-        except Exception as exc:
-            self.rec.error(ErrorSite.MANAGER, exc)
-
+    # ---- manager calls (the proxy's prepare_store: _store_tap) ------------------------------
     def _store_job(self, out, keys) -> None:
         """Aggregator: a store job prepared (``out``) or refused (None)."""
         if out is None:
@@ -260,14 +276,21 @@ class SchedulerObserver:
             self._store_jobs[1] += 1
 
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
-    def _begin_traced(self) -> None:
-        """``begin_round`` while tracing: the round's span starts now."""
+    # A plain round (no rare event, no span: most rounds) is handed over by the connector's
+    # hook itself (scheduler_hooks.py): its lookups copied, the request's token count and
+    # offload-key lengths captured, in one journal tuple for the aggregator thread.
+    def traced_round(self, ask: Callable[[Any, int], Any], request: Any,
+                     num_computed: int) -> Any:
+        """One lookup round while spans are on (``ask``: vLLM's lookup of the request):
+        the round's span starts now."""
         self.log.begin(time.time_ns())
+        result = ask(request, num_computed)
+        self.end_round(request, result[0], num_computed)
+        return result
 
     def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
-        """Scheduler thread. A plain round: what judging it needs, captured now (its
-        lookups copied, the request's token count and offload-key lengths), into the
-        journal. Otherwise (rare events, a span): judged now, after a synchronous drain.
+        """Scheduler thread: a round with a rare event (a quarantined key, a refused
+        promotion, an eviction) or a span, judged now, after a synchronous drain.
         A deferred round (``num_tokens`` None) captures no offload keys: coverage judges
         only rounds that ended."""
         log = self.log
@@ -275,15 +298,6 @@ class SchedulerObserver:
             rid = request.request_id
             if num_tokens is None:
                 self._deferred_in_step = True
-            if not self._tracing and log.plain():
-                keys, results = log.keys, log.results
-                self.journal.append((self._judge_plain, keys[:], results[:], log.start, rid,
-                                     request.num_tokens,
-                                     None if num_tokens is None else self._offload_prefix(rid),
-                                     num_tokens, num_computed))
-                del keys[:], results[:]
-                log.start = -1
-                return
             with self.agg.lock:
                 self.agg.drain()  # the rounds and store jobs before this one first
                 rnd, keys, results = log.end()

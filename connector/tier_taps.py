@@ -119,7 +119,8 @@ class TierTaps:
             return submit_load(job, *a, **kw)
 
         journal, monotonic, rec = self.journal, time.monotonic, self.rec
-        cascade_started, job_done = self._cascade_started, self._on_job_done
+        cascade_started, cascade_done = self._cascade_started, self._cascade_done_handler
+        promotions, promotion_done, append = self.promotions, self._promotion_done, journal.append
 
         # A cascade: one journal tuple (started, recorded and summed on the aggregator
         # thread); a plain try, no context-manager frames, no object built here.
@@ -130,13 +131,23 @@ class TierTaps:
                 rec.error(ErrorSite.TIER, exc)
             return submit_store(job, *a, **kw)
 
+        # Per finished tier job: a promotion is recorded now (its rows digested before
+        # vLLM can load them); anything else (a cascade: one per store job) goes to the
+        # journal, where the aggregator thread matches it with a cascade it knows. Inline,
+        # a plain try: no frame per job, none per call for the guard.
         def tap_get_finished_jobs(*a, **kw):
             results = list(get_finished_jobs(*a, **kw))
             if results:
-                with guard:
+                try:
                     now = monotonic()
                     for res in results:
-                        job_done(res.job_id, bool(res.success), now)
+                        job_id = res.job_id
+                        if job_id in promotions:
+                            promotion_done(job_id, bool(res.success), now)
+                        else:
+                            append((cascade_done, job_id, bool(res.success), now))
+                except Exception as exc:
+                    rec.error(ErrorSite.TIER, exc)
             return results
 
         tier.submit_load = tap_submit_load
@@ -144,28 +155,23 @@ class TierTaps:
         tier.get_finished_jobs = tap_get_finished_jobs
         setattr(tier, compat.WRAPPED_MARK, True)
 
-    def _on_job_done(self, job_id: int, success: bool, now: float) -> None:
-        """Scheduler thread: a tier job finished. A promotion is recorded now (its rows
-        digested before vLLM can load them); anything else goes to the journal, where the
-        aggregator thread matches it with a cascade it knows."""
-        tj = self.promotions.pop(job_id, None)
-        if tj is not None:
-            keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
-            result = PromotionResult.COMPLETED if success else PromotionResult.FAILED
-            self.rec.inc(signals.PROMOTIONS, (result.value,), len(keys))
-            if success:
-                self.rows.digest_promoted(keys, rows)
-            if self.tracing:
-                with self.tracer.start_as_current_span(signals.SPAN_PROMOTION) as span:
-                    span.set_attribute(signals.A_TIER, tj.tier)
-                    span.set_attribute(signals.A_ROW_COUNT, len(rows))
-                    span.set_attribute(signals.A_SUCCESS, success)
-                    span.set_attribute(signals.A_DURATION_S, now - tj.started)
-            if success:
-                self.rec.inc(signals.TRANSFER_BYTES, _DISK_TO_CPU, len(rows) * self.row_bytes)
-                self.rec.observe(signals.TRANSFER_SECONDS, _DISK_TO_CPU, now - tj.started)
-            return
-        self.journal.append((self._cascade_done_handler, job_id, success, now))
+    def _promotion_done(self, job_id: int, success: bool, now: float) -> None:
+        """Scheduler thread: a promotion (a tier job of :attr:`promotions`) finished."""
+        tj = self.promotions.pop(job_id)
+        keys, rows = compat.job_keys(tj.job), compat.job_rows(tj.job)
+        result = PromotionResult.COMPLETED if success else PromotionResult.FAILED
+        self.rec.inc(signals.PROMOTIONS, (result.value,), len(keys))
+        if success:
+            self.rows.digest_promoted(keys, rows)
+        if self.tracing:
+            with self.tracer.start_as_current_span(signals.SPAN_PROMOTION) as span:
+                span.set_attribute(signals.A_TIER, tj.tier)
+                span.set_attribute(signals.A_ROW_COUNT, len(rows))
+                span.set_attribute(signals.A_SUCCESS, success)
+                span.set_attribute(signals.A_DURATION_S, now - tj.started)
+        if success:
+            self.rec.inc(signals.TRANSFER_BYTES, _DISK_TO_CPU, len(rows) * self.row_bytes)
+            self.rec.observe(signals.TRANSFER_SECONDS, _DISK_TO_CPU, now - tj.started)
 
     # ---- the aggregator thread (journal order) ----------------------------------------
     def _cascade_started(self, job: Any, tier: str, started: float) -> None:

@@ -298,11 +298,11 @@ def lookup_groups(connector_scheduler: Any) -> list[tuple[int, bool]]:
              getattr(c, "sliding_window_size_in_chunks", None) is not None) for c in configs]
 
 
-def reads_prefix_cache(request: Any) -> bool:
-    """False for a request that asked not to read cached KV (``skip_reading_prefix_cache``,
-    on by default with ``prompt_logprobs``): vLLM's GPU prefix cache and the offloading
-    connector's lookup both answer it with no hit, without looking."""
-    return not getattr(request, "skip_reading_prefix_cache", False)
+# True on a request that asked not to read cached KV (on by default with
+# ``prompt_logprobs``): vLLM's GPU prefix cache and the offloading connector's lookup
+# both answer it with no hit, without looking. Read with getattr(request, ..., False)
+# (once per lookup round: scheduler_hooks.py, no function call around it).
+SKIP_PREFIX_CACHE_ATTR = "skip_reading_prefix_cache"
 
 
 def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[bytes]] | None:

@@ -54,6 +54,7 @@ def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
         assert not getattr(switch.manager, WRAPPED_MARK, False)
         assert all(r.connector.connector_worker.worker is inner
                    for r, (_, _, inner) in zip(e.ranks, switch.workers, strict=True))
+        assert switch.hooks and not set(switch.hooks) & set(vars(e.connector))  # the class's
         for tier, taps in switch.tier_taps:
             assert not set(taps) & set(vars(tier))  # the class's methods again
         if tiering:

@@ -1,0 +1,165 @@
+"""The scheduler-role connector calls kvscope observes, bound once per connector.
+
+vLLM's scheduler calls these on its connector per request (twice when a tier's
+existence checks defer the first lookup: ``get_num_new_matched_tokens``), per store
+job and per step. A method of the subclass would pay per call a ``super()`` object,
+attribute lookups, a check that the observer exists and a call into the observer
+(several Python frames: the round's begin, its end, ``plain()``...). Here each hook
+is a closure over what it needs, bound once when the scheduler-side observer is
+built, set as an instance attribute that shadows the class's method (vLLM calls
+``self.connector.<name>(...)``): one Python frame of kvscope per vLLM call, the
+common case of the recording inline. The rare cases (a round with a quarantined
+key, a refused promotion or an eviction; tracing; an idle step) call the observer
+(scheduler_side.py), which holds the general code.
+
+Each hook forwards the call unchanged to the stock connector's method (the parent's
+bound method, taken once) and records after it, guarded: an exception of kvscope is
+counted (``kvscope_telemetry_errors_total``), never raised into vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kvscope.connector import compat
+from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.exporters.signals import ErrorSite
+
+logger = logging.getLogger("kvscope")
+
+HOOKED = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc",
+          "build_connector_meta", "update_connector_output", "request_finished",
+          "request_finished_all_groups", "get_kv_connector_stats")
+
+
+def install(connector: Any, observer: SchedulerObserver, own_cls: type) -> None:
+    """Set the hooks on ``connector``, an instance of ``own_cls`` (kvscope's subclass of
+    vLLM's connector; the stock methods: ``super(own_cls, connector)``). A method a
+    further subclass overrides is left to it (kvscope does not see those calls)."""
+    hooks = _hooks(super(own_cls, connector), observer)
+    for name in HOOKED:
+        if getattr(type(connector), name) is not getattr(own_cls, name):
+            logger.warning("kvscope: %s.%s is overridden: its calls are not observed",
+                           type(connector).__name__, name)
+            continue
+        setattr(connector, name, hooks[name])
+
+
+def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]:
+    log, journal_append, rec_error = obs.log, obs.journal.append, obs.rec.error
+    # the lookup slots (lists kept for the log's life: emptied in place, never replaced)
+    keys, results = log.keys, log.results
+    quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions
+    judge_plain, capture = obs._judge_plain, obs._offload_prefix
+    on_new, after_alloc, on_finished = obs._on_new, obs._after_alloc, obs._on_finished
+    skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
+    ask = parent.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(request, num_computed_tokens):
+        if getattr(request, skip_attr, False):
+            # a request that reads no cached KV (prompt_logprobs) is looked up nowhere: no
+            # round, else its whole stored prefix would count as held and not offered
+            return ask(request, num_computed_tokens)
+        if obs._tracing:  # the round's span: the general path
+            return obs.traced_round(ask, request, num_computed_tokens)
+        # the round begins: the lookups this call makes are results[start:]
+        if quarantined or refusals or evictions:  # left from outside a round
+            log.begin()
+        else:
+            log.start = len(results)
+        result = ask(request, num_computed_tokens)
+        try:
+            if quarantined or refusals or evictions:  # a rare event: judged now
+                obs.end_round(request, result[0], num_computed_tokens)
+                return result
+            # A plain round: its lookups copied out (the round is [start:] of them; the
+            # slots emptied) and what judging it needs (the request's token count, its
+            # offload-key lists and lengths) in one journal tuple, judged on the aggregator
+            # thread (RoundVerdicts.judge_plain); a deferred round (None) captures no
+            # offload keys: coverage judges only rounds that ended
+            num_tokens, rid = result[0], request.request_id
+            if num_tokens is None:
+                obs._deferred_in_step = True
+                prefix = None
+            else:
+                prefix = capture(rid)
+            journal_append((judge_plain, keys[:], results[:], log.start, rid,
+                            request.num_tokens, prefix, num_tokens, num_computed_tokens))
+            del keys[:], results[:]
+            log.start = -1
+        except Exception as exc:
+            rec_error(ErrorSite.ROUND, exc)
+        return result
+
+    new_request = parent.on_new_request
+
+    def on_new_request(request):
+        new_request(request)
+        try:
+            journal_append((on_new, request.request_id))
+        except Exception as exc:
+            rec_error(ErrorSite.STEP, exc)
+
+    alloc = parent.update_state_after_alloc
+
+    def update_state_after_alloc(request, blocks, num_external_tokens):
+        out = alloc(request, blocks, num_external_tokens)
+        try:
+            journal_append((after_alloc, request.request_id, num_external_tokens))
+        except Exception as exc:
+            rec_error(ErrorSite.STEP, exc)
+        return out
+
+    def finished_hook(finish: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def request_finished(request, block_ids):
+            out = finish(request, block_ids)
+            try:
+                journal_append((on_finished, request.request_id))
+            except Exception as exc:
+                rec_error(ErrorSite.STEP, exc)
+            return out
+        return request_finished
+
+    rows = obs.rows
+    load_keys, load_jobs = rows._load_keys, rows._load_jobs  # dicts kept for rows' life
+    on_meta, on_step, build = rows.on_meta, obs.on_step, parent.build_connector_meta
+
+    def build_connector_meta(scheduler_output):
+        meta = build(scheduler_output)
+        if load_keys:  # checked loads waiting for their job ids (rows.on_meta)
+            on_meta(meta)
+        on_step(scheduler_output)
+        return meta
+
+    on_output, update = obs.on_connector_output, parent.update_connector_output
+
+    def update_connector_output(connector_output):
+        if load_jobs:  # checked loads in flight (rows.on_connector_output)
+            on_output(connector_output)
+        return update(connector_output)
+
+    ready, take, stock_stats = obs.ready_stats, obs.take_stats, parent.get_kv_connector_stats
+
+    def get_kv_connector_stats():
+        stats = stock_stats()
+        if not ready:  # nothing the aggregator prepared since the last call (most steps)
+            return stats
+        try:
+            ours = take()
+            if ours is None:
+                return stats
+            return ours if stats is None or stats.is_empty() else ours.aggregate(stats)
+        except Exception as exc:
+            rec_error(ErrorSite.STATS, exc)
+            return stats
+
+    return {"on_new_request": on_new_request,
+            "get_num_new_matched_tokens": get_num_new_matched_tokens,
+            "update_state_after_alloc": update_state_after_alloc,
+            "build_connector_meta": build_connector_meta,
+            "update_connector_output": update_connector_output,
+            "request_finished": finished_hook(parent.request_finished),
+            "request_finished_all_groups": finished_hook(parent.request_finished_all_groups),
+            "get_kv_connector_stats": get_kv_connector_stats}
