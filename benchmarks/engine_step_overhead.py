@@ -1,7 +1,7 @@
 """Whole engine step time: ObservedOffloadingConnector vs the stock OffloadingConnector.
 
     python benchmarks/engine_step_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
-        [--label TEXT] [--out results/engine_step_overhead.jsonl]
+        [--worker-calls] [--label TEXT] [--out results/engine_step_overhead.jsonl]
     python benchmarks/engine_step_overhead.py --profile F.txt [--profile-connector NAME]
 
 ``scheduler_overhead.py`` times only ``Scheduler.schedule()`` + ``update_from_output()``.
@@ -15,6 +15,9 @@ which goes first; see ``scheduler_overhead.py`` for why). Per run: the step spli
 the scheduler calls, vLLM's stat logger, and the rest (worker-side connector calls, the
 KV output aggregation, ...). The ratio reported is the median over rounds of each pair's
 ``step_minus_forward`` ratio. The load average is recorded with every line.
+``--worker-calls``: also the CPU time inside the worker-role connector calls the harness
+makes per step (``worker_calls_s``, on the same clock; part of the rest), kvscope's
+worker side alone.
 ``--profile F.txt``: one engine alone, cProfile on the engine thread's CPU clock over its
 whole steps; the worker-side connector calls and vLLM's stat logger, as text.
 """
@@ -49,34 +52,50 @@ def _engine(connector: str, tiering: bool):
                                   vllm_metrics=True))
 
 
-def _clocks(e) -> dict[str, CallClock]:
-    """The harness's fake forward (and its tier settling) and vLLM's stat logger."""
+# The worker-role connector calls the harness makes per step (kvscope.sim.engine_step)
+WORKER_CALLS = ("handle_preemptions", "bind_connector_metadata", "start_load_kv",
+                "wait_for_save", "get_finished", "get_transfer_results",
+                "get_block_ids_with_load_errors", "get_kv_connector_stats",
+                "build_connector_worker_meta", "clear_connector_metadata")
+
+
+def _clocks(e, worker_calls: bool = False) -> dict[str, CallClock]:
+    """The harness's fake forward (and its tier settling) and vLLM's stat logger; with
+    ``worker_calls`` the ranks' worker-role connector calls too."""
     forward, logger = CallClock(), CallClock()
     forward.wrap(e.model, "forward")
     forward.wrap(e.model, "sample_all")
     forward.wrap(e, "_settle_tiers")
     logger.wrap(e.stat_logger, "record")
-    return {"forward": forward, "logger": logger}
+    clocks = {"forward": forward, "logger": logger}
+    if worker_calls:
+        worker = clocks["worker"] = CallClock()
+        for rank in e.ranks:
+            for name in WORKER_CALLS:
+                if hasattr(rank.connector, name):
+                    worker.wrap(rank.connector, name)
+    return clocks
 
 
 def _result(connector: str, e, step_s: float, clocks: dict[str, CallClock],
             threads_s: float = 0.0) -> dict:
     fwd, log = clocks["forward"].seconds, clocks["logger"].seconds
     net = step_s - fwd
+    worker = {"worker_calls_s": round(clocks["worker"].seconds, 4)} if "worker" in clocks else {}
     return {"connector": connector, "steps": e.steps,
             "step_minus_forward_s": round(net, 4),
             "per_step_us": round(1e6 * net / e.steps, 1),
             "scheduler_s": round(e.scheduler_seconds, 4), "stat_logger_s": round(log, 4),
             "rest_s": round(net - e.scheduler_seconds - log, 4),
-            "forward_s": round(fwd, 4), "kvscope_threads_s": round(threads_s, 4),
+            **worker, "forward_s": round(fwd, 4), "kvscope_threads_s": round(threads_s, 4),
             "loadavg": round(os.getloadavg()[0], 2)}
 
 
-def run_pair(n_requests: int, tiering: bool) -> list[dict]:
+def run_pair(n_requests: int, tiering: bool, worker_calls: bool = False) -> list[dict]:
     with _engine(STOCK, tiering) as stock, _engine(OBSERVED, tiering) as observed:
         todo = [(stock, _add_requests(stock, n_requests)),
                 (observed, _add_requests(observed, n_requests))]
-        clocks = [_clocks(stock), _clocks(observed)]
+        clocks = [_clocks(stock, worker_calls), _clocks(observed, worker_calls)]
         spent = lockstep(todo, time.thread_time)
         threads_s = _kvscope_threads_cpu(observed)
         return [_result(STOCK, stock, spent[0], clocks[0]),
@@ -109,6 +128,8 @@ def profile(connector: str, n_requests: int, tiering: bool, path: str) -> None:
 
 def main() -> None:
     p = workload_args(argparse.ArgumentParser())
+    p.add_argument("--worker-calls", action="store_true",
+                   help="also time the worker-role connector calls (worker_calls_s)")
     p.add_argument("--label", default="", help="recorded with every line (e.g. a commit)")
     p.add_argument("--out", help="also append every line to this JSONL file")
     p.add_argument("--profile", help="cProfile one engine's whole steps; text into this file")
@@ -128,8 +149,10 @@ def main() -> None:
             out.flush()
 
     ratios, parts = [], {"scheduler_s": [], "stat_logger_s": [], "rest_s": []}
+    if args.worker_calls:
+        parts["worker_calls_s"] = []
     for _ in range(args.rounds):
-        stock, obs = run_pair(args.requests, tiering)
+        stock, obs = run_pair(args.requests, tiering, args.worker_calls)
         emit(stock)
         emit(obs)
         ratios.append(obs["step_minus_forward_s"] / stock["step_minus_forward_s"])

@@ -32,6 +32,7 @@ from kvscope.connector.compat.vllm_api import (
     OffloadPromMetrics,
     bound_load_jobs,
     declare_offload_metric,
+    observe_histogram_values,
 )
 from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, SchedulerObserver
 from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
@@ -112,6 +113,9 @@ class ObservedOffloadingConnector(OffloadingConnector):
     # injection keeps vLLM's constructor signature).
     recorder_factory = Recorder
     tracer_provider = None
+    # This rank's WorkerProxy once wrapped (worker role), read by the per-step calls below
+    # without a property, a getattr and an isinstance each time
+    _kvscope_w: WorkerProxy | None = None
 
     def __init__(self, vllm_config, role, kv_cache_config):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -165,6 +169,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
     def _wrap_worker(self) -> None:
         cw = self.connector_worker
         if cw is None or cw.worker is None or isinstance(cw.worker, WorkerProxy):
+            self._kvscope_w = self.kvscope_worker
             return
         extra = getattr(cw.spec, "extra_config", None)
         policy = effective_policy(self.kvscope_settings.checksum_policy, cw.kv_cache_config,
@@ -187,9 +192,12 @@ class ObservedOffloadingConnector(OffloadingConnector):
                 refusal_path=load_failures.refusal_path(cw.kv_cache_config, extra),
                 flush_interval_s=self.kvscope_settings.flush_interval_s)
             faults.install_worker(cw.worker)  # test-only, off unless KVSCOPE_FAULT_FILE
+            self._kvscope_w = cw.worker
             self._maybe_start_exporter(1 + cw.worker.rank)
 
     # ---- worker role ----------------------------------------------------------------------
+    # Called per step on vLLM's engine thread (TP=1): vLLM's methods are called on the class
+    # (OffloadingConnector.f(self, ...)), not through super(), which builds an object per call.
     def register_kv_caches(self, kv_caches):
         super().register_kv_caches(kv_caches)
         self._wrap_worker()
@@ -199,14 +207,14 @@ class ObservedOffloadingConnector(OffloadingConnector):
         self._wrap_worker()
 
     def start_load_kv(self, forward_context, **kwargs):
-        w = self.kvscope_worker
+        w = self._kvscope_w
         if w is not None and w.wants_load_jobs:  # which request each load job serves
             w.note_load_jobs(bound_load_jobs(self))
-        return super().start_load_kv(forward_context, **kwargs)
+        return OffloadingConnector.start_load_kv(self, forward_context, **kwargs)
 
     def get_finished(self, finished_req_ids):
-        result = super().get_finished(finished_req_ids)
-        w = self.kvscope_worker
+        result = OffloadingConnector.get_finished(self, finished_req_ids)
+        w = self._kvscope_w
         if w is not None:
             w.step()
         return result
@@ -214,16 +222,16 @@ class ObservedOffloadingConnector(OffloadingConnector):
     if load_failures.request_level_supported():  # vLLM 0.33 (0.26's runner calls get_finished)
         def get_transfer_results(self, finished_req_ids):
             """Finished transfers plus refused loads as failed receives."""
-            results = super().get_transfer_results(finished_req_ids)
-            w = self.kvscope_worker
+            results = OffloadingConnector.get_transfer_results(self, finished_req_ids)
+            w = self._kvscope_w
             if w is None:
                 return results
             return load_failures.with_failed_requests(results, w.take_failed_requests())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors = super().get_block_ids_with_load_errors()
-        w = self.kvscope_worker
-        if w is None or not w.has_load_errors:  # the common case: vLLM's own, untouched
+        errors = OffloadingConnector.get_block_ids_with_load_errors(self)
+        w = self._kvscope_w
+        if w is None or not w.load_errors:  # the common case: vLLM's own, untouched
             return errors
         return set(errors) | w.take_load_errors()
 
@@ -235,7 +243,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
 
     # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
     def get_kv_connector_stats(self):
-        stats = super().get_kv_connector_stats()
+        stats = OffloadingConnector.get_kv_connector_stats(self)
         observer = self._kvscope_observer
         try:
             if observer is not None:  # scheduler side (its hook, scheduler_hooks.py, first)
@@ -274,15 +282,14 @@ def stats_from_delta(delta) -> OffloadingConnectorStats | None:
         return None
     ours = OffloadingConnectorStats()
     # bound once: on the scheduler side this runs at every flush (the aggregator's cadence)
-    inc, set_gauge, observe = ours.increase_counter, ours.set_gauge, ours.observe_histogram
+    inc, set_gauge = ours.increase_counter, ours.set_gauge
     for (metric, labels), value in delta.counters.items():
         inc(metric.name, value, labels)
     for (metric, labels), value in delta.gauges.items():
         set_gauge(metric.name, value, labels)
     for (metric, labels), values in delta.observations.items():
-        name = metric.name
-        for v in values:
-            observe(name, v, labels)
+        if values:  # one list per label values, not a call per observation
+            observe_histogram_values(ours, metric.name, labels, values)
     return ours
 
 

@@ -60,16 +60,22 @@ class WorkerProxy:
         # setting) while transfers keep coming, at once on a quiet step or for a reader
         # (worker_tally.py)
         self.flush_interval_s = flush_interval_s
-        self._tally = TransferTally(recorder, self._rank_label)
+        self._tally = tally = TransferTally(recorder, self._rank_label)
+        self._start_store, self._start_load = tally.start_store, tally.start_load  # per job
         self._flushed_at = float("-inf")
         self._recorded = False  # recorded outside the tally since the last flush
         recorder.before_read = self.drain
         self._refused: dict[int, list[int]] = {}  # job id -> GPU block ids to recompute
-        self._load_errors: set[int] = set()
+        # GPU blocks of refused loads not yet taken (a plain attribute: the connector reads it
+        # every step)
+        self.load_errors: set[int] = set()
         self._load_requests: dict[int, str] = {}  # job id -> request id (this step's loads)
         self._failed_requests: set[str] = set()
-        self._stamped = 0.0
+        self._stamped = float("-inf")  # monotonic time of the last step timestamp set
         self._tracing = tracing_enabled(tracer)
+        self._slot_size = self._geometry.slot_size if self._geometry is not None else None
+        # read by the connector once per step (start_load_kv): request-level refusals only
+        self.wants_load_jobs = refusal_path == load_failures.REQUESTS
         setattr(self, compat.WRAPPED_MARK, True)
         r = self._rank_label
         recorder.declare(signals.TRANSFER_BYTES, (r, Direction.GPU_TO_CPU.value),
@@ -81,8 +87,12 @@ class WorkerProxy:
         return getattr(self._inner, name)
 
     # ---- OffloadingWorker interface ----------------------------------------------
+    # The submissions are per job (~1,500 per GPU iteration): the tally inline, no helper frame
     def submit_store(self, job_id, src_spec, dst_spec, *args, **kwargs):
-        self._track(job_id, Direction.GPU_TO_CPU, src_spec)
+        try:
+            self._start_store(job_id, len(src_spec.block_ids))
+        except Exception as exc:
+            self._telemetry_error(exc)
         return self._inner.submit_store(job_id, src_spec, dst_spec, *args, **kwargs)
 
     def submit_load(self, job_id, src_spec, dst_spec, *args, **kwargs):
@@ -91,19 +101,20 @@ class WorkerProxy:
                 self._refused[job_id] = compat.spec_rows(dst_spec)
                 self._tally.active = True
                 return True
-        self._track(job_id, Direction.CPU_TO_GPU, dst_spec)
+        try:
+            self._start_load(job_id, len(dst_spec.block_ids))
+        except Exception as exc:
+            self._telemetry_error(exc)
         return self._inner.submit_load(job_id, src_spec, dst_spec, *args, **kwargs)
 
     def get_finished(self):
         results = list(self._inner.get_finished())
         if results:
             try:
-                g = self._geometry
-                self._tally.finish(results, g.slot_size if g is not None else None,
+                self._tally.finish(results, self._slot_size,
                                    self._span if self._tracing else None)
             except Exception as exc:
-                self._rec.error(ErrorSite.WORKER, exc)
-                self._recorded = True
+                self._telemetry_error(exc)
         if self._refused:  # correctness path: outside any telemetry guard
             from kvscope.connector.compat.vllm_api import TransferResult
 
@@ -112,7 +123,7 @@ class WorkerProxy:
                 if self._refusal_path == load_failures.REQUESTS:
                     self._failed_requests.add(self._load_requests[job_id])
                 else:
-                    self._load_errors.update(blocks)
+                    self.load_errors.update(blocks)
             self._refused.clear()
         return results
 
@@ -132,11 +143,6 @@ class WorkerProxy:
         return self._inner.shutdown()
 
     # ---- kvscope ------------------------------------------------------------------------
-    @property
-    def wants_load_jobs(self) -> bool:
-        """Whether :meth:`note_load_jobs` is needed (request-level refusals only)."""
-        return self._refusal_path == load_failures.REQUESTS
-
     def note_load_jobs(self, load_jobs: dict | None) -> None:
         """Remember which request each of this step's asynchronous load jobs serves."""
         with self._rec.guard(ErrorSite.WORKER):
@@ -158,10 +164,10 @@ class WorkerProxy:
 
     @property
     def has_load_errors(self) -> bool:
-        return bool(self._load_errors)
+        return bool(self.load_errors)
 
     def take_load_errors(self) -> set[int]:
-        errors, self._load_errors = self._load_errors, set()
+        errors, self.load_errors = self.load_errors, set()
         return errors
 
     def step(self) -> None:
@@ -172,14 +178,14 @@ class WorkerProxy:
         step after the fact."""
         tally = self._tally
         quiet, tally.active = not tally.active, False
-        wall = time.time()
-        if wall - self._stamped >= TIMESTAMP_RESOLUTION_S:
-            self._stamped = wall
+        now = time.monotonic()  # one clock read per step; the wall clock once a second
+        if now - self._stamped >= TIMESTAMP_RESOLUTION_S:
+            self._stamped = now
             self._recorded = True
             with self._rec.guard(ErrorSite.WORKER):
-                self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,), wall)
+                self._rec.set(signals.WORKER_LAST_STEP_TIMESTAMP, (self._rank_label,),
+                              time.time())
                 self._tracing = tracing_enabled(self._tracer)
-        now = time.monotonic()
         if (now - self._flushed_at >= self.flush_interval_s
                 or quiet and (tally.pending or self._recorded)):
             self._flushed_at, self._recorded = now, False
@@ -191,12 +197,9 @@ class WorkerProxy:
         with self._rec.guard(ErrorSite.STATS):
             self._tally.push()
 
-    def _track(self, job_id: int, direction: Direction, gpu_spec: Any) -> None:
-        try:
-            self._tally.start(job_id, direction, len(gpu_spec.block_ids))
-        except Exception as exc:
-            self._rec.error(ErrorSite.WORKER, exc)
-            self._recorded = True
+    def _telemetry_error(self, exc: BaseException) -> None:
+        self._rec.error(ErrorSite.WORKER, exc)
+        self._recorded = True
 
     def _verify(self, src_spec: Any) -> bool:
         """Compare this rank's slot of promoted rows with the scheduler's digests.

@@ -56,3 +56,32 @@ def test_push_carries_what_finished_and_what_is_in_flight():
 
     tally.push()  # nothing new: nothing into the delta
     assert rec.take_delta().is_empty()
+
+
+def test_the_stats_object_is_vllms_own_build_value_by_value():
+    """What a rank hands vLLM's stats hook (stats_from_delta: a histogram's observations as
+    one list per label values) equals vLLM's OffloadingConnectorStats filled one
+    observe_histogram call per observation, and leaves the delta as it was."""
+    from kvscope.connector.compat.vllm_api import OffloadingConnectorStats
+    from kvscope.connector.observed import stats_from_delta
+
+    rec = Recorder()
+    rec.inc(S.TRANSFER_BYTES, STORE, 100)
+    rec.observe_many(S.TRANSFER_SECONDS, STORE, [0.5, 0.25, 0.125])
+    rec.observe_many(S.TRANSFER_SECONDS, LOAD, [2.0])
+    rec.set(S.TRANSFERS_IN_FLIGHT, STORE, 3)
+    rec.flush()
+    delta = rec.take_delta()
+    kept = {k: list(v) for k, v in delta.observations.items()}
+    theirs = OffloadingConnectorStats()
+    for (metric, labels), value in delta.counters.items():
+        theirs.increase_counter(metric.name, value, labels)
+    for (metric, labels), value in delta.gauges.items():
+        theirs.set_gauge(metric.name, value, labels)
+    for (metric, labels), values in delta.observations.items():
+        for v in values:
+            theirs.observe_histogram(metric.name, v, labels)
+    ours = stats_from_delta(delta)
+    assert ours.data == theirs.data
+    assert ours.data["data"][S.TRANSFER_SECONDS.name][STORE] == [0.5, 0.25, 0.125]
+    assert delta.observations == kept
