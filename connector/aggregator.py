@@ -6,7 +6,7 @@ tuple ``(handler, *args)`` per event (ints, and references to objects vLLM or
 kvscope no longer changes: a round's copied lookups, a request, a step's
 ``num_scheduled_tokens``); nothing else. A daemon thread wakes every
 ``interval_s`` (kvscope's ``flush_interval_s`` setting, default :data:`INTERVAL_S`:
-50 ms) and,
+1 s; chosen on the H200, benchmarks/README.md) and,
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
 events in the order they were recorded (round judging and coverage, request states,
 store jobs), then the flush into the recorder, the gauges and vLLM's stats object.
@@ -39,7 +39,7 @@ logger = logging.getLogger("kvscope")
 # The default of kvscope's flush_interval_s setting (observed.Settings), the one place it
 # is written: seconds between two aggregations while events arrive (vLLM's stats path lags
 # by at most this and one step; a scrape drains at once), and a rank's tally flush cadence.
-INTERVAL_S = 0.05
+INTERVAL_S = 1.0
 # Events waiting past which the scheduler thread drains itself (~5 MiB of tuples).
 JOURNAL_LIMIT = 50_000
 # Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine

@@ -7,7 +7,7 @@ and never reaches vLLM. The rooms:
 
 * ``lookup_rounds``: raw lookup events in slots handed over as each round ends;
 * ``aggregator``: its own daemon thread: the journal of raw facts the scheduler thread
-  appends, applied in order every ``flush_interval_s`` (default 50 ms: rounds judged,
+  appends, applied in order every ``flush_interval_s`` (default 1 s: rounds judged,
   request states, store jobs),
   then the flush into the recorder, the gauges and vLLM's stats object;
 * ``round_verdicts``: verdict, row ceiling, restore coverage and span per round;

@@ -1,7 +1,7 @@
 """Snapshot gauges of the scheduler side: rows, pending transfers, requests, info.
 
 Gauges are what a scrape (seconds apart) reads, so they are refreshed on the
-aggregator thread (aggregator.py) every ``flush_interval_s`` (default 50 ms) while the
+aggregator thread (aggregator.py) every ``flush_interval_s`` (default 1 s) while the
 engine is busy (off vLLM's scheduler thread), and synchronously on every step of an idle
 engine and at shutdown; a reader's drain (a scrape) leaves them at that cadence.
 What they read of vLLM's state is copied in one C-level call.

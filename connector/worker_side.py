@@ -174,7 +174,7 @@ class WorkerProxy:
         """Once per step (the connector's get_finished): the tally into the recorder every
         :attr:`flush_interval_s`, and at once on a quiet step (nothing submitted or finished:
         the engine idles or waits) if anything is left; vLLM's stats hook hands over what was
-        flushed, so a rank's series reach vLLM up to flush_interval_s (default 50 ms) and one
+        flushed, so a rank's series reach vLLM up to flush_interval_s (default 1 s) and one
         step after the fact."""
         tally = self._tally
         quiet, tally.active = not tally.active, False

@@ -5,7 +5,7 @@ dict and list updates (no enum-keyed dicts, no counters: in flight is a map's le
 :meth:`TransferTally.push` moves it into the rank's recorder (one counter increment and
 one batch of durations per direction, the in-flight gauges when they changed) and
 flushes. :class:`~kvscope.connector.worker_side.WorkerProxy` pushes at most every
-``flush_interval_s`` (kvscope's setting, default 50 ms) while transfers keep coming, at
+``flush_interval_s`` (kvscope's setting, default 1 s) while transfers keep coming, at
 once on a quiet step, and for a reader of the recorder (``Recorder.before_read``: a
 scrape of the rank's endpoint sees every transfer finished before it). The lock keeps the
 worker thread's sums and a reader's push apart, and one flush at a time.

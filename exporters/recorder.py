@@ -1,5 +1,5 @@
 """In-process telemetry state: pending counters, flushed every ``flush_interval_s``
-(kvscope's setting, default 50 ms) on the scheduler side (``connector/aggregator.py``)
+(kvscope's setting, default 1 s) on the scheduler side (``connector/aggregator.py``)
 and on a worker rank (``connector/worker_tally.py``); at once for a reader.
 
 The connector calls :meth:`Recorder.inc` / :meth:`Recorder.observe` /

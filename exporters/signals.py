@@ -322,7 +322,7 @@ SCHEDULER_STEPS = Metric(
 LAST_STEP_TIMESTAMP = Metric(
     "kvscope_last_step_timestamp_seconds", Kind.GAUGE,
     "Unix time of the latest scheduler step, stamped when kvscope applies it (within "
-    "flush_interval_s, default 50 ms); "
+    "flush_interval_s, default 1 s); "
     "alerts use it to reject stale gauges.",
 )
 INFO = Metric(

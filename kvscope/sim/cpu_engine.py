@@ -162,7 +162,7 @@ class CPUEngine(EngineStepping):
 
     def refresh(self) -> None:
         """Bring kvscope's gauges up to date now (they refresh at most every
-        ``flush_interval_s`` while busy, 50 ms by default); a no-op with the stock connector."""
+        ``flush_interval_s`` while busy, 1 s by default); a no-op with the stock connector."""
         observer = getattr(self.connector, "_kvscope_observer", None)
         if observer is not None:
             observer.refresh()
