@@ -68,12 +68,13 @@ def _clocks(e, worker_calls: bool = False) -> dict[str, CallClock]:
     forward.wrap(e, "_settle_tiers")
     logger.wrap(e.stat_logger, "record")
     clocks = {"forward": forward, "logger": logger}
-    if worker_calls:
-        worker = clocks["worker"] = CallClock()
-        for rank in e.ranks:
-            for name in WORKER_CALLS:
+    if worker_calls:  # one clock per call name (summed over ranks)
+        for name in WORKER_CALLS:
+            clock = CallClock()
+            for rank in e.ranks:
                 if hasattr(rank.connector, name):
-                    worker.wrap(rank.connector, name)
+                    clock.wrap(rank.connector, name)
+            clocks["worker." + name] = clock
     return clocks
 
 
@@ -81,7 +82,11 @@ def _result(connector: str, e, step_s: float, clocks: dict[str, CallClock],
             threads_s: float = 0.0) -> dict:
     fwd, log = clocks["forward"].seconds, clocks["logger"].seconds
     net = step_s - fwd
-    worker = {"worker_calls_s": round(clocks["worker"].seconds, 4)} if "worker" in clocks else {}
+    by_call = {k.split(".", 1)[1]: c.seconds for k, c in clocks.items()
+               if k.startswith("worker.")}
+    worker = {"worker_calls_s": round(sum(by_call.values()), 4),
+              "worker_calls_us_per_step": {k: round(1e6 * v / e.steps, 1)
+                                           for k, v in by_call.items()}} if by_call else {}
     return {"connector": connector, "steps": e.steps,
             "step_minus_forward_s": round(net, 4),
             "per_step_us": round(1e6 * net / e.steps, 1),
@@ -151,6 +156,7 @@ def main() -> None:
     ratios, parts = [], {"scheduler_s": [], "stat_logger_s": [], "rest_s": []}
     if args.worker_calls:
         parts["worker_calls_s"] = []
+    by_call: dict[str, list[float]] = {}  # observed minus stock, µs per step, per call
     for _ in range(args.rounds):
         stock, obs = run_pair(args.requests, tiering, args.worker_calls)
         emit(stock)
@@ -158,10 +164,15 @@ def main() -> None:
         ratios.append(obs["step_minus_forward_s"] / stock["step_minus_forward_s"])
         for k, v in parts.items():  # observed minus stock, per step
             v.append(1e6 * (obs[k] - stock[k]) / obs["steps"])
+        for k, us in obs.get("worker_calls_us_per_step", {}).items():
+            by_call.setdefault(k, []).append(us - stock["worker_calls_us_per_step"][k])
     emit({"requests": args.requests, "rounds": args.rounds,
           "pair_ratios": [round(x, 4) for x in ratios],
           "extra_us_per_step_median": {k: round(statistics.median(v), 1)
                                        for k, v in parts.items()},
+          **({"worker_calls_extra_us_per_step_median": {
+              k: round(statistics.median(v), 1) for k, v in by_call.items()}}
+             if by_call else {}),
           "engine_step_ratio_observed_over_stock": round(statistics.median(ratios), 4)})
     if out is not None:
         out.close()
