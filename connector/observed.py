@@ -340,13 +340,9 @@ class KvscopePromMetrics(OffloadPromMetrics):
                 break
         else:  # no kvscope series in this batch (most steps): vLLM's, untouched
             return super().observe(transfer_stats_data, engine_idx)
-        types, names = transfer_stats_data.get("types", {}), self._kvscope_names
-        theirs, ours = {}, {}  # one pass: vLLM's keys, and the kvscope keys declared
-        for k, v in data.items():
-            if not k.startswith(prefix):
-                theirs[k] = v
-            elif k in names:
-                ours[k] = v
+        types = transfer_stats_data.get("types", {})
+        theirs = {k: v for k, v in data.items() if not k.startswith(signals.PREFIX)}
+        ours = {k: v for k, v in data.items() if k in self._kvscope_names}
         # vLLM's own keys beside types/data (0.33's "info": vllm:kv_offload_config_info) pass
         # through untouched; only kvscope's series are split off
         super().observe({**transfer_stats_data, "types": types, "data": theirs}, engine_idx)
