@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import time
 
+_ABSENT = object()
+
 
 class CallClock:
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.calls = 0
+        self._sites: list[tuple[object, str]] = []
+        self._saved: list[object] = []  # per site: its own attribute before the wrap
 
     def wrap(self, owner, name: str) -> CallClock:
+        self._sites.append((owner, name))
+        self._saved.append(self._install(owner, name))
+        return self
+
+    def _install(self, owner, name: str) -> object:
+        own = vars(owner).get(name, _ABSENT)
         inner = getattr(owner, name)
 
         def timed(*a, **kw):
@@ -20,6 +31,22 @@ class CallClock:
                 return inner(*a, **kw)
             finally:
                 self.seconds += time.thread_time() - t0
+                self.calls += 1
 
+        timed.inner = inner  # what it times (a test checks it is the current method)
         setattr(owner, name, timed)
-        return self
+        return own
+
+    def unwrap(self) -> None:
+        """Each wrapped attribute as it was (an instance's own, or none: the class's)."""
+        for (owner, name), own in zip(self._sites, self._saved, strict=True):
+            if own is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+        self._saved = []
+
+    def rewrap(self) -> None:
+        """Wrap again what each site resolves to now (after an object's methods were
+        changed under the clock: kvscope switched, a class swapped)."""
+        self._saved = [self._install(owner, name) for owner, name in self._sites]

@@ -121,6 +121,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # runner), vLLM's stat loggers (kvscope's series pass through them)
     sched_conn = clock_calls(scheduler.connector, SCHEDULER_CALLS)
     worker_conn = clock_calls(get_kv_transfer_group(), WORKER_CALLS)
+    switch.clocks += [sched_conn, worker_conn]  # re-wrapped at each switch
     stat_cpu = clock_calls(llm.llm_engine.logger_manager, ("record",))
     steps = StepCount(scheduler)
     sync_refresh = CallClock().wrap(switch.observer, "refresh")  # the engine thread's own

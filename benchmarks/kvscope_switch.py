@@ -82,12 +82,25 @@ class KvscopeSwitch:
             cw = wc.connector_worker
             self.workers.append((cw, cw.worker, cw.worker._inner))  # (holder, proxy, vLLM's)
         self.on = True
+        # Clocks (call_clock.CallClock) wrapped on the connectors' methods: taken off before
+        # a switch and wrapped again after it, so they time what each state calls (a wrapper
+        # binds the method it found: left in place it would call kvscope's while off)
+        self.clocks: list[Any] = []
 
     def set(self, on: bool) -> None:
         if on == self.on:
             return
         if not quiet(self.scheduler):
             raise NotQuiet("switch kvscope only with no request and no transfer in flight")
+        for clock in reversed(self.clocks):
+            clock.unwrap()
+        try:
+            self._set(on)
+        finally:
+            for clock in self.clocks:
+                clock.rewrap()
+
+    def _set(self, on: bool) -> None:
         if not on:
             self.observer.refresh()  # everything seen so far reaches the recorder first
         self.connector._kvscope_observer = self.observer if on else None

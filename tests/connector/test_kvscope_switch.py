@@ -91,3 +91,35 @@ def test_a_switch_with_a_request_in_flight_is_refused():
         _settle(e)
         switch.set(False)
         assert not switch.on
+
+
+def test_clocks_on_the_connectors_time_what_each_state_calls():
+    """The GPU A/B's per-call clocks (benchmarks/call_clock.py) wrap the connectors'
+    methods; across a switch they must wrap vLLM's own methods while off (a wrapper left
+    in place would keep calling kvscope's) and kvscope's hooks while on, and count both."""
+    from benchmarks.call_clock import CallClock
+
+    with CPUEngine(EngineConfig(rows=64, num_gpu_blocks=16)) as e:
+        switch = KvscopeSwitch(e.scheduler, connectors(e))
+        sched = CallClock().wrap(e.connector, "get_num_new_matched_tokens")
+        worker = CallClock().wrap(connectors(e)[0], "get_finished")
+        switch.clocks += [sched, worker]
+        hook = switch.hooks["get_num_new_matched_tokens"]
+        assert e.connector.get_num_new_matched_tokens.inner is hook
+        e.generate(prompt(3, 96), 2)
+        _settle(e)
+        counted = sched.calls, worker.calls
+        assert all(counted)
+
+        switch.set(False)
+        inner = e.connector.get_num_new_matched_tokens.inner
+        assert inner.__func__ is OffloadingConnector.get_num_new_matched_tokens
+        assert connectors(e)[0].get_finished.inner.__func__ is OffloadingConnector.get_finished
+        e.generate(prompt(4, 96), 2)
+        _settle(e)
+        assert sched.calls > counted[0] and worker.calls > counted[1]
+
+        switch.set(True)
+        assert e.connector.get_num_new_matched_tokens.inner is hook
+        assert (connectors(e)[0].get_finished.inner.__func__
+                is ObservedOffloadingConnector.get_finished)
