@@ -1,10 +1,11 @@
-"""Scheduler side: the manager proxy and a thin coordinator over one-job rooms.
+"""Scheduler side: a thin coordinator over one-job rooms.
 
-Nothing here changes what vLLM decides. The proxy and the taps forward every
+Nothing here changes what vLLM decides. The manager proxy and the taps forward every
 call unchanged and record what passed through; every recording is guarded so
 that an exception in kvscope is counted (``kvscope_telemetry_errors_total``)
 and never reaches vLLM. The rooms:
 
+* ``manager_proxy``: the OffloadingManager's stand-in: lookup, load and store taps;
 * ``lookup_rounds``: raw lookup events in slots handed over as each round ends;
 * ``aggregator``: its own daemon thread: the journal of raw facts the scheduler thread
   appends, applied in order every ``flush_interval_s`` (default 1 s: rounds judged,
@@ -38,6 +39,7 @@ from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupCounts, LookupLog
+from kvscope.connector.manager_proxy import ManagerProxy
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts
 from kvscope.connector.step_gauges import StepGauges
@@ -58,100 +60,6 @@ TIMESTAMP_RESOLUTION_S = 1.0
 FLUSH_INTERVAL_S = INTERVAL_S
 _NO_SPACE = (StoreJobResult.NO_SPACE.value,)
 _PREPARED = (StoreJobResult.PREPARED.value,)
-
-
-class ManagerProxy:
-    """Stands in for the OffloadingManager the connector scheduler talks to.
-
-    Every method forwards to the real manager; ``lookup``, ``prepare_load`` and
-    ``prepare_store`` (instance attributes: closures, see :func:`_lookup_tap` and
-    :func:`_store_tap`) also record. Attributes not defined here (``primary_tier``,
-    ``secondary_tiers``, 0.33's ``lock``, ...) resolve on the real manager.
-    """
-
-    def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
-        # object.__setattr__: this class's own __setattr__ forwards to the manager
-        object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_obs", observer)
-        object.__setattr__(self, compat.WRAPPED_MARK, True)
-        object.__setattr__(self, "lookup", _lookup_tap(inner.lookup, observer.log,
-                                                       observer.rows.quarantine))
-        object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, observer.rows))
-        object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, observer))
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached on a miss of this object's own attributes (a slow path:
-        # vLLM calls manager.touch etc. every step). The real manager's bound
-        # methods are kept here after the first call; data attributes are not.
-        value = getattr(self._inner, name)
-        if getattr(value, "__self__", None) is self._inner:
-            object.__setattr__(self, name, value)
-        return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self.__dict__.pop(name, None)  # a kept bound method must not shadow the new value
-        setattr(self._inner, name, value)
-
-
-def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
-                quarantine: dict[bytes, None]) -> Callable[..., Any]:
-    """The proxy's ``lookup`` (once per key looked up): a plain function over closure
-    variables (no bound method, no attribute lookups), two appends, nothing else."""
-    add_key, add_result, miss = log.keys.append, log.results.append, compat.MISS
-
-    # No **kwargs: CPython builds a dict per call for it. vLLM 0.26 .. 0.33 call
-    # lookup(key, req_context) positionally.
-    def lookup(key, req_context=None, *args):
-        if quarantine and key in quarantine:  # a rank refused these bytes: recompute
-            log.add_quarantined(key)
-            return miss
-        if args:
-            result = inner_lookup(key, req_context, *args)
-        else:
-            result = inner_lookup(key, req_context)
-        add_key(key)
-        add_result(result)
-        return result
-
-    return lookup
-
-
-def _load_tap(inner_prepare_load: Callable[..., Any], rows: PromotedRows
-              ) -> Callable[..., Any]:
-    """The proxy's ``prepare_load``: checked loads exist only once promoted rows were
-    digested (tiering, ``rows.expected``), so the common case costs one dict test."""
-    expected, on_prepare_load = rows.expected, rows.on_prepare_load  # kept for rows' life
-
-    def prepare_load(keys, req_context, *args, **kwargs):
-        spec = inner_prepare_load(keys, req_context, *args, **kwargs)
-        if expected:
-            on_prepare_load(keys, spec)
-        return spec
-
-    return prepare_load
-
-
-def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObserver
-               ) -> Callable[..., Any]:
-    """The proxy's ``prepare_store`` (once per store job): the journal gets the job (the
-    refused keys coverage reads change in journal order); promoted-row digests of the
-    rows it evicts or rewrites are forgotten at once."""
-    append, handler = observer.journal.append, observer._store_job_handler
-    rows, error = observer.rows, observer.rec.error
-    expected, quarantine, forget = rows.expected, rows.quarantine, rows.forget
-
-    def prepare_store(keys, req_context, *args, **kwargs):
-        out = inner_prepare_store(keys, req_context, *args, **kwargs)
-        try:
-            append((handler, out, keys))
-            if out is not None and (expected or quarantine):  # digests: tiering only
-                forget(out.evicted_keys)
-                forget(out.keys_to_store)
-        except Exception as exc:
-            error(ErrorSite.MANAGER, exc)
-        return out
-
-    return prepare_store
 
 
 class SchedulerObserver:
@@ -264,7 +172,7 @@ class SchedulerObserver:
         rec.declare(signals.SCHEDULER_STEPS)
         self.taps.declare()
 
-    # ---- manager calls (the proxy's prepare_store: _store_tap) ------------------------------
+    # ---- manager calls (the proxy's prepare_store: manager_proxy._store_tap) ----------------
     def _store_job(self, out, keys) -> None:
         """Aggregator: a store job prepared (``out``) or refused (None)."""
         if out is None:

@@ -1,0 +1,114 @@
+"""The manager proxy: stands between the connector scheduler and vLLM's OffloadingManager.
+
+Its own room so the per-key hot path (``lookup``) and the two per-job taps read in one
+place. It forwards every call unchanged and only records: appends into the lookup log,
+one journal tuple per store job, digests forgotten for rows a store rewrites. Recording
+is guarded; an exception in kvscope is counted and never reaches vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvscope.connector import compat
+from kvscope.connector.integrity import PromotedRows
+from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.exporters.signals import ErrorSite
+
+if TYPE_CHECKING:
+    from kvscope.connector.scheduler_side import SchedulerObserver
+
+
+class ManagerProxy:
+    """Stands in for the OffloadingManager the connector scheduler talks to.
+
+    Every method forwards to the real manager; ``lookup``, ``prepare_load`` and
+    ``prepare_store`` (instance attributes: closures, see :func:`_lookup_tap` and
+    :func:`_store_tap`) also record. Attributes not defined here (``primary_tier``,
+    ``secondary_tiers``, 0.33's ``lock``, ...) resolve on the real manager.
+    """
+
+    def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
+        # object.__setattr__: this class's own __setattr__ forwards to the manager
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_obs", observer)
+        object.__setattr__(self, compat.WRAPPED_MARK, True)
+        object.__setattr__(self, "lookup", _lookup_tap(inner.lookup, observer.log,
+                                                       observer.rows.quarantine))
+        object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, observer.rows))
+        object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, observer))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached on a miss of this object's own attributes (a slow path:
+        # vLLM calls manager.touch etc. every step). The real manager's bound
+        # methods are kept here after the first call; data attributes are not.
+        value = getattr(self._inner, name)
+        if getattr(value, "__self__", None) is self._inner:
+            object.__setattr__(self, name, value)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.__dict__.pop(name, None)  # a kept bound method must not shadow the new value
+        setattr(self._inner, name, value)
+
+
+def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
+                quarantine: dict[bytes, None]) -> Callable[..., Any]:
+    """The proxy's ``lookup`` (once per key looked up): a plain function over closure
+    variables (no bound method, no attribute lookups), two appends, nothing else."""
+    add_key, add_result, miss = log.keys.append, log.results.append, compat.MISS
+
+    # No **kwargs: CPython builds a dict per call for it. vLLM 0.26 .. 0.33 call
+    # lookup(key, req_context) positionally.
+    def lookup(key, req_context=None, *args):
+        if quarantine and key in quarantine:  # a rank refused these bytes: recompute
+            log.add_quarantined(key)
+            return miss
+        if args:
+            result = inner_lookup(key, req_context, *args)
+        else:
+            result = inner_lookup(key, req_context)
+        add_key(key)
+        add_result(result)
+        return result
+
+    return lookup
+
+
+def _load_tap(inner_prepare_load: Callable[..., Any], rows: PromotedRows
+              ) -> Callable[..., Any]:
+    """The proxy's ``prepare_load``: checked loads exist only once promoted rows were
+    digested (tiering, ``rows.expected``), so the common case costs one dict test."""
+    expected, on_prepare_load = rows.expected, rows.on_prepare_load  # kept for rows' life
+
+    def prepare_load(keys, req_context, *args, **kwargs):
+        spec = inner_prepare_load(keys, req_context, *args, **kwargs)
+        if expected:
+            on_prepare_load(keys, spec)
+        return spec
+
+    return prepare_load
+
+
+def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObserver
+               ) -> Callable[..., Any]:
+    """The proxy's ``prepare_store`` (once per store job): the journal gets the job (the
+    refused keys coverage reads change in journal order); promoted-row digests of the
+    rows it evicts or rewrites are forgotten at once."""
+    append, handler = observer.journal.append, observer._store_job_handler
+    rows, error = observer.rows, observer.rec.error
+    expected, quarantine, forget = rows.expected, rows.quarantine, rows.forget
+
+    def prepare_store(keys, req_context, *args, **kwargs):
+        out = inner_prepare_store(keys, req_context, *args, **kwargs)
+        try:
+            append((handler, out, keys))
+            if out is not None and (expected or quarantine):  # digests: tiering only
+                forget(out.evicted_keys)
+                forget(out.keys_to_store)
+        except Exception as exc:
+            error(ErrorSite.MANAGER, exc)
+        return out
+
+    return prepare_store
