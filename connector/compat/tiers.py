@@ -1,0 +1,92 @@
+"""What each offload tier holds, read without changing it.
+
+One concern: where a key lives. The CPU primary tier answers from its cache policy,
+vLLM's fs tier from its files and its lookup state; coverage, the tier taps and probe,
+the gauges and the oracle read them through here (re-exported as ``compat.<name>``). Private
+attributes, always with a fallback; no I/O but ``os.stat``/``os.path.exists``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def primary_tier(manager: Any) -> Any:
+    """The CPU primary tier: a tiering manager's ``primary_tier``, else the manager."""
+    return getattr(manager, "primary_tier", manager)
+
+
+def secondary_tiers(manager: Any) -> list[Any]:
+    return list(getattr(manager, "secondary_tiers", ()) or ())
+
+
+def primary_holds(manager: Any, key: bytes) -> bool:
+    """Whether the CPU primary tier holds ``key`` in a row whose bytes are written
+    (its cache policy's entry, ready). Read by the oracle, never on the hot path."""
+    policy = getattr(primary_tier(manager), "_policy", None)
+    block = policy.get(key) if policy is not None else None
+    return block is not None and bool(getattr(block, "is_ready", True))
+
+
+def secondary_holds(tier: Any, key: bytes) -> bool:
+    """Whether a secondary tier holds ``key``: the fs tier's file for it exists
+    (written to a temp file and renamed, so existing means complete)."""
+    mapper = getattr(tier, "file_mapper", None)
+    if mapper is None:
+        return False
+    return os.path.exists(mapper.get_file_name(key))
+
+
+def secondary_file_identity(tier: Any, key: bytes) -> tuple[int, int, int] | None:
+    """(device, inode, mtime ns) of the fs tier's file for ``key``; None when it does not
+    exist. vLLM writes a block to a temp file and renames it, so a rewritten block is a new
+    file: another identity under the same name."""
+    mapper = getattr(tier, "file_mapper", None)
+    if mapper is None:
+        return None
+    try:
+        st = os.stat(mapper.get_file_name(key))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def tier_home(tier: Any) -> str | None:
+    """The directory a file-backed tier created at start-up (its FileMapper's base path,
+    ``<root_dir>/<model>_<digest>``, holding ``config.json``); None without a file mapper.
+    vLLM 0.26 .. 0.33 write it once in the tier's constructor and never again: block files
+    live beside it (``<base>_r<rank>/...``, recreated by each write)."""
+    mapper = getattr(tier, "file_mapper", None)
+    base = getattr(mapper, "base_path", None)
+    return str(base) if base else None
+
+
+def tier_type(tier: Any) -> str:
+    return str(getattr(tier, "tier_type", type(tier).__name__))
+
+
+def held_prefix(manager: Any, keys: list[bytes]) -> int:
+    """How many of ``keys``, from the first, some tier holds: read only, no I/O.
+
+    The primary tier answers from its cache policy (a row present, ready or being
+    written); a secondary tier from the results of its asynchronous existence
+    checks (the fs tier's lookup state; a key it has not checked yet ends the run,
+    as does a tier without such state). Nothing is promoted, touched or counted.
+    """
+    primary = primary_tier(manager)
+    policy = getattr(primary, "_policy", None)
+    states = []
+    for tier in secondary_tiers(manager):
+        state = getattr(getattr(tier, "_lookup_manager", None), "_lookup_state", None)
+        if state is not None:
+            states.append(state)
+    n = 0
+    for key in keys:
+        if policy is not None and policy.get(key) is not None:
+            n += 1
+            continue
+        if not any(getattr(s.get(key), "result", None) is True for s in states):
+            break
+        n += 1
+    return n
