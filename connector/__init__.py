@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ObservedOffloadingConnector", "Settings"]
+# Each public name's module, imported on first use.
+_HOMES = {"ObservedOffloadingConnector": "observed", "Settings": "settings"}
+__all__ = list(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from kvscope.connector import observed
+    if name in _HOMES:
+        import importlib
 
-        return getattr(observed, name)
+        return getattr(importlib.import_module(f"kvscope.connector.{_HOMES[name]}"), name)
     raise AttributeError(f"module 'kvscope.connector' has no attribute {name!r}")

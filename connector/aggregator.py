@@ -36,7 +36,7 @@ from kvscope.exporters.signals import ErrorSite
 
 logger = logging.getLogger("kvscope")
 
-# The default of kvscope's flush_interval_s setting (observed.Settings), the one place it
+# The default of kvscope's flush_interval_s setting (settings.Settings), the one place it
 # is written: seconds between two aggregations while events arrive (vLLM's stats path lags
 # by at most this and one step; a scrape drains at once), and a rank's tally flush cadence.
 INTERVAL_S = 1.0

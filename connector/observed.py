@@ -9,99 +9,34 @@ Load it with::
 The subclass only wraps: after ``super().__init__`` it replaces the manager the
 connector scheduler calls with a forwarding proxy, taps the tier instances, and
 after ``register_kv_caches`` wraps the worker instance. Options live under
-``kv_connector_extra_config["kvscope"]`` (see :class:`Settings`).
+``kv_connector_extra_config["kvscope"]`` (``settings.py``); what reaches vLLM's
+stats pipeline and its /metrics: ``vllm_stats.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
-from typing import Any
 
 from kvscope.connector import compat, faults, scheduler_hooks
-from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy, Digester
+from kvscope.connector.checksums import Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.compat.vllm_api import (
     KVConnectorRole,
     OffloadingConnector,
-    OffloadingConnectorStats,
-    OffloadingCounterMetadata,
-    OffloadingGaugeMetadata,
-    OffloadingHistogramMetadata,
-    OffloadPromMetrics,
     bound_load_jobs,
-    declare_offload_metric,
-    observe_histogram_values,
 )
-from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, SchedulerObserver
-from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
+from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.connector.settings import Settings, effective_policy
+from kvscope.connector.vllm_stats import KvscopePromMetrics, stats_from_delta
 from kvscope.connector.worker_side import WorkerProxy
-from kvscope.exporters import signals
 from kvscope.exporters.otel import get_tracer
-from kvscope.exporters.prometheus import DEFAULT_ADDR, Exporter, start_exporter
+from kvscope.exporters.prometheus import Exporter, start_exporter
 from kvscope.exporters.recorder import Recorder
-from kvscope.exporters.signals import ErrorSite, Kind
+from kvscope.exporters.signals import ErrorSite
 
 logger = logging.getLogger("kvscope")
 
-SETTINGS_KEY = "kvscope"
 _WARNED_POLICY = False  # the refuse -> observe fallback is logged once per process
-
-
-@dataclass(frozen=True)
-class Settings:
-    """``kv_connector_extra_config["kvscope"]``."""
-
-    # Standalone /metrics port of the scheduler process; worker rank r serves on
-    # exporter_port + 1 + r. None: only vLLM's own /metrics carries kvscope series.
-    exporter_port: int | None = None
-    exporter_addr: str = DEFAULT_ADDR
-    # off | observe | refuse (default): what a rank does when its copy of a
-    # promoted row differs from the scheduler host's. Pair "refuse" with
-    # kv_load_failure_policy="recompute" so refused loads are recomputed.
-    checksum_policy: str = ChecksumPolicy.REFUSE
-    checksum_algorithm: str = DEFAULT_ALGORITHM
-    # Threads that digest one promotion's or load's rows together (the caller is one of
-    # them); None: half the CPUs, at most 8; 1: all on the calling thread.
-    checksum_threads: int | None = None
-    # Spans go to the tracer provider the application installed (vLLM's
-    # --otlp-traces-endpoint). True: when there is none, kvscope installs an
-    # OTLP/HTTP exporter itself (needs kvscope[otlp]; OTEL_EXPORTER_OTLP_* env).
-    otlp_traces: bool = False
-    # Seconds between two checks, off the scheduler thread, that the data the secondary
-    # tiers confirmed written is still there (tier_probe.py); 0: no probe.
-    tier_probe_interval_s: float = DEFAULT_INTERVAL_S
-    # Seconds between two flushes while the engine is busy, on the scheduler side (the
-    # aggregator thread: journal applied, rooms, gauges, vLLM's stats object) and on each
-    # rank (its transfer tally). It bounds how late kvscope's series reach vLLM's /metrics
-    # (this plus one step; a scrape of kvscope's own endpoint drains at once) and how stale
-    # the snapshot gauges get while busy; longer: fewer wake-ups competing with vLLM's
-    # engine thread for the GIL. A finite number > 0.
-    flush_interval_s: float = FLUSH_INTERVAL_S
-
-    @classmethod
-    def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
-        raw = dict((extra or {}).get(SETTINGS_KEY) or {})
-        unknown = set(raw) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown kvscope settings: {sorted(unknown)}")
-        s = cls(**raw)
-        if s.checksum_policy not in ChecksumPolicy.ALL:
-            raise ValueError(f"checksum_policy must be one of {ChecksumPolicy.ALL}")
-        if not s.tier_probe_interval_s >= 0:
-            raise ValueError("tier_probe_interval_s must be >= 0 (0: no tier probe)")
-        f = s.flush_interval_s
-        if isinstance(f, bool) or not isinstance(f, int | float) or not math.isfinite(f) \
-                or f <= 0:
-            raise ValueError(f"flush_interval_s must be a finite number of seconds > 0, "
-                             f"got {f!r}")
-        if s.checksum_algorithm not in ALGORITHMS:
-            raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
-        if s.checksum_threads is not None and not (isinstance(s.checksum_threads, int)
-                                                   and s.checksum_threads >= 1):
-            raise ValueError("checksum_threads must be an integer >= 1 (or null: automatic)")
-        return s
 
 
 class ObservedOffloadingConnector(OffloadingConnector):
@@ -273,81 +208,3 @@ class ObservedOffloadingConnector(OffloadingConnector):
             if self.kvscope_exporter is not None:
                 self.kvscope_exporter.close()
                 self.kvscope_exporter = None
-
-
-def stats_from_delta(delta) -> OffloadingConnectorStats | None:
-    """vLLM's stats object for a recorder delta (None when empty); on the scheduler side
-    built by kvscope's aggregator thread, handed over whole by the scheduler thread."""
-    if delta.is_empty():
-        return None
-    ours = OffloadingConnectorStats()
-    # bound once: on the scheduler side this runs at every flush (the aggregator's cadence)
-    inc, set_gauge = ours.increase_counter, ours.set_gauge
-    for (metric, labels), value in delta.counters.items():
-        inc(metric.name, value, labels)
-    for (metric, labels), value in delta.gauges.items():
-        set_gauge(metric.name, value, labels)
-    for (metric, labels), values in delta.observations.items():
-        if values:  # one list per label values, not a call per observation
-            observe_histogram_values(ours, metric.name, labels, values)
-    return ours
-
-
-def effective_policy(policy: str, kv_cache_config: Any,
-                     extra_config: dict[str, Any] | None = None) -> str:
-    """The checksum policy that can be honoured (what kvscope_info reports too)."""
-    if (policy == ChecksumPolicy.REFUSE
-            and load_failures.refusal_path(kv_cache_config, extra_config) is None):
-        return ChecksumPolicy.OBSERVE
-    return policy
-
-
-def _metadata(m: signals.Metric):
-    if m.kind is Kind.COUNTER:
-        return OffloadingCounterMetadata(documentation=m.help, labelnames=m.labels)
-    if m.kind is Kind.GAUGE:
-        return OffloadingGaugeMetadata(documentation=m.help, labelnames=m.labels)
-    return OffloadingHistogramMetadata(documentation=m.help, labelnames=m.labels,
-                                       buckets=m.buckets)
-
-
-class KvscopePromMetrics(OffloadPromMetrics):
-    """vLLM's offload Prometheus metrics plus every kvscope signal.
-
-    vLLM asserts that each stats key it observes was declared, so the kvscope
-    names are declared here, keyed by their exposed name and created with the
-    name prometheus-client expects (counters without ``_total``).
-    """
-
-    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._kvscope_names: set[str] = set()
-        for m in signals.ALL_METRICS:
-            try:
-                self._declare(m)
-            except Exception as exc:  # a metric we cannot declare is dropped, not fatal
-                logger.warning("kvscope: cannot register %s on vLLM's registry: %r", m.name, exc)
-
-    def _declare(self, m: signals.Metric) -> None:
-        declare_offload_metric(self, m.name, m.base, _metadata(m))
-        self._kvscope_names.add(m.name)
-
-    def observe(self, transfer_stats_data, engine_idx: int = 0):
-        data = transfer_stats_data.get("data", {})
-        prefix = signals.PREFIX
-        for key in data:
-            if key.startswith(prefix):
-                break
-        else:  # no kvscope series in this batch (most steps): vLLM's, untouched
-            return super().observe(transfer_stats_data, engine_idx)
-        types = transfer_stats_data.get("types", {})
-        theirs = {k: v for k, v in data.items() if not k.startswith(signals.PREFIX)}
-        ours = {k: v for k, v in data.items() if k in self._kvscope_names}
-        # vLLM's own keys beside types/data (0.33's "info": vllm:kv_offload_config_info) pass
-        # through untouched; only kvscope's series are split off
-        super().observe({**transfer_stats_data, "types": types, "data": theirs}, engine_idx)
-        if ours:
-            try:
-                super().observe({"types": types, "data": ours}, engine_idx)
-            except Exception as exc:
-                logger.warning("kvscope: dropped a stats batch on vLLM's /metrics: %r", exc)

@@ -6,7 +6,7 @@
 * Several groups, vLLM 0.26: block ids are only unique within a group and
   ``Scheduler._update_requests_with_invalid_blocks`` unpacks exactly one group:
   a report would raise inside the engine step. No safe path: kvscope degrades
-  ``refuse`` to ``observe`` (see ``connector.observed.effective_policy``).
+  ``refuse`` to ``observe`` (see ``connector.settings.effective_policy``).
 * Several groups, vLLM 0.33: ``Scheduler._handle_invalid_blocks`` raises
   RuntimeError by design and points to the request-level path:
   ``KVConnectorTransferResults.failed_recving`` from ``get_transfer_results()``

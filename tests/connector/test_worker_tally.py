@@ -63,7 +63,7 @@ def test_the_stats_object_is_vllms_own_build_value_by_value():
     one list per label values) equals vLLM's OffloadingConnectorStats filled one
     observe_histogram call per observation, and leaves the delta as it was."""
     from kvscope.connector.compat.vllm_api import OffloadingConnectorStats
-    from kvscope.connector.observed import stats_from_delta
+    from kvscope.connector.vllm_stats import stats_from_delta
 
     rec = Recorder()
     rec.inc(S.TRANSFER_BYTES, STORE, 100)

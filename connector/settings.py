@@ -1,0 +1,83 @@
+"""kvscope's options (``kv_connector_extra_config["kvscope"]``), checked at start-up.
+
+Its own room: what an operator may set, the defaults, and the checksum policy that can be
+honoured on this vLLM and model (``effective_policy``), apart from the connector's wiring.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kvscope.connector.aggregator import INTERVAL_S as FLUSH_INTERVAL_S
+from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.compat import load_failures
+from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
+from kvscope.exporters.prometheus import DEFAULT_ADDR
+
+SETTINGS_KEY = "kvscope"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``kv_connector_extra_config["kvscope"]``."""
+
+    # Standalone /metrics port of the scheduler process; worker rank r serves on
+    # exporter_port + 1 + r. None: only vLLM's own /metrics carries kvscope series.
+    exporter_port: int | None = None
+    exporter_addr: str = DEFAULT_ADDR
+    # off | observe | refuse (default): what a rank does when its copy of a
+    # promoted row differs from the scheduler host's. Pair "refuse" with
+    # kv_load_failure_policy="recompute" so refused loads are recomputed.
+    checksum_policy: str = ChecksumPolicy.REFUSE
+    checksum_algorithm: str = DEFAULT_ALGORITHM
+    # Threads that digest one promotion's or load's rows together (the caller is one of
+    # them); None: half the CPUs, at most 8; 1: all on the calling thread.
+    checksum_threads: int | None = None
+    # Spans go to the tracer provider the application installed (vLLM's
+    # --otlp-traces-endpoint). True: when there is none, kvscope installs an
+    # OTLP/HTTP exporter itself (needs kvscope[otlp]; OTEL_EXPORTER_OTLP_* env).
+    otlp_traces: bool = False
+    # Seconds between two checks, off the scheduler thread, that the data the secondary
+    # tiers confirmed written is still there (tier_probe.py); 0: no probe.
+    tier_probe_interval_s: float = DEFAULT_INTERVAL_S
+    # Seconds between two flushes while the engine is busy, on the scheduler side (the
+    # aggregator thread: journal applied, rooms, gauges, vLLM's stats object) and on each
+    # rank (its transfer tally). It bounds how late kvscope's series reach vLLM's /metrics
+    # (this plus one step; a scrape of kvscope's own endpoint drains at once) and how stale
+    # the snapshot gauges get while busy; longer: fewer wake-ups competing with vLLM's
+    # engine thread for the GIL. A finite number > 0.
+    flush_interval_s: float = FLUSH_INTERVAL_S
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
+        raw = dict((extra or {}).get(SETTINGS_KEY) or {})
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown kvscope settings: {sorted(unknown)}")
+        s = cls(**raw)
+        if s.checksum_policy not in ChecksumPolicy.ALL:
+            raise ValueError(f"checksum_policy must be one of {ChecksumPolicy.ALL}")
+        if not s.tier_probe_interval_s >= 0:
+            raise ValueError("tier_probe_interval_s must be >= 0 (0: no tier probe)")
+        f = s.flush_interval_s
+        if isinstance(f, bool) or not isinstance(f, int | float) or not math.isfinite(f) \
+                or f <= 0:
+            raise ValueError(f"flush_interval_s must be a finite number of seconds > 0, "
+                             f"got {f!r}")
+        if s.checksum_algorithm not in ALGORITHMS:
+            raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
+        if s.checksum_threads is not None and not (isinstance(s.checksum_threads, int)
+                                                   and s.checksum_threads >= 1):
+            raise ValueError("checksum_threads must be an integer >= 1 (or null: automatic)")
+        return s
+
+
+def effective_policy(policy: str, kv_cache_config: Any,
+                     extra_config: dict[str, Any] | None = None) -> str:
+    """The checksum policy that can be honoured (what kvscope_info reports too)."""
+    if (policy == ChecksumPolicy.REFUSE
+            and load_failures.refusal_path(kv_cache_config, extra_config) is None):
+        return ChecksumPolicy.OBSERVE
+    return policy
