@@ -11,7 +11,8 @@ synchronous drain (:meth:`RoundVerdicts.record`: their coverage may probe the
 tiers, whose contents the step's stores then change). The common verdicts (hit,
 miss) cost a coverage judgement and a few sums that :meth:`RoundVerdicts.flush`
 hands to the recorder; vetoed and deferred rounds also read the primary tier's row
-count (the row ceiling's tells). All of it runs holding the aggregator's lock.
+count (the row ceiling's tells). All of it runs holding the aggregator's lock. The
+span of a round judged while tracing is on: ``round_spans.py``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.coverage import Coverage, group_suffixes, judge, judge_plain_single
-from kvscope.connector.lookup_rounds import _MISS, _RESULTS, Round
+from kvscope.connector.lookup_rounds import _MISS, Round
 from kvscope.connector.request_states import RequestStates
+from kvscope.connector.round_spans import lookup_round_span
 from kvscope.exporters import signals
-from kvscope.exporters.otel import request_id_hash
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CeilingForm, ErrorSite, ShortReason, Verdict
 
@@ -100,8 +101,8 @@ class RoundVerdicts:
                 rnd, rid, req_tokens, offload, num_tokens, num_computed)
             self.requests.on_round(rid, req_tokens, verdict is _DEFERRED)
             if self.tracing:
-                self._span(rnd, verdict, rid, num_tokens, pending, rows_total,
-                           at_ceiling, cov)
+                lookup_round_span(self.tracer, self.primary, rnd, verdict, rid, num_tokens,
+                                  pending, rows_total, at_ceiling, cov)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
@@ -285,28 +286,3 @@ class RoundVerdicts:
         self._held_tokens += offered
         self._coverages.append(1.0)
         return Coverage(offered, offered, max(want_end - num_computed, 0), None, False, 0)
-
-    def _span(self, rnd: Round, verdict: Verdict, rid: str, num_tokens: int | None,
-              pending: int, rows_total: int, at_ceiling: bool, cov: Coverage | None) -> None:
-        span = self.tracer.start_span(signals.SPAN_LOOKUP_ROUND, start_time=rnd.started_ns)
-        if span.is_recording():
-            if not rows_total:
-                rows_total = compat.rows_total(self.primary)
-                pending = rnd.pending_keys
-            per_group = rnd.per_group()
-            groups = range(max(per_group, default=-1) + 1)
-            for i, res in enumerate(_RESULTS):
-                span.set_attribute(signals.A_GROUP_RESULT_PREFIX + res.value,
-                                   [per_group.get(g, [0] * len(_RESULTS))[i] for g in groups])
-            span.set_attribute(signals.A_VERDICT, verdict.value)
-            span.set_attribute(signals.A_REQUEST_ID_HASH,
-                               request_id_hash(rid))
-            span.set_attribute(signals.A_HIT_TOKENS, num_tokens or 0)
-            span.set_attribute(signals.A_PENDING_KEYS, pending)
-            span.set_attribute(signals.A_PRIMARY_ROWS, rows_total)
-            span.set_attribute(signals.A_AT_ROW_CEILING, at_ceiling)
-            if cov is not None:
-                span.set_attribute(signals.A_HELD_TOKENS, cov.held)
-                if cov.reason is not None:
-                    span.set_attribute(signals.A_SHORT_REASON, cov.reason.value)
-        span.end()

@@ -11,7 +11,8 @@ and never reaches vLLM. The rooms:
   appends, applied in order every ``flush_interval_s`` (default 1 s: rounds judged,
   request states, store jobs),
   then the flush into the recorder, the gauges and vLLM's stats object;
-* ``round_verdicts``: verdict, row ceiling, restore coverage and span per round;
+* ``round_verdicts``: verdict, row ceiling, restore coverage per round (its span:
+  ``round_spans``);
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
 * ``integrity``: promoted-row digests, checked loads, quarantine;
 * ``request_states``: queued / deferred / loading / running, counted incrementally;
