@@ -125,7 +125,7 @@ def profile(connector: str, n_requests: int, tiering: bool, path: str) -> None:
               f"load average {os.getloadavg()[0]:.2f}\n")
     stats = pstats.Stats(prof, stream=out).strip_dirs()
     stats.sort_stats("cumulative").print_stats(
-        "observed|worker_side|worker_tally|offloading_connector|offloading/worker|"
+        "observed|worker_side|worker_tally|vllm_stats|offloading_connector|offloading/worker|"
         "loggers|metrics|recorder|engine_step\\.py", 45)
     with open(path, "w") as f:
         f.write(out.getvalue())

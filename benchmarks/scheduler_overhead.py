@@ -137,7 +137,7 @@ def run(connector: str, n_requests: int, tiering: bool, profile: str | None = No
         if profile_aggregator:
             _write_stats(prof, profile_aggregator, "scheduler_side|aggregator|round_verdicts|"
                          "coverage|request_states|step_gauges|recorder|lookup_rounds|observed|"
-                         "store_refusals|tier_taps")
+                         "store_refusals|tier_taps|vllm_stats|round_spans")
         return _result(connector, e, wall, _kvscope_threads_cpu(e))
 
 
@@ -208,8 +208,9 @@ def _profile_scheduler_calls(scheduler, path: str) -> None:
 
 def _write_profile(scheduler, path: str) -> None:
     _write_stats(scheduler._bench_profile, path,
-                 "observed|scheduler_side|recorder|coverage|compat|offloading|lookup_rounds|"
-                 "round_verdicts|tier_taps|integrity|request_states|step_gauges")
+                 "observed|scheduler_side|scheduler_hooks|manager_proxy|recorder|coverage|"
+                 "compat|offloading|lookup_rounds|round_verdicts|tier_taps|integrity|"
+                 "request_states|step_gauges")
 
 
 def _write_stats(prof, path: str, ours: str) -> None:
