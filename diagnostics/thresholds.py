@@ -13,9 +13,10 @@ from kvscope.exporters import signals as S
 
 @dataclass(frozen=True)
 class Thresholds:
-    # A busy engine stamps kvscope_last_step_timestamp_seconds every step
-    # (milliseconds apart). Four default Prometheus scrape intervals (15 s) of
-    # silence while work is unfinished means the engine or its stats path stopped.
+    # A busy engine's kvscope_last_step_timestamp_seconds moves at 1 s resolution,
+    # stamped within kvscope's flush_interval_s (default 1 s) of each step. Four
+    # default Prometheus scrape intervals (15 s) of silence while work is unfinished
+    # means the engine or its stats path stopped.
     stale_after_s: float = 60.0
 
     # A transfer older than the top bucket of kvscope_transfer_seconds (a cold
