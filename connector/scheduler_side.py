@@ -218,25 +218,6 @@ class SchedulerObserver:
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
-    # ---- request lifecycle (journal; applied by the aggregator) ------------------------------
-    def on_new_request(self, request: Any) -> None:
-        try:
-            self.journal.append((self._on_new, request.request_id))
-        except Exception as exc:
-            self.rec.error(ErrorSite.STEP, exc)
-
-    def after_alloc(self, request: Any, num_external_tokens: int) -> None:
-        try:
-            self.journal.append((self._after_alloc, request.request_id, num_external_tokens))
-        except Exception as exc:
-            self.rec.error(ErrorSite.STEP, exc)
-
-    def on_finished(self, request: Any) -> None:
-        try:
-            self.journal.append((self._on_finished, request.request_id))
-        except Exception as exc:
-            self.rec.error(ErrorSite.STEP, exc)
-
     def close(self) -> None:
         """Stop the threads (after a last drain); drop buffer exports so vLLM can close
         the primary tier's mmap."""
@@ -246,9 +227,6 @@ class SchedulerObserver:
         self.rows.close()
 
     # ---- checked loads ---------------------------------------------------------------------
-    def on_meta(self, meta: Any) -> None:
-        self.rows.on_meta(meta)
-
     def on_connector_output(self, output: Any) -> None:
         self.rows.on_connector_output(output, self._live_jobs)
 

@@ -162,10 +162,6 @@ class WorkerProxy:
         failed, self._failed_requests = self._failed_requests, set()
         return failed
 
-    @property
-    def has_load_errors(self) -> bool:
-        return bool(self.load_errors)
-
     def take_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()
         return errors

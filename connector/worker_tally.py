@@ -41,12 +41,6 @@ class TransferTally:
         self.active = False  # a job started or finished since the worker last looked
         self.pending = False  # ... since the last push
 
-    def start(self, job_id: int, direction: Direction, blocks: int) -> None:
-        if direction is Direction.GPU_TO_CPU:
-            self.start_store(job_id, blocks)
-        else:
-            self.start_load(job_id, blocks)
-
     # One per submitted job on vLLM's worker thread: two dict operations and a clock read.
     # A job id reused while in flight is counted once (in its latest direction).
     def start_store(self, job_id: int, blocks: int) -> None:

@@ -18,7 +18,6 @@ from prometheus_client import REGISTRY, generate_latest
 from kvscope.connector import Settings
 from kvscope.connector.aggregator import INTERVAL_S
 from kvscope.exporters import signals as S
-from kvscope.exporters.signals import Direction
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from tests.connector.support import Exposition
 
@@ -151,7 +150,7 @@ def test_a_rank_flushes_a_busy_step_only_past_its_cadence(interval_s):
         w = e.ranks[0].connector.kvscope_worker
         tally = w._tally
         for job_id, since_s, pushed in ((10**6, 0.1, False), (10**6 + 1, 1.0, interval_s < 1)):
-            tally.start(job_id, Direction.GPU_TO_CPU, 1)  # what submit_store records
+            tally.start_store(job_id, 1)  # what submit_store records
             w._flushed_at = time.monotonic() - since_s  # the last push, that long ago
             w.step()  # a busy step: a job started since the worker last looked
             assert tally.pending is not pushed, (interval_s, since_s)

@@ -21,10 +21,10 @@ STORE, LOAD = ("3", Direction.GPU_TO_CPU.value), ("3", Direction.CPU_TO_GPU.valu
 def test_push_carries_what_finished_and_what_is_in_flight():
     rec = Recorder()
     tally = TransferTally(rec, "3")
-    tally.start(1, Direction.GPU_TO_CPU, 2)
-    tally.start(2, Direction.GPU_TO_CPU, 2)
-    tally.start(3, Direction.CPU_TO_GPU, 4)
-    tally.start(3, Direction.CPU_TO_GPU, 4)  # a job id reused while in flight: once
+    tally.start_store(1, 2)
+    tally.start_store(2, 2)
+    tally.start_load(3, 4)
+    tally.start_load(3, 4)  # a job id reused while in flight: once
     assert tally.active and tally.pending
     tally.push()
     assert not tally.pending
