@@ -108,14 +108,12 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # arms give it the same outputs, so its CPU time tracks the host's speed during the
     # iteration (a covariate; its own on/off ratio is reported to show it is not an arm's)
     out_cpu = CallClock().wrap(llm.llm_engine.output_processor, "process_outputs")
-    # ... and with the model runner's input preparation, a larger sample of the same
+    # ... plus the model runner's input preparation: a larger sample of the same
+    # (vllm_cpu_s = output_cpu_s + runner_cpu_s)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker \
         .model_runner
-    vllm_cpu = clock_calls(runner, RUNNER_CALLS).wrap(llm.llm_engine.output_processor,
-                                                      "process_outputs")
+    runner_cpu = clock_calls(runner, RUNNER_CALLS)
     res["covariate_calls"] = [n for n in RUNNER_CALLS if callable(getattr(runner, n, None))]
-    res["runner"] = [type(runner).__module__, *[n for n in dir(runner) if "prepare" in n
-                                                or "update_states" in n]]
     # Where kvscope's calls run on the engine thread: the connector's scheduler-role calls
     # (inside schedule() / update_from_output()), its worker-role calls (inside the model
     # runner), vLLM's stat loggers (kvscope's series pass through them)
@@ -148,8 +146,8 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
             hits0 = scrape_hits(hits)
         gc_watch = gsb.GCWatch()
         gc.callbacks.append(gc_watch)
-        clocks = {"scheduler_cpu_s": sched_cpu, "output_cpu_s": out_cpu, "vllm_cpu_s": vllm_cpu,
-                  "sync_refresh_cpu_s": sync_refresh, "sched_connector_cpu_s": sched_conn,
+        clocks = {"scheduler_cpu_s": sched_cpu, "output_cpu_s": out_cpu,
+                  "runner_cpu_s": runner_cpu, "sync_refresh_cpu_s": sync_refresh, "sched_connector_cpu_s": sched_conn,
                   "worker_connector_cpu_s": worker_conn, "stat_logger_cpu_s": stat_cpu}
         clocks0 = {n: c.seconds for n, c in clocks.items()}
         steps0 = steps.counts()
@@ -165,6 +163,8 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
             iters.append({"on": on, "s": round(dt, 4), "restored": restored,
                           "new_cached": sum(o.num_cached_tokens or 0 for o in new),
                           **{n: round(c.seconds - clocks0[n], 4) for n, c in clocks.items()},
+                          "vllm_cpu_s": round(out_cpu.seconds - clocks0["output_cpu_s"]
+                                              + runner_cpu.seconds - clocks0["runner_cpu_s"], 4),
                           "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
                           "settle_requests": settled, "probe_s": round(probe, 5),
                           "threads": threads,
@@ -206,8 +206,7 @@ def clock_calls(owner, names) -> CallClock:
 
 class StepCount:
     """Calls of vLLM's ``schedule()``, and those that scheduled no token (an engine
-    waiting for loads steps on: kvscope refreshes synchronously on such a step), and the
-    engine thread's synchronous refreshes."""
+    waiting for loads steps on: kvscope refreshes synchronously on such a step)."""
 
     NAMES = ("schedules", "empty_schedules")
 
