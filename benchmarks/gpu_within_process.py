@@ -117,9 +117,12 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # Where kvscope's calls run on the engine thread: the connector's scheduler-role calls
     # (inside schedule() / update_from_output()), its worker-role calls (inside the model
     # runner), vLLM's stat loggers (kvscope's series pass through them)
-    sched_conn = clock_calls(scheduler.connector, SCHEDULER_CALLS)
-    worker_conn = clock_calls(get_kv_transfer_group(), WORKER_CALLS)
-    switch.clocks += [sched_conn, worker_conn]  # re-wrapped at each switch
+    # one clock per method (which call kvscope's time is in); the roles' sums are fields too
+    per_call = {**{f"s.{n}": c for n, c in clocks_per_call(scheduler.connector,
+                                                          SCHEDULER_CALLS).items()},
+                **{f"w.{n}": c for n, c in clocks_per_call(get_kv_transfer_group(),
+                                                           WORKER_CALLS).items()}}
+    switch.clocks += list(per_call.values())  # re-wrapped at each switch
     stat_cpu = clock_calls(llm.llm_engine.logger_manager, ("record",))
     steps = StepCount(scheduler)
     sync_refresh = CallClock().wrap(switch.observer, "refresh")  # the engine thread's own
@@ -147,9 +150,10 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
         gc_watch = gsb.GCWatch()
         gc.callbacks.append(gc_watch)
         clocks = {"scheduler_cpu_s": sched_cpu, "output_cpu_s": out_cpu,
-                  "runner_cpu_s": runner_cpu, "sync_refresh_cpu_s": sync_refresh, "sched_connector_cpu_s": sched_conn,
-                  "worker_connector_cpu_s": worker_conn, "stat_logger_cpu_s": stat_cpu}
+                  "runner_cpu_s": runner_cpu, "sync_refresh_cpu_s": sync_refresh,
+                  "stat_logger_cpu_s": stat_cpu}
         clocks0 = {n: c.seconds for n, c in clocks.items()}
+        calls0 = {n: c.seconds for n, c in per_call.items()}
         steps0 = steps.counts()
         threads0 = thread_cpu.snapshot()
         t = time.perf_counter()
@@ -160,11 +164,14 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
         gc.callbacks.remove(gc_watch)
         restored = sum(o.num_cached_tokens or 0 for o in again)
         if k >= warmup:
+            calls = {n: round(c.seconds - calls0[n], 5) for n, c in per_call.items()}
             iters.append({"on": on, "s": round(dt, 4), "restored": restored,
                           "new_cached": sum(o.num_cached_tokens or 0 for o in new),
                           **{n: round(c.seconds - clocks0[n], 4) for n, c in clocks.items()},
                           "vllm_cpu_s": round(out_cpu.seconds - clocks0["output_cpu_s"]
                                               + runner_cpu.seconds - clocks0["runner_cpu_s"], 4),
+                          "sched_connector_cpu_s": role_sum(calls, "s."),
+                          "worker_connector_cpu_s": role_sum(calls, "w."), "calls": calls,
                           "gc_s": round(gc_watch.seconds, 4), "gc": gc_watch.count,
                           "settle_requests": settled, "probe_s": round(probe, 5),
                           "threads": threads,
@@ -202,6 +209,14 @@ def clock_calls(owner, names) -> CallClock:
         if callable(getattr(owner, name, None)):
             clock.wrap(owner, name)
     return clock
+
+
+def clocks_per_call(owner, names) -> dict[str, CallClock]:
+    return {n: CallClock().wrap(owner, n) for n in names if callable(getattr(owner, n, None))}
+
+
+def role_sum(calls: dict[str, float], prefix: str) -> float:
+    return round(sum(v for n, v in calls.items() if n.startswith(prefix)), 4)
 
 
 class StepCount:

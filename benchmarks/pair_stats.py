@@ -51,6 +51,8 @@ def _field(it: dict, name: str) -> float:
     if name == "engine_blocked_s":  # wall time the engine thread neither ran nor queued
         e = it["threads"]["engine"]
         return it["s"] - e["cpu_s"] - e["runq_s"]
+    if name.startswith("calls:"):  # one connector method's clock (gpu_within_process.py)
+        return it["calls"][name[6:]]
     if "." in name:
         kind, what = name.split(".")
         return it["threads"][kind][what]
@@ -70,7 +72,8 @@ def diagnostics(iters: list[dict]) -> dict:
         return {}
     out = {}
     pairs = pairs_of(iters)
-    for name in ("s", *DIAGNOSTICS):
+    per_call = tuple(f"calls:{n}" for n in iters[0].get("calls", {}))
+    for name in ("s", *DIAGNOSTICS, *per_call):
         d = [_field(on, name) - _field(off, name) for on, off in pairs]
         half = gsb.t975(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
         out[name] = {"on": round(statistics.mean(_field(on, name) for on, _ in pairs), 4),
