@@ -55,6 +55,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     judge_plain, capture = obs._judge_plain, obs._offload_prefix
     on_new, after_alloc, on_finished = obs._on_new, obs._after_alloc, obs._on_finished
     skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
+    loading = obs._loading  # a set kept for the observer's life
     ask = parent.get_num_new_matched_tokens
 
     def get_num_new_matched_tokens(request, num_computed_tokens):
@@ -108,6 +109,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
         out = alloc(request, blocks, num_external_tokens)
         try:
             journal_append((after_alloc, request.request_id, num_external_tokens))
+            if num_external_tokens:  # a load started: the request waits for it
+                loading.add(request.request_id)
         except Exception as exc:
             rec_error(ErrorSite.STEP, exc)
         return out
@@ -117,6 +120,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             out = finish(request, block_ids)
             try:
                 journal_append((on_finished, request.request_id))
+                if loading:
+                    loading.discard(request.request_id)
             except Exception as exc:
                 rec_error(ErrorSite.STEP, exc)
             return out

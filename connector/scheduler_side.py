@@ -128,6 +128,11 @@ class SchedulerObserver:
         # A round of this step deferred (lookups in flight): a step that schedules nothing
         # then waits for a tier, and vLLM steps again; not the idle state (scheduler thread)
         self._deferred_in_step = False
+        # Requests whose load vLLM started (update_state_after_alloc with external tokens)
+        # and that were not scheduled or finished since: a step that schedules nothing while
+        # one waits is followed by another (the request is live), so it is not the idle state
+        # either (scheduler thread; only live requests: emptied when they finish)
+        self._loading: set[str] = set()
         # journal handlers bound once (a bound method per event is an allocation)
         self._step_handler, self._store_job_handler = self._step, self._store_job
         self._on_new = self.requests.on_new
@@ -235,16 +240,21 @@ class SchedulerObserver:
         """Scheduler thread: the step's scheduled and preempted ids into the journal. An
         idle step (nothing scheduled: the state an operator inspects afterwards), or a
         journal the aggregator thread let grow past its limit, is aggregated at once. A
-        step that scheduled nothing because its lookups were deferred (a tier's existence
-        checks in flight: vLLM steps again at once) is not idle: the aggregator thread
-        applies it, as any busy step (synchronously if that thread is not running)."""
+        step that scheduled nothing while requests wait (a lookup of the step deferred by a
+        tier's existence checks, or a load in flight) is not idle: vLLM steps again at
+        once, and the aggregator thread applies it, as any busy step (synchronously if that
+        thread is not running)."""
         try:  # guarded as every hook (a plain try: no context-manager frames per step)
             scheduled = scheduler_output.num_scheduled_tokens
             self.journal.append((self._step_handler, scheduled,
                                  getattr(scheduler_output, "preempted_req_ids", None)))
+            loading = self._loading
+            if loading and scheduled:  # their loads are done: they run
+                loading.difference_update(scheduled)
             deferred, self._deferred_in_step = self._deferred_in_step, False
-            if (not scheduled and not (deferred and self.agg.alive())) \
-                    or self.agg.overflowed():
+            agg = self.agg
+            if (not scheduled and not ((deferred or loading) and agg.alive())) \
+                    or (len(self.journal) > agg.limit and agg.overflowed()):
                 self.refresh()
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
