@@ -143,6 +143,11 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     def update_connector_output(connector_output):
         if load_jobs:  # checked loads in flight (rows.on_connector_output)
             on_output(connector_output)
+        if loading:  # those whose loads ended (vLLM schedules them next): not waiting now
+            try:
+                loading.difference_update(connector_output.finished_recving or ())
+            except Exception as exc:
+                rec_error(ErrorSite.STEP, exc)
         return update(connector_output)
 
     ready, take, stock_stats = obs.ready_stats, obs.take_stats, parent.get_kv_connector_stats

@@ -129,9 +129,10 @@ class SchedulerObserver:
         # then waits for a tier, and vLLM steps again; not the idle state (scheduler thread)
         self._deferred_in_step = False
         # Requests whose load vLLM started (update_state_after_alloc with external tokens)
-        # and that were not scheduled or finished since: a step that schedules nothing while
-        # one waits is followed by another (the request is live), so it is not the idle state
-        # either (scheduler thread; only live requests: emptied when they finish)
+        # and did not report received (finished_recving), schedule or finish since: while a
+        # load job is in flight vLLM keeps stepping (the connector's pending work, 0.26 and
+        # 0.33), so a step that schedules nothing then is not the idle state either
+        # (scheduler thread; emptied as loads end and requests finish)
         self._loading: set[str] = set()
         # journal handlers bound once (a bound method per event is an allocation)
         self._step_handler, self._store_job_handler = self._step, self._store_job

@@ -51,16 +51,19 @@ def test_a_step_waiting_for_a_load_is_not_idle_the_idle_step_after_it_is(tiering
         observer = e.connector._kvscope_observer
         refreshes = _refreshes(observer)
         rid = e.add_request(target, 4)
-        waited = refreshed_while_waiting = 0
+        waited = refreshed_while_waiting = received = 0
         while rid not in e.finished:
             before = refreshes[0]
             e.step()
             if _waiting_for_load(e):  # this step scheduled nothing of it: its load runs
                 waited += 1
                 refreshed_while_waiting += refreshes[0] - before
+            if rid in e.scheduler.finished_recving_kv_req_ids:  # received, not yet run
+                received += 1
+                assert rid not in observer._loading
             assert e.steps < 200
         assert e.finished[rid].num_external_tokens > 0  # it was restored, not recomputed
-        assert waited > 0
+        assert waited > 0 and received > 0
         assert refreshed_while_waiting == 0
         assert not observer._loading  # it finished: nothing waits
         # the engine idle now (stores of its decode may still step it): an idle step
