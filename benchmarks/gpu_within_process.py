@@ -221,7 +221,8 @@ def role_sum(calls: dict[str, float], prefix: str) -> float:
 
 class StepCount:
     """Calls of vLLM's ``schedule()``, and those that scheduled no token (an engine
-    waiting for loads steps on: kvscope refreshes synchronously on such a step)."""
+    waiting for loads steps on; kvscope refreshes synchronously on such a step only when
+    no load is in flight: the idle state)."""
 
     NAMES = ("schedules", "empty_schedules")
 
