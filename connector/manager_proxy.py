@@ -103,10 +103,16 @@ def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObser
     def prepare_store(keys, req_context, *args, **kwargs):
         out = inner_prepare_store(keys, req_context, *args, **kwargs)
         try:
-            append((handler, out, keys))
-            if out is not None and (expected or quarantine):  # digests: tiering only
-                forget(out.evicted_keys)
-                forget(out.keys_to_store)
+            if out is None:  # refused: no row to store into
+                append((handler, keys, -1, False))
+            else:
+                # the counts the job needs, not vLLM's output object: that (and its lists)
+                # would otherwise outlive vLLM's use of it until the journal is applied
+                # (up to flush_interval_s), through garbage collections
+                append((handler, keys, len(out.evicted_keys), bool(out.keys_to_store)))
+                if expected or quarantine:  # digests: tiering only
+                    forget(out.evicted_keys)
+                    forget(out.keys_to_store)
         except Exception as exc:
             error(ErrorSite.MANAGER, exc)
         return out

@@ -180,14 +180,15 @@ class SchedulerObserver:
         self.taps.declare()
 
     # ---- manager calls (the proxy's prepare_store: manager_proxy._store_tap) ----------------
-    def _store_job(self, out, keys) -> None:
-        """Aggregator: a store job prepared (``out``) or refused (None)."""
-        if out is None:
+    def _store_job(self, keys, evicted: int, stores: bool) -> None:
+        """Aggregator: a store job prepared (``evicted``: the rows it evicts; ``stores``:
+        whether it stores any key) or refused (``evicted`` -1)."""
+        if evicted < 0:
             self._store_jobs[0] += 1
             self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
             return
-        self.refused_stores.prepared(keys, len(out.evicted_keys))
-        if out.keys_to_store:
+        self.refused_stores.prepared(keys, evicted)
+        if stores:
             self._store_jobs[1] += 1
 
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
