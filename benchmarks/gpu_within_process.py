@@ -118,10 +118,8 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     # (inside schedule() / update_from_output()), its worker-role calls (inside the model
     # runner), vLLM's stat loggers (kvscope's series pass through them)
     # one clock per method (which call kvscope's time is in); the roles' sums are fields too
-    per_call = {**{f"s.{n}": c for n, c in clocks_per_call(scheduler.connector,
-                                                          SCHEDULER_CALLS).items()},
-                **{f"w.{n}": c for n, c in clocks_per_call(get_kv_transfer_group(),
-                                                           WORKER_CALLS).items()}}
+    per_call = {**clocks_per_call(scheduler.connector, SCHEDULER_CALLS, "s."),
+                **clocks_per_call(get_kv_transfer_group(), WORKER_CALLS, "w.")}
     switch.clocks += list(per_call.values())  # re-wrapped at each switch
     stat_cpu = clock_calls(llm.llm_engine.logger_manager, ("record",))
     steps = StepCount(scheduler)
@@ -211,8 +209,10 @@ def clock_calls(owner, names) -> CallClock:
     return clock
 
 
-def clocks_per_call(owner, names) -> dict[str, CallClock]:
-    return {n: CallClock().wrap(owner, n) for n in names if callable(getattr(owner, n, None))}
+def clocks_per_call(owner, names, prefix: str) -> dict[str, CallClock]:
+    """One clock per method of ``owner`` (each named ``prefix`` + the method's name)."""
+    return {prefix + n: CallClock().wrap(owner, n) for n in names
+            if callable(getattr(owner, n, None))}
 
 
 def role_sum(calls: dict[str, float], prefix: str) -> float:
