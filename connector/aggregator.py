@@ -1,10 +1,15 @@
 """kvscope's aggregator thread: everything but the recording of raw facts, off vLLM's
 scheduler thread.
 
-The scheduler thread appends immutable facts to :attr:`Aggregator.journal`, one
-tuple ``(handler, *args)`` per event (ints, and references to objects vLLM or
-kvscope no longer changes: a round's copied lookups, a request, a step's
-``num_scheduled_tokens``); nothing else. A daemon thread wakes every
+The scheduler thread appends immutable facts to :attr:`Aggregator.journal`, a flat
+list: per event ``handler, k, arg1, ..., argk`` in one ``extend`` (ints, strings, keys,
+references to objects vLLM or kvscope no longer changes); nothing else. Flat, because
+an event kept as a tuple (or a copied list) is a new object the garbage collector
+tracks: kept until the next aggregation (up to ``interval_s``), it outlives the
+collections vLLM's own allocations trigger meanwhile, and each such object adds to
+generation 0's count (more collections, each scanning it). Appending references to
+the journal creates no object; the short-lived tuple an ``extend`` is given is freed
+at once. A daemon thread wakes every
 ``interval_s`` (kvscope's ``flush_interval_s`` setting, default :data:`INTERVAL_S`:
 1 s; chosen on the H200, benchmarks/README.md) and,
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
@@ -20,8 +25,9 @@ shutdown, and a journal past :data:`JOURNAL_LIMIT` (a dead or starved thread:
 counted, ``kvscope_telemetry_errors_total{where="aggregator"}``, and the scheduler
 thread aggregates itself, so memory stays bounded).
 
-Appends and ``del journal[:n]`` are single C-level list operations (atomic under the
-GIL): the thread takes the first ``n`` events, the scheduler thread keeps appending.
+An event is one ``extend`` and ``del journal[:n]`` one C-level list operation (each
+atomic under the GIL): the thread takes the first ``n`` items, whole events, while the
+scheduler thread keeps appending.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ logger = logging.getLogger("kvscope")
 # is written: seconds between two aggregations while events arrive (vLLM's stats path lags
 # by at most this and one step; a scrape drains at once), and a rank's tally flush cadence.
 INTERVAL_S = 1.0
-# Events waiting past which the scheduler thread drains itself (~5 MiB of tuples).
-JOURNAL_LIMIT = 50_000
+# Journal items (references, 8 bytes each) waiting past which the scheduler thread drains
+# itself: 8 MiB; a busy 1B-shaped H200 server records ~40,000 items a second.
+JOURNAL_LIMIT = 1_000_000
 # Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine
 # thread waits at most that long for the GIL, not a whole drain (the interpreter's own
 # switch interval is 5 ms).
@@ -52,7 +59,7 @@ class Aggregator:
     def __init__(self, *, recorder: Recorder, refresh: Callable[[], None],
                  interval_s: float = INTERVAL_S) -> None:
         self.rec = recorder
-        self.journal: list[tuple] = []
+        self.journal: list = []  # flat: handler, k, k args; handler, k, ...
         # Held by whoever aggregates (this thread, a synchronous drain): kvscope's
         # aggregate state (rooms, request states, refused stores) is touched only so.
         self.lock = threading.RLock()
@@ -102,15 +109,26 @@ class Aggregator:
         n = len(journal)
         if not n:
             return
-        events = journal[:n]
+        items = journal[:n]
         del journal[:n]
         own = threading.current_thread() is self._thread
-        for i, event in enumerate(events):
+        i = applied = 0
+        while i < n:
             try:
-                event[0](*event[1:])
+                k = items[i + 1]
+                j = i + 2 + k
+                if j > n:  # a malformed event: the rest cannot be read
+                    raise ValueError(f"journal event of {k} args at {i} past its end {n}")
             except Exception as exc:
                 self.rec.error(ErrorSite.AGGREGATOR, exc)
-            if own and i % YIELD_EVERY == YIELD_EVERY - 1:
+                return
+            try:
+                items[i](*items[i + 2:j])
+            except Exception as exc:
+                self.rec.error(ErrorSite.AGGREGATOR, exc)
+            i = j
+            applied += 1
+            if own and applied % YIELD_EVERY == 0:
                 time.sleep(0)  # the GIL to vLLM's thread, if it waits
 
     def overflowed(self) -> bool:
@@ -119,7 +137,7 @@ class Aggregator:
         if len(self.journal) <= self.limit:
             return False
         self.rec.error(ErrorSite.AGGREGATOR, RuntimeError(
-            f"aggregator behind ({len(self.journal)} events waiting; "
+            f"aggregator behind ({len(self.journal)} journal items waiting; "
             f"thread {'alive' if self.alive() else 'dead'}): the scheduler thread drains"))
         return True
 

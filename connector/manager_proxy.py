@@ -2,7 +2,7 @@
 
 Its own room so the per-key hot path (``lookup``) and the two per-job taps read in one
 place. It forwards every call unchanged and only records: appends into the lookup log,
-one journal tuple per store job, digests forgotten for rows a store rewrites. Recording
+one journal event per store job, digests forgotten for rows a store rewrites. Recording
 is guarded; an exception in kvscope is counted and never reaches vLLM.
 """
 
@@ -96,20 +96,21 @@ def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObser
     """The proxy's ``prepare_store`` (once per store job): the journal gets the job (the
     refused keys coverage reads change in journal order); promoted-row digests of the
     rows it evicts or rewrites are forgotten at once."""
-    append, handler = observer.journal.append, observer._store_job_handler
+    extend, handler = observer.journal.extend, observer._store_job_handler
     rows, error = observer.rows, observer.rec.error
     expected, quarantine, forget = rows.expected, rows.quarantine, rows.forget
 
     def prepare_store(keys, req_context, *args, **kwargs):
         out = inner_prepare_store(keys, req_context, *args, **kwargs)
         try:
+            # the keys and the counts the job needs, not vLLM's objects: those would
+            # otherwise outlive vLLM's use of them until the journal is applied (up to
+            # flush_interval_s), through garbage collections (aggregator.py: why flat)
             if out is None:  # refused: no row to store into
-                append((handler, keys, -1, False))
+                extend([handler, 2 + len(keys), -1, False, *keys])
             else:
-                # the counts the job needs, not vLLM's output object: that (and its lists)
-                # would otherwise outlive vLLM's use of it until the journal is applied
-                # (up to flush_interval_s), through garbage collections
-                append((handler, keys, len(out.evicted_keys), bool(out.keys_to_store)))
+                extend([handler, 2 + len(keys), len(out.evicted_keys),
+                        bool(out.keys_to_store), *keys])
                 if expected or quarantine:  # digests: tiering only
                     forget(out.evicted_keys)
                     forget(out.keys_to_store)

@@ -10,6 +10,7 @@ thread, from the journal (aggregator.py), in the order the calls happened.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from kvscope.exporters.signals import RequestState
@@ -102,9 +103,9 @@ class RequestStates:
                 self.loading.discard(rid)
         self.need.pop(rid, None)
 
-    def on_step(self, scheduled: Any, preempted: Any) -> None:
-        """A step ended: ``scheduled``, its request ids (vLLM's ``num_scheduled_tokens``,
-        built anew per step); ``preempted``, the ids it preempted (or None)."""
+    def on_step(self, scheduled: Collection[str], preempted: Any) -> None:
+        """A step ended: ``scheduled``, the ids it scheduled; ``preempted``, the ids it
+        preempted (or None)."""
         # A deferred request is asked again every step it can be admitted; one
         # not asked this step sits behind capacity (queued), not behind us.
         looked_up = self.looked_up
@@ -113,6 +114,7 @@ class RequestStates:
                 self.set(rid, QUEUED)
         looked_up.clear()
         if self.loading and scheduled:  # a loading request vLLM schedules has its KV
+            scheduled = set(scheduled)
             for rid in [r for r in self.loading if r in scheduled]:
                 self.set(rid, RUNNING)
         for rid in preempted or ():

@@ -49,6 +49,17 @@ def _ignore(keys: list[bytes], results: list[Any]) -> None:
 Offload = tuple[Sequence[list[bytes]], tuple[int, ...]]
 
 
+def offload_of(keys: Any, lengths: int | tuple[int, ...] | None) -> Offload | None:
+    """What compat.offload_prefix_capture captured, as an :data:`Offload`: one KV group's
+    list and its length (an int; no tuples built on vLLM's thread), several groups'
+    lists and lengths, or nothing (None)."""
+    if lengths is None:
+        return None
+    if type(lengths) is int:
+        return (keys,), (lengths,)
+    return keys, lengths
+
+
 class RoundVerdicts:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
                  primary: Any, requests: RequestStates,
@@ -106,26 +117,29 @@ class RoundVerdicts:
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
-    def judge_plain(self, keys: list[bytes], results: list[Any], start: int, rid: str,
-                    req_tokens: int, offload: Offload | None, num_tokens: int | None,
-                    num_computed: int) -> None:
+    def judge_plain(self, start: int, rid: str, req_tokens: int, offload: Any,
+                    lengths: int | tuple[int, ...] | None, num_tokens: int | None,
+                    num_computed: int, *lookups: Any) -> None:
         """A plain round (no rare events, no span): the journal's handler, on the
-        aggregator thread, from what the scheduler thread captured. Its lookups (all
-        handed over) are counted; ``[start:]`` of them are the round. A hit or a miss on
-        one full-attention group (most rounds) is judged here as :meth:`_judge` and
-        :meth:`_coverage` would (the same sums; no Round, no per-group lists, no frames
-        between): per round, calls are what the aggregator's CPU time is made of."""
+        aggregator thread, from what the scheduler thread captured (``offload``,
+        ``lengths``: :func:`offload_of`). ``lookups``: the keys looked up since the last
+        hand-over, then their results; all are counted, ``[start:]`` of them are the
+        round. A hit or a miss on one full-attention group (most rounds) is judged here
+        as :meth:`_judge` and :meth:`_coverage` would (the same sums; no Round, no
+        per-group lists, no frames between): per round, calls are what the aggregator's
+        CPU time is made of."""
+        m = len(lookups) // 2
+        keys, results = lookups[:m], lookups[m:]
         self.count_lookups(keys, results)
         tpc = self._single_tpc
         try:
             if start:
                 keys, results = keys[start:], results[start:]
             # a hit, or a miss (nothing found: else vetoed), of one full-attention group
-            if (tpc and num_tokens is not None and offload and len(offload[0]) == 1
-                    and len(offload[1]) == 1
+            if (tpc and num_tokens is not None and type(lengths) is int
                     and (num_tokens > 0 or results.count(_MISS) == len(results))):
                 try:  # its own guard: the verdict still counts
-                    group_keys, n = offload[0][0], offload[1][0]
+                    group_keys, n = offload, lengths
                     if len(group_keys) != n:
                         group_keys = group_keys[:n]
                     if num_tokens and num_tokens >= len(group_keys) * tpc - num_computed:
@@ -144,8 +158,8 @@ class RoundVerdicts:
                 if num_tokens > 0:
                     self._hit_tokens += num_tokens
             else:
-                self._judge(Round.plain(keys, results, 0), rid, req_tokens, offload,
-                            num_tokens, num_computed)
+                self._judge(Round.plain(keys, results, 0), rid, req_tokens,
+                            offload_of(offload, lengths), num_tokens, num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
         self.requests.on_round(rid, req_tokens, num_tokens is None)

@@ -33,14 +33,22 @@ HOOKED = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_al
           "build_connector_meta", "update_connector_output", "request_finished",
           "request_finished_all_groups", "get_kv_connector_stats")
 
+# The hooks that keep the observer's live requests (a request enters at its first, leaves
+# at either of the others): all installed, or the set is not kept
+_LIVE_HOOKS = frozenset(("on_new_request", "request_finished", "request_finished_all_groups"))
+
 
 def install(connector: Any, observer: SchedulerObserver, own_cls: type) -> None:
     """Set the hooks on ``connector``, an instance of ``own_cls`` (kvscope's subclass of
     vLLM's connector; the stock methods: ``super(own_cls, connector)``). A method a
     further subclass overrides is left to it (kvscope does not see those calls)."""
+    overridden = {name for name in HOOKED
+                  if getattr(type(connector), name) is not getattr(own_cls, name)}
+    if overridden & _LIVE_HOOKS:  # the live requests cannot be kept: none are
+        observer._live = None
     hooks = _hooks(super(own_cls, connector), observer)
     for name in HOOKED:
-        if getattr(type(connector), name) is not getattr(own_cls, name):
+        if name in overridden:
             logger.warning("kvscope: %s.%s is overridden: its calls are not observed",
                            type(connector).__name__, name)
             continue
@@ -48,14 +56,15 @@ def install(connector: Any, observer: SchedulerObserver, own_cls: type) -> None:
 
 
 def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]:
-    log, journal_append, rec_error = obs.log, obs.journal.append, obs.rec.error
+    # the journal is flat (aggregator.py): per event one extend of handler, k, k args
+    log, journal_extend, rec_error = obs.log, obs.journal.extend, obs.rec.error
     # the lookup slots (lists kept for the log's life: emptied in place, never replaced)
     keys, results = log.keys, log.results
     quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions
     judge_plain, capture = obs._judge_plain, obs._offload_prefix
     on_new, after_alloc, on_finished = obs._on_new, obs._after_alloc, obs._on_finished
     skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
-    loading = obs._loading  # a set kept for the observer's life
+    live = obs._live  # a set kept for the observer's life, or None (install)
     ask = parent.get_num_new_matched_tokens
 
     def get_num_new_matched_tokens(request, num_computed_tokens):
@@ -75,19 +84,19 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             if quarantined or refusals or evictions:  # a rare event: judged now
                 obs.end_round(request, result[0], num_computed_tokens)
                 return result
-            # A plain round: its lookups copied out (the round is [start:] of them; the
-            # slots emptied) and what judging it needs (the request's token count, its
-            # offload-key lists and lengths) in one journal tuple, judged on the aggregator
-            # thread (RoundVerdicts.judge_plain); a deferred round (None) captures no
+            # A plain round: what judging it needs (the request's token count, its
+            # offload-key list(s) and length(s)) and its lookups (the round is [start:] of
+            # them) copied into the journal, the slots emptied; judged on the aggregator
+            # thread (RoundVerdicts.judge_plain). A deferred round (None) captures no
             # offload keys: coverage judges only rounds that ended
             num_tokens, rid = result[0], request.request_id
             if num_tokens is None:
-                obs._deferred_in_step = True
-                prefix = None
+                offload = lengths = None
             else:
-                prefix = capture(rid)
-            journal_append((judge_plain, keys[:], results[:], log.start, rid,
-                            request.num_tokens, prefix, num_tokens, num_computed_tokens))
+                offload, lengths = capture(rid)
+            journal_extend([judge_plain, 7 + 2 * len(keys), log.start, rid, request.num_tokens,
+                            offload, lengths, num_tokens, num_computed_tokens,
+                            *keys, *results])
             del keys[:], results[:]
             log.start = -1
         except Exception as exc:
@@ -99,7 +108,10 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     def on_new_request(request):
         new_request(request)
         try:
-            journal_append((on_new, request.request_id))
+            rid = request.request_id
+            journal_extend((on_new, 1, rid))
+            if live is not None:
+                live.add(rid)
         except Exception as exc:
             rec_error(ErrorSite.STEP, exc)
 
@@ -108,9 +120,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     def update_state_after_alloc(request, blocks, num_external_tokens):
         out = alloc(request, blocks, num_external_tokens)
         try:
-            journal_append((after_alloc, request.request_id, num_external_tokens))
-            if num_external_tokens:  # a load started: the request waits for it
-                loading.add(request.request_id)
+            journal_extend((after_alloc, 2, request.request_id, num_external_tokens))
         except Exception as exc:
             rec_error(ErrorSite.STEP, exc)
         return out
@@ -119,9 +129,10 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
         def request_finished(request, block_ids):
             out = finish(request, block_ids)
             try:
-                journal_append((on_finished, request.request_id))
-                if loading:
-                    loading.discard(request.request_id)
+                rid = request.request_id
+                journal_extend((on_finished, 1, rid))
+                if live:
+                    live.discard(rid)
             except Exception as exc:
                 rec_error(ErrorSite.STEP, exc)
             return out
@@ -143,11 +154,6 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     def update_connector_output(connector_output):
         if load_jobs:  # checked loads in flight (rows.on_connector_output)
             on_output(connector_output)
-        if loading:  # those whose loads ended (vLLM schedules them next): not waiting now
-            try:
-                loading.difference_update(connector_output.finished_recving or ())
-            except Exception as exc:
-                rec_error(ErrorSite.STEP, exc)
         return update(connector_output)
 
     ready, take, stock_stats = obs.ready_stats, obs.take_stats, parent.get_kv_connector_stats

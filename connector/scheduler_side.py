@@ -20,7 +20,7 @@ and never reaches vLLM. The rooms:
 * ``tier_probe``: its own daemon thread: recently written tier data still there?
 
 On vLLM's scheduler thread kvscope only records: list appends per key looked up, one
-journal tuple per round, request event, store job and step. Everything else holds the
+journal event per round, request event, store job and step. Everything else holds the
 aggregator's lock (``self.agg.lock``) and runs on the aggregator thread, or on the
 caller's thread for a synchronous drain (:meth:`SchedulerObserver.refresh`).
 """
@@ -42,7 +42,7 @@ from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupCounts, LookupLog
 from kvscope.connector.manager_proxy import ManagerProxy
 from kvscope.connector.request_states import RequestStates
-from kvscope.connector.round_verdicts import RoundVerdicts
+from kvscope.connector.round_verdicts import RoundVerdicts, offload_of
 from kvscope.connector.step_gauges import StepGauges
 from kvscope.connector.store_refusals import RefusedStores
 from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S, TierProbe
@@ -125,15 +125,13 @@ class SchedulerObserver:
         self._stamped = 0.0
         self._flushed_at = 0.0  # monotonic time of the last refresh()
         self._steps = 0  # steps since then (aggregator side)
-        # A round of this step deferred (lookups in flight): a step that schedules nothing
-        # then waits for a tier, and vLLM steps again; not the idle state (scheduler thread)
-        self._deferred_in_step = False
-        # Requests whose load vLLM started (update_state_after_alloc with external tokens)
-        # and did not report received (finished_recving), schedule or finish since: while a
-        # load job is in flight vLLM keeps stepping (the connector's pending work, 0.26 and
-        # 0.33), so a step that schedules nothing then is not the idle state either
-        # (scheduler thread; emptied as loads end and requests finish)
-        self._loading: set[str] = set()
+        # Requests vLLM told the connector of (on_new_request) and did not finish
+        # (request_finished), kept by the hooks (scheduler thread). While any lives, vLLM
+        # steps again (it has requests), so a step that schedules nothing waits for them
+        # (a lookup deferred by a tier, a load in flight, async scheduling's outputs in
+        # flight, capacity): not the idle state. None: those hooks are not all installed
+        # (a further subclass overrides one), and every empty step counts as idle.
+        self._live: set[str] | None = set()
         # journal handlers bound once (a bound method per event is an allocation)
         self._step_handler, self._store_job_handler = self._step, self._store_job
         self._on_new = self.requests.on_new
@@ -180,9 +178,9 @@ class SchedulerObserver:
         self.taps.declare()
 
     # ---- manager calls (the proxy's prepare_store: manager_proxy._store_tap) ----------------
-    def _store_job(self, keys, evicted: int, stores: bool) -> None:
-        """Aggregator: a store job prepared (``evicted``: the rows it evicts; ``stores``:
-        whether it stores any key) or refused (``evicted`` -1)."""
+    def _store_job(self, evicted: int, stores: bool, *keys: bytes) -> None:
+        """Aggregator: a store job of ``keys`` prepared (``evicted``: the rows it evicts;
+        ``stores``: whether it stores any key) or refused (``evicted`` -1)."""
         if evicted < 0:
             self._store_jobs[0] += 1
             self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
@@ -194,7 +192,7 @@ class SchedulerObserver:
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
     # A plain round (no rare event, no span: most rounds) is handed over by the connector's
     # hook itself (scheduler_hooks.py): its lookups copied, the request's token count and
-    # offload-key lengths captured, in one journal tuple for the aggregator thread.
+    # offload-key lengths captured, in one journal event for the aggregator thread.
     def traced_round(self, ask: Callable[[Any, int], Any], request: Any,
                      num_computed: int) -> Any:
         """One lookup round while spans are on (``ask``: vLLM's lookup of the request):
@@ -212,15 +210,13 @@ class SchedulerObserver:
         log = self.log
         try:
             rid = request.request_id
-            if num_tokens is None:
-                self._deferred_in_step = True
             with self.agg.lock:
                 self.agg.drain()  # the rounds and store jobs before this one first
                 rnd, keys, results = log.end()
                 self.lookups.add(keys, results)
                 if rnd is not None:
                     self.verdicts.record(rnd, rid, request.num_tokens,
-                                         self._offload_prefix(rid), num_tokens,
+                                         offload_of(*self._offload_prefix(rid)), num_tokens,
                                          num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
@@ -240,28 +236,27 @@ class SchedulerObserver:
     # ---- once per step ---------------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
         """Scheduler thread: the step's scheduled and preempted ids into the journal. An
-        idle step (nothing scheduled: the state an operator inspects afterwards), or a
-        journal the aggregator thread let grow past its limit, is aggregated at once. A
-        step that scheduled nothing while requests wait (a lookup of the step deferred by a
-        tier's existence checks, or a load in flight) is not idle: vLLM steps again at
-        once, and the aggregator thread applies it, as any busy step (synchronously if that
-        thread is not running)."""
+        idle step (nothing scheduled and no request left: the state an operator inspects
+        afterwards, such as stores still pending), or a journal the aggregator thread let
+        grow past its limit, is aggregated at once. A step that scheduled nothing while
+        requests live (a lookup deferred by a tier's existence checks, a load in flight,
+        async scheduling's outputs in flight) is not idle: vLLM steps again, and the
+        aggregator thread applies it, as any busy step (synchronously if that thread is
+        not running)."""
         try:  # guarded as every hook (a plain try: no context-manager frames per step)
             scheduled = scheduler_output.num_scheduled_tokens
-            self.journal.append((self._step_handler, scheduled,
-                                 getattr(scheduler_output, "preempted_req_ids", None)))
-            loading = self._loading
-            if loading and scheduled:  # their loads are done: they run
-                loading.difference_update(scheduled)
-            deferred, self._deferred_in_step = self._deferred_in_step, False
+            preempted = getattr(scheduler_output, "preempted_req_ids", None) or None
+            # the ids themselves, not vLLM's per-step dict (aggregator.py: why flat)
+            self.journal.extend([self._step_handler, 1 + len(scheduled), preempted,
+                                 *scheduled])
             agg = self.agg
-            if (not scheduled and not ((deferred or loading) and agg.alive())) \
+            if (not scheduled and not (self._live and agg.alive())) \
                     or (len(self.journal) > agg.limit and agg.overflowed()):
                 self.refresh()
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
 
-    def _step(self, scheduled: Any, preempted: Any) -> None:
+    def _step(self, preempted: Any, *scheduled: str) -> None:
         """Aggregator: a step ended."""
         self.requests.on_step(scheduled, preempted)
         self._steps += 1

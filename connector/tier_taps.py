@@ -120,13 +120,13 @@ class TierTaps:
 
         journal, monotonic, rec = self.journal, time.monotonic, self.rec
         cascade_started, cascade_done = self._cascade_started, self._cascade_done_handler
-        promotions, promotion_done, append = self.promotions, self._promotion_done, journal.append
+        promotions, promotion_done, extend = self.promotions, self._promotion_done, journal.extend
 
-        # A cascade: one journal tuple (started, recorded and summed on the aggregator
-        # thread); a plain try, no context-manager frames, no object built here.
+        # A cascade: one journal event (started, recorded and summed on the aggregator
+        # thread); a plain try, no context-manager frames, no object kept here.
         def tap_submit_store(job, *a, **kw):
             try:
-                journal.append((cascade_started, job, name, monotonic()))
+                extend((cascade_started, 3, job, name, monotonic()))
             except Exception as exc:
                 rec.error(ErrorSite.TIER, exc)
             return submit_store(job, *a, **kw)
@@ -145,7 +145,7 @@ class TierTaps:
                         if job_id in promotions:
                             promotion_done(job_id, bool(res.success), now)
                         else:
-                            append((cascade_done, job_id, bool(res.success), now))
+                            extend((cascade_done, 3, job_id, bool(res.success), now))
                 except Exception as exc:
                     rec.error(ErrorSite.TIER, exc)
             return results

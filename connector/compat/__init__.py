@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
@@ -273,28 +273,30 @@ def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[byt
 
 
 def offload_prefix_capture(connector_scheduler: Any
-                           ) -> Callable[[str], tuple[Sequence[list[bytes]], tuple[int, ...]] | None]:
+                           ) -> Callable[[str], tuple[Any, int | tuple[int, ...] | None]]:
     """A function of a request id: :func:`request_offload_keys` captured for later, the
-    per-group key lists (vLLM only appends to them) and their lengths now; None for an
-    unknown request. A reader on another thread takes ``keys[:n]``: the prefix that
-    existed at the capture. Once per lookup round on the scheduler thread: the status
-    dict's ``get`` bound once (vLLM keeps that dict for the connector's life)."""
+    key list(s) (vLLM only appends to them) and their length(s) now: one KV group's list
+    and its length (an int: nothing built but the pair returned), else the per-group
+    lists and a tuple of lengths; ``(None, None)`` for an unknown request. A reader on
+    another thread takes ``keys[:n]``: the prefix that existed at the capture. Once per
+    lookup round on the scheduler thread: the status dict's ``get`` bound once (vLLM
+    keeps that dict for the connector's life)."""
     statuses = getattr(connector_scheduler, "_req_status", None)
     if not isinstance(statuses, dict):
         def capture_generic(req_id: str):
             keys = request_offload_keys(connector_scheduler, req_id)
-            return None if keys is None else (keys, tuple(map(len, keys)))
+            return (None, None) if keys is None else (keys, tuple(map(len, keys)))
         return capture_generic
     get = statuses.get
 
     def capture(req_id: str):
         status = get(req_id)
         if status is None:
-            return None
+            return None, None
         states = status.group_states
-        if len(states) == 1:  # one KV group (most models): no comprehension, no map
+        if len(states) == 1:  # one KV group (most models): its list, no comprehension
             keys = states[0].offload_keys
-            return (keys,), (len(keys),)
+            return keys, len(keys)
         keys = [g.offload_keys for g in states]
         return keys, tuple(map(len, keys))
 

@@ -1,12 +1,13 @@
 """Which steps kvscope treats as idle, on vLLM's real scheduler on CPU.
 
-An idle step (nothing scheduled, and nothing waiting that makes vLLM step again) is
-aggregated synchronously on vLLM's thread, so that the state an operator inspects
-afterwards (pending at idle) reaches vLLM's /metrics without another step. A step that
-scheduled nothing while a request waits for its load is not idle: vLLM steps again at once,
-and the synchronous drain there would be kvscope's work on vLLM's critical path (on the
-H200 with async scheduling, ~1 ms per such step). The engine's own state is the oracle:
-which requests wait for remote KV (vLLM's request status) at each step.
+An idle step (nothing scheduled and no request left in vLLM: stores may still be pending,
+which makes vLLM step) is aggregated synchronously on vLLM's thread, so that the state an
+operator inspects afterwards (pending at idle) reaches vLLM's /metrics without another
+step. A step that scheduled nothing while vLLM still holds requests (a load in flight,
+async scheduling's outputs in flight) is not idle: vLLM steps again at once, and a
+synchronous drain there would be kvscope's work on vLLM's critical path (on the H200
+with async scheduling, ~1 ms per such step). The engine's own state is the oracle:
+what vLLM's scheduler scheduled each step, and which requests it held then.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ def _refreshes(observer) -> list[int]:
     return n
 
 
+def _schedules(e: CPUEngine) -> list[tuple[bool, bool]]:
+    """Per call of vLLM's scheduler: (it held requests, it scheduled nothing)."""
+    seen, schedule = [], e.scheduler.schedule
+
+    def observed(*a, **kw):
+        held = bool(e.scheduler.requests)
+        out = schedule(*a, **kw)
+        seen.append((held, out.total_num_scheduled_tokens == 0))
+        return out
+
+    e.scheduler.schedule = observed
+    return seen
+
+
 def _waiting_for_load(e: CPUEngine) -> bool:
     """A request of vLLM's scheduler (any queue: they differ between versions) whose load
     runs."""
@@ -41,7 +56,7 @@ def _waiting_for_load(e: CPUEngine) -> bool:
 
 
 @pytest.mark.parametrize("tiering", [False, True])
-def test_a_step_waiting_for_a_load_is_not_idle_the_idle_step_after_it_is(tiering):
+def test_an_empty_step_is_idle_only_once_vllm_holds_no_request(tiering):
     with CPUEngine(EngineConfig(rows=64, tiering=tiering,
                                 kvscope_options={"flush_interval_s": NEVER_S})) as e:
         target = prompt(1, 96)
@@ -49,27 +64,24 @@ def test_a_step_waiting_for_a_load_is_not_idle_the_idle_step_after_it_is(tiering
         e.drain()
         assert e.scheduler.reset_prefix_cache()  # the re-ask must load from the CPU tier
         observer = e.connector._kvscope_observer
-        refreshes = _refreshes(observer)
+        refreshes, schedules = _refreshes(observer), _schedules(e)
         rid = e.add_request(target, 4)
-        waited = refreshed_while_waiting = received = 0
-        while rid not in e.finished:
-            before = refreshes[0]
+        waited = 0
+        busy_empty: list[int] = []  # refreshes of each empty step while vLLM held requests
+        idle: list[int] = []  # refreshes of each empty step once it held none
+        for _ in range(200):
+            before, n = refreshes[0], len(schedules)
             e.step()
-            if _waiting_for_load(e):  # this step scheduled nothing of it: its load runs
-                waited += 1
-                refreshed_while_waiting += refreshes[0] - before
-            if rid in e.scheduler.finished_recving_kv_req_ids:  # received, not yet run
-                received += 1
-                assert rid not in observer._loading
-            assert e.steps < 200
+            waited += _waiting_for_load(e)  # this step scheduled nothing of it: it loads
+            if len(schedules) == n + 1 and schedules[-1][1]:
+                (busy_empty if schedules[-1][0] else idle).append(refreshes[0] - before)
+            if rid in e.finished and idle:
+                break
         assert e.finished[rid].num_external_tokens > 0  # it was restored, not recomputed
-        assert waited > 0 and received > 0
-        assert refreshed_while_waiting == 0
-        assert not observer._loading  # it finished: nothing waits
-        # the engine idle now (stores of its decode may still step it): an idle step
-        # refreshes at once, with the load's round and the request's finish applied
-        before = refreshes[0]
-        for _ in range(3):
-            e.step()
-        assert refreshes[0] > before
+        assert waited > 0 and busy_empty  # a step that waited for its load scheduled nothing
+        assert busy_empty == [0] * len(busy_empty)
+        assert not observer._live  # it finished: vLLM holds nothing, nor does kvscope
+        # the engine idle (the stores of its decode step it): refreshed at once, with the
+        # load's round and the request's finish applied
+        assert idle and all(idle)
         assert not observer.journal

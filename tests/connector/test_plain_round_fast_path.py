@@ -76,17 +76,17 @@ def test_the_fast_path_adds_up_to_the_general_one():
                 results = [retry] * n
             before = [keys[-1]] * start  # lookups outside the round (counted, not judged)
             lookups, answers = before + looked, [miss] * start + results
-            offload = ([keys[:n + extra]], (n,))
+            offload_keys = keys[:n + extra]  # as captured: one group's list, its length
             for verdicts in (fast, general):
                 verdicts.refused_stores.refused([keys[i] for i in refused if i < n])
                 verdicts.requests.on_new(rid)
             for num_tokens in (None, 0, tpc,  # tpc: one chunk of more found (load_cap)
                                found * tpc - computed if found * tpc > computed else 0,
                                max(n * tpc - computed, 0) or None):
-                args = (lookups, answers, start, rid, n * tpc + 7, offload, num_tokens,
-                        computed)
-                fast.judge_plain(*args)
-                _general(general, *args)
+                fast.judge_plain(start, rid, n * tpc + 7, offload_keys, n, num_tokens,
+                                 computed, *lookups, *answers)
+                _general(general, lookups, answers, start, rid, n * tpc + 7,
+                         ([offload_keys], (n,)), num_tokens, computed)
                 rounds += 1
         assert _state(fast) == _state(general)
         assert taken_general and rounds - len(taken_general) > rounds / 3  # both paths ran

@@ -44,11 +44,11 @@ def test_events_are_applied_in_order_on_its_thread_and_a_failing_one_is_counted(
     def boom() -> None:
         raise RuntimeError("a broken event")
 
-    agg.journal.extend([(note, 1), (boom,), (note, 2)])
+    agg.journal.extend([note, 1, 1, boom, 0, note, 1, 2])
     agg.start()
     try:
         assert wait_until(lambda: len(seen) == 2)
-        agg.journal.append((note, 3))
+        agg.journal.extend((note, 1, 3))
         assert wait_until(lambda: len(seen) == 3)
     finally:
         agg.close()
@@ -62,10 +62,10 @@ def test_events_are_applied_in_order_on_its_thread_and_a_failing_one_is_counted(
 def test_a_journal_past_its_limit_is_reported_and_counted():
     rec = Recorder()
     agg = _aggregator(rec)  # never started: a dead thread
-    agg.limit = 2
-    agg.journal.extend([(len, ()), (len, ())])
+    agg.limit = 6  # items
+    agg.journal.extend([len, 1, (), len, 1, ()])
     assert not agg.overflowed()
-    agg.journal.append((len, ()))
+    agg.journal.extend((len, 1, ()))
     assert agg.overflowed()
     rec.flush()
     assert rec.value(S.TELEMETRY_ERRORS, _AGGREGATOR) == 1
