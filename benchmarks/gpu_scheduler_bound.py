@@ -291,6 +291,14 @@ def run_case_process(cmd: list[str], timeout: float, ident: dict) -> tuple[dict,
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or ""  # bytes even with text=True
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        for line in reversed(out.splitlines()):  # a case's last checkpoint, if it prints any
+            if line.startswith("{"):
+                try:  # the last line may be cut mid-write
+                    return {**json.loads(line), "process_s": timeout, "cut": "timeout"}, out
+                except ValueError:
+                    continue
         return {**ident, "error": "timeout", "process_s": timeout,
                 "tail": str(exc.stderr or "")[-2000:]}, ""
     output = p.stderr + p.stdout

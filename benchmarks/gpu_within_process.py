@@ -67,6 +67,10 @@ def states(pairs: int) -> list[bool]:
     return out
 
 
+# Iterations between two checkpoints of a case (10 pairs), printed between iterations
+CHECKPOINT_ITERS = 20
+
+
 def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
@@ -177,6 +181,14 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
                                                           steps.counts())}})
             if on:
                 hits_on += restored
+            if len(iters) % CHECKPOINT_ITERS == 0 and len(iters) < 2 * pairs:
+                # what the pairs so far show, on stdout: a run the case timeout cuts keeps
+                # them (gsb.run_case_process); the scrape drains kvscope's journal first
+                print(json.dumps({**res, "pairs": len(iters) // 2, "warmup": warmup,
+                                  "iters": iters, "partial": True,
+                                  "kvscope_hit_tokens_seen": scrape_hits(hits) - hits0,
+                                  "restored_while_on": hits_on,
+                                  "summary": summarize_iters(iters)}), flush=True)
     settle()
     switch.set(True)
     hits_seen = scrape_hits(hits) - hits0
