@@ -72,3 +72,21 @@ def test_a_journal_past_its_limit_is_reported_and_counted():
     with agg.lock:
         agg.drain()  # what the scheduler thread then does
     assert not agg.journal
+
+
+def test_a_malformed_event_is_counted_and_the_rest_of_its_batch_dropped():
+    """An event whose count runs past the journal's end (a kvscope bug) cannot be read,
+    nor can anything after it: the events before it are applied, the error is counted."""
+    rec = Recorder()
+    agg = _aggregator(rec)  # never started: drained here
+    seen: list[int] = []
+    agg.journal.extend([seen.append, 1, 1, seen.append, 5, 2])
+    with agg.lock:
+        agg.drain()
+    assert seen == [1] and not agg.journal
+    rec.flush()
+    assert rec.value(S.TELEMETRY_ERRORS, _AGGREGATOR) == 1
+    agg.journal.extend((seen.append, 1, 3))  # the journal goes on
+    with agg.lock:
+        agg.drain()
+    assert seen == [1, 3]
