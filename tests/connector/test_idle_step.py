@@ -85,3 +85,39 @@ def test_an_empty_step_is_idle_only_once_vllm_holds_no_request(tiering):
         # load's round and the request's finish applied
         assert idle and all(idle)
         assert not observer.journal
+
+
+def test_with_a_finish_hook_overridden_no_request_is_kept_and_every_empty_step_is_idle():
+    """A further subclass that overrides ``request_finished`` hides finishes from kvscope:
+    a kept request would then never leave (memory, and no idle step ever again). kvscope
+    keeps none, and every step that schedules nothing refreshes at once, as before it
+    kept them."""
+    from kvscope.connector import scheduler_hooks
+    from kvscope.connector.observed import ObservedOffloadingConnector
+
+    class Finishing(ObservedOffloadingConnector):
+        def request_finished(self, request, block_ids):
+            return super().request_finished(request, block_ids)
+
+    with CPUEngine(EngineConfig(rows=64, kvscope_options={"flush_interval_s": NEVER_S})) as e:
+        target = prompt(1, 96)
+        e.generate(target, 4)
+        e.drain()
+        assert e.scheduler.reset_prefix_cache()
+        conn, observer = e.connector, e.connector._kvscope_observer
+        conn.__class__ = Finishing  # as if built so: the hooks installed again
+        for name in scheduler_hooks.HOOKED:
+            vars(conn).pop(name, None)
+        scheduler_hooks.install(conn, observer, ObservedOffloadingConnector)
+        assert observer._live is None and "request_finished" not in vars(conn)
+        refreshes, schedules = _refreshes(observer), _schedules(e)
+        rid = e.add_request(target, 4)
+        busy_empty: list[int] = []
+        while rid not in e.finished:
+            before, n = refreshes[0], len(schedules)
+            e.step()
+            if len(schedules) == n + 1 and schedules[-1] == (True, True):
+                busy_empty.append(refreshes[0] - before)
+            assert e.steps < 200
+        assert e.finished[rid].num_external_tokens > 0
+        assert busy_empty and all(busy_empty)  # the load wait: refreshed, as idle
