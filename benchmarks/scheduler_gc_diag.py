@@ -131,11 +131,10 @@ def run_pair(n_requests: int, tiering: bool, gc_mode: str, no_aggregator: bool,
             _split_connector(observed, calls["observed"])
         journal_events = [0, 0]  # events, steps
 
-        def count_journal():  # the flat journal's events (aggregator.py: handler, k, k args)
-            journal, i = observer.journal, 0
-            while i < len(journal):
-                i += 2 + journal[i + 1]
-                journal_events[0] += 1
+        from kvscope.connector.aggregator import journal_events as count_events
+
+        def count_journal():
+            journal_events[0] += count_events(observer.journal)
             journal_events[1] += 1
 
         gc.collect()

@@ -47,12 +47,25 @@ logger = logging.getLogger("kvscope")
 # by at most this and one step; a scrape drains at once), and a rank's tally flush cadence.
 INTERVAL_S = 1.0
 # Journal items (references, 8 bytes each) waiting past which the scheduler thread drains
-# itself: 8 MiB; a busy 1B-shaped H200 server records ~40,000 items a second.
+# itself: 8 MiB. A round carries its lookups twice (key, result: ~130 items for a
+# 1,024-token prompt in 16-token chunks), a step its scheduled ids.
 JOURNAL_LIMIT = 1_000_000
 # Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine
 # thread waits at most that long for the GIL, not a whole drain (the interpreter's own
 # switch interval is 5 ms).
 YIELD_EVERY = 128
+
+
+def journal_events(items: list) -> int:
+    """How many whole events a flat journal holds (a reader's count: a benchmark, a test);
+    ValueError if its last event is cut."""
+    i = n = 0
+    while i < len(items):
+        i += 2 + items[i + 1]
+        n += 1
+    if i != len(items):
+        raise ValueError(f"a journal event runs past its end ({i} > {len(items)})")
+    return n
 
 
 class Aggregator:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvscope.connector.aggregator import journal_events
 from kvscope.exporters import signals as S
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.sim.scenarios import PROMPT_TOKENS, _ask_then_flood
@@ -13,16 +14,6 @@ from kvscope.sim.scenarios import PROMPT_TOKENS, _ask_then_flood
 pytestmark = pytest.mark.vllm
 
 LIMIT = 4  # journal items past which the scheduler thread drains itself (dead thread)
-
-
-def events(journal: list) -> int:
-    """Events in a flat journal (aggregator.py: handler, k, k args per event)."""
-    i = n = 0
-    while i < len(journal):
-        i += 2 + journal[i + 1]
-        n += 1
-    assert i == len(journal)  # whole events only
-    return n
 
 
 def _run(kill_aggregator: bool) -> dict:
@@ -42,7 +33,7 @@ def _run(kill_aggregator: bool) -> dict:
         target = prompt(1, PROMPT_TOKENS)
         _ask_then_flood(e, target, PROMPT_TOKENS)
         again = e.generate(target, 4, max_steps=200)
-        journal_at_most = events(observer.journal)
+        journal_at_most = journal_events(observer.journal)  # whole events, or it raises
         e.drain()
         rec = e.connector.kvscope_recorder
         return {

@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from kvscope.connector.aggregator import Aggregator
+import pytest
+
+from kvscope.connector.aggregator import Aggregator, journal_events
 from kvscope.exporters import signals as S
 from kvscope.exporters.recorder import Recorder
 
@@ -81,6 +83,9 @@ def test_a_malformed_event_is_counted_and_the_rest_of_its_batch_dropped():
     agg = _aggregator(rec)  # never started: drained here
     seen: list[int] = []
     agg.journal.extend([seen.append, 1, 1, seen.append, 5, 2])
+    assert journal_events(agg.journal[:3]) == 1
+    with pytest.raises(ValueError):  # what a reader counting the events is told
+        journal_events(agg.journal)
     with agg.lock:
         agg.drain()
     assert seen == [1] and not agg.journal
