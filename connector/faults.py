@@ -23,7 +23,10 @@ Faults (``rank``: the one rank the fault hits):
   writes (cascades) make no progress: jobs are held before the tier's thread
   pool and handed to it once the fault clears;
 * ``withhold_store`` - ``rank``'s worker completes its GPU->CPU store jobs but
-  does not report them until the fault clears (a lost completion).
+  does not report them until the fault clears (a lost completion);
+* ``lose_rounds`` - kvscope's own judging of a lookup round raises (a kvscope bug):
+  the round is counted in ``kvscope_telemetry_errors_total`` and missing from every
+  round series, as a real bug there would leave it (``rank`` is not read).
 
 Structural fault (fixed at start-up, not switchable): :class:`OwnRegionTieringSpec`
 (``spec_name`` ``OwnRegionTieringSpec``, ``spec_module_path`` this module) lets the
@@ -34,7 +37,7 @@ The fs tier's directory removed and its disk full need no hook: the driver
 removes the directory or fills the tier's small tmpfs.
 
 Hooks wrap instances (instance-attribute shadowing, as kvscope's own taps do);
-the three call sites are in ``observed.py``.
+the four call sites are in ``observed.py``.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ DROP_PROMOTION = "drop_promotion"
 STALL_READS = "stall_reads"
 STALL_WRITES = "stall_writes"
 WITHHOLD_STORE = "withhold_store"
-SWITCHABLE = (FLIP_PROMOTED, DROP_PROMOTION, STALL_READS, STALL_WRITES, WITHHOLD_STORE)
+LOSE_ROUNDS = "lose_rounds"
+SWITCHABLE = (FLIP_PROMOTED, DROP_PROMOTION, STALL_READS, STALL_WRITES, WITHHOLD_STORE,
+              LOSE_ROUNDS)
 
 
 def write_fault(path: str, fault: str | None, rank: int = 1) -> None:
@@ -160,6 +165,28 @@ def _stall_tier(tier: Any, switch: FaultSwitch) -> None:
     tier.submit_load = stalled_submit_load
     tier.submit_store = stalled_submit_store
     tier.get_finished_jobs = released_get_finished_jobs
+
+
+# ---- scheduler side: kvscope's round judging fails ------------------------------------------
+def install_round_faults(observer: Any) -> None:
+    """Before kvscope's hooks (they read ``_judge_plain`` once): while ``lose_rounds`` is
+    on, both ways a round is judged (on the aggregator thread, or at once) raise."""
+    switch = _switch()
+    if switch is None or observer is None:
+        return
+    judge_plain, record = observer._judge_plain, observer.verdicts.record
+
+    def lost(*_a: Any, **_kw: Any) -> None:
+        raise RuntimeError("kvscope test fault lose_rounds: this round's judging failed")
+
+    def failing_judge_plain(*a: Any, **kw: Any) -> None:
+        return (lost if switch.active(LOSE_ROUNDS) else judge_plain)(*a, **kw)
+
+    def failing_record(*a: Any, **kw: Any) -> None:
+        return (lost if switch.active(LOSE_ROUNDS) else record)(*a, **kw)
+
+    observer._judge_plain = failing_judge_plain
+    observer.verdicts.record = failing_record
 
 
 # ---- scheduler side: a rank's slot of promoted rows goes wrong ------------------------------

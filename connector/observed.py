@@ -79,6 +79,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                                       self.kvscope_settings.checksum_threads),
                     stats_builder=stats_from_delta,
                     flush_interval_s=self.kvscope_settings.flush_interval_s)
+                faults.install_round_faults(self._kvscope_observer)  # test-only, off
                 scheduler_hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)

@@ -3,8 +3,9 @@
 Healthy means checked: a classifier whose series are missing or non-finite is
 not run and is reported as "could not check", as is one that read a label value
 the export lacks (:mod:`.partial`) or needs per-rank series of a rank no series
-names (:mod:`.ranks`); one that raises becomes an error finding. The verdict is
-healthy only when every check ran and none holds.
+names (:mod:`.ranks`); one that raises becomes an error finding. A rise of kvscope's
+own error counter leaves every check unproven (:mod:`.telemetry_gaps`). The verdict
+is healthy only when every check ran on whole counters and none holds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 
 from . import classifiers as C
-from . import partial, ranks
+from . import partial, ranks, telemetry_gaps
 from .checks import needs_of, unmet
 from .classifiers import healthy, stale_telemetry
 from .evidence import Evidence, build_evidence
@@ -78,7 +79,9 @@ def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:
         unchecked += [u] if u is not None else []
     findings.sort(key=lambda f: f.id)
     findings.sort(key=lambda f: f.score, reverse=True)
-    checks = [mod.CHECK for mod in C.CLASSIFIERS]
+    checks = [mod.CHECK for mod in C.CLASSIFIERS] + [telemetry_gaps.CHECK]
+    if (gap := telemetry_gaps.unchecked(ev)) is not None:
+        unchecked.append(gap)
     errors = [f for f in findings if f.kind == "error"]
     if not any(f.kind == "incident" for f in findings):
         top = (healthy.inconclusive(ev, unchecked, errors) if unchecked or errors

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
+from .. import telemetry_gaps
 from ..evidence import Evidence
 from ..model import Finding, Unchecked
 from ._common import n, secs, window_word
@@ -20,16 +21,19 @@ def inconclusive(ev: Evidence, unchecked: list[Unchecked], errors: list[Finding]
     lines = [u.line for u in unchecked]
     lines += [f"check {f.id.split(':', 1)[-1]} failed: see its finding" for f in errors]
     lines.append("the checks that ran found no incident: " + _seen(ev)[0])
+    step = ("Not healthy: not every check could run. Make the missing series reach this source "
+            "(kvscope version on every process, relabel rules that keep kvscope_* series and "
+            "their labels, every rank scraped) and run again; until then treat it as unknown.")
+    if any(u.check == telemetry_gaps.ID for u in unchecked):
+        step = "Not healthy. " + telemetry_gaps.NEXT_STEP
+        if len(unchecked) > 1 or errors:
+            step += " Then make the missing series reach this source and run again."
     return Finding(
         id=INCONCLUSIVE_ID,
         title=f"Inconclusive ({k} check{'s' if k != 1 else ''} could not run)",
         confidence=1.0,
         evidence=lines,
-        next_step=(
-            "Not healthy: not every check could run. Make the missing series reach this source "
-            "(kvscope version on every process, relabel rules that keep kvscope_* series and "
-            "their labels, every rank scraped) and run again; until then treat it as unknown."
-        ),
+        next_step=step,
         severity=SEVERITY,
         kind=INCONCLUSIVE_ID,
     )

@@ -114,6 +114,8 @@ def declared(rank: str = "0", group: str = "0") -> dict:
         d[L(S.ROW_CHECKSUMS.name, rank=rank, outcome=o.value)] = [0, 0]
     for x in S.RefusalReason:
         d[L(S.LOADS_REFUSED.name, rank=rank, reason=x.value)] = [0, 0]
+    for x in S.ErrorSite:
+        d[L(S.TELEMETRY_ERRORS.name, where=x.value)] = [0, 0]
     return d
 
 

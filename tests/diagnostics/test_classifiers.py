@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvscope.diagnostics import telemetry_gaps
 from kvscope.diagnostics.classifiers import (
     CLASSIFIERS,
     capacity_ceiling_livelock,
@@ -478,7 +479,9 @@ def test_healthy_says_what_was_checked():
     d[S.HIT_TOKENS.name] = [160, 192]
     report = diagnose(evidence(d))
     assert report.healthy and report.exit_code == 0
-    assert sum(e.startswith("checked: ") for e in report.top.evidence) == len(CLASSIFIERS)
+    checked = [e for e in report.top.evidence if e.startswith("checked: ")]
+    assert len(checked) == len(CLASSIFIERS) + 1, report.top.evidence  # + kvscope's own errors
+    assert f"checked: {telemetry_gaps.CHECK}" in checked
 
 
 def test_several_verdicts_are_ranked():

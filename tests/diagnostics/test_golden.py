@@ -33,6 +33,9 @@ CASES = {
     "stale_rows_and_veto": lambda: C.stale_case(refused=False) | C.veto_case(),
     "pending_at_idle": C.pending_case,
     "queue_wait": C.queue_case,
+    "inconclusive_telemetry_errors": lambda: _healthy() | {
+        L(C.S.TELEMETRY_ERRORS.name, where="aggregator"): [0, 5],
+    },
     "stale_telemetry": lambda: C.pending_case() | {
         C.S.LAST_STEP_TIMESTAMP.name: [C.T0 - 600, C.T0 - 600],
         C.S.SCHEDULER_STEPS.name: [500, 500],
