@@ -98,6 +98,12 @@ class Config:
     # there is no "for": it fires at once and stays while a loss is within the window.
     tier_data_lost_window: str = "30m"
 
+    # ---- kvscope's own errors ---------------------------------------------------------------
+    # A guarded kvscope hook raised (kvscope_telemetry_errors_total{where}): serving went on, the
+    # event it was recording is missing from every kvscope counter, so the other alerts and
+    # kv-diagnose may miss an incident (kv-diagnose says inconclusive). A fact, no "for".
+    telemetry_errors_window: str = "30m"
+
     # ---- transfer stuck while busy -----------------------------------------------------------
     # A transfer (store, promotion, cascade, load) unfinished for longer than the top bucket of
     # kvscope_transfer_seconds (a cold disk read under load takes seconds, not this) while the
@@ -164,7 +170,7 @@ class Config:
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
             "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",
             "tier_write_failures_for", "stores_refused_window", "stores_refused_for",
-            "tier_data_lost_window", "transfer_stuck_for",
+            "tier_data_lost_window", "telemetry_errors_window", "transfer_stuck_for",
         ):
             value = getattr(self, name)
             if not _DURATION.match(value):

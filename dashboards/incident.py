@@ -244,8 +244,10 @@ def scheduler_steps(cfg: Config):
 def telemetry_errors(cfg: Config):
     return c.timeseries(
         "Instrumentation errors",
-        "Exceptions kvscope caught and swallowed, by site (serving went on). Any steady rate "
-        "means some kvscope series above are incomplete; report it with a kv-diagnose bundle.",
+        "Exceptions kvscope caught and swallowed, by site (serving went on). Any error means "
+        "the kvscope series above miss the events those calls recorded "
+        "(KVOffloadTelemetryErrors; kv-diagnose reads inconclusive): report it with a "
+        "kv-diagnose bundle.",
         [(f"sum by ({s.L_WHERE}) (rate({s.TELEMETRY_ERRORS.name}{c.dsel(cfg)}[{R}]))",
           f"{{{{{s.L_WHERE}}}}}")],
         unit="ops", width=24,

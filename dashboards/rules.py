@@ -24,6 +24,7 @@ ALERT_TIER_WRITES_FAILING = "KVOffloadTierWritesFailing"
 ALERT_STORES_REFUSED = "KVOffloadStoresRefused"
 ALERT_TIER_DATA_LOST = "KVOffloadTierDataLost"
 ALERT_TRANSFER_STUCK = "KVOffloadTransferStuck"
+ALERT_TELEMETRY_ERRORS = "KVOffloadTelemetryErrors"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -36,6 +37,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_STORES_REFUSED,
     ALERT_TIER_DATA_LOST,
     ALERT_TRANSFER_STUCK,
+    ALERT_TELEMETRY_ERRORS,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -265,6 +267,13 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # ... or a series born within the window with a value > 0
         f"or sum by ({by}) ({refused} > 0 unless {refused} offset {rw})"
     )
+    errs = f"{s.TELEMETRY_ERRORS.name}{sel()}"
+    ew, by_where = cfg.telemetry_errors_window, f"{by}, {s.L_WHERE}"
+    telemetry_errors = (
+        f"sum by ({by_where}) (increase({errs}[{ew}])) > 0\n"
+        # a series born within the window with a value > 0 (an exporter older than the preset)
+        f"or sum by ({by_where}) ({errs} > 0 unless {errs} offset {ew})"
+    )
     lost = f"{s.TIER_LOST_KEYS.name}{sel()}"
     lw, by_tier = cfg.tier_data_lost_window, f"{by}, {s.L_TIER}"
     tier_data_lost = (
@@ -368,6 +377,15 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"{{{{ $value | humanizeDuration }}}} (more than {cfg.transfer_stuck_after_s:g}s, for "
             f"more than {cfg.transfer_stuck_for}) while it has requests: a request waiting for "
             f"it waits too (a stalled tier read or write pool, a completion never reported).",
+        ),
+        _alert(
+            cfg, ALERT_TELEMETRY_ERRORS, telemetry_errors, "0m", cfg.severity_warning,
+            "kvscope's instrumentation is failing: its counters miss events.",
+            f"kvscope on {_WHO} caught {{{{ printf \"%.0f\" $value }}}} error(s) in its own "
+            f"instrumentation ({s.L_WHERE}={{{{ $labels.{s.L_WHERE} }}}}) in the last {ew}. Serving "
+            f"goes on, but the events those calls were recording are missing from kvscope's "
+            f"counters: the other KV offload alerts may miss an incident, and kv-diagnose reads "
+            f"inconclusive.",
         ),
     ]
 
