@@ -4,8 +4,9 @@ Healthy means checked: a classifier whose series are missing or non-finite is
 not run and is reported as "could not check", as is one that read a label value
 the export lacks (:mod:`.partial`) or needs per-rank series of a rank no series
 names (:mod:`.ranks`); one that raises becomes an error finding. A rise of kvscope's
-own error counter leaves every check unproven (:mod:`.telemetry_gaps`). The verdict
-is healthy only when every check ran on whole counters and none holds.
+own error counter leaves every check unproven (:mod:`.telemetry_gaps`), as do several
+engines summed into one window (:mod:`.engines`). The verdict is healthy only when
+every check ran on one engine's whole counters and none holds.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 
 from . import classifiers as C
-from . import partial, ranks, telemetry_gaps
+from . import engines, partial, ranks, telemetry_gaps
 from .checks import needs_of, unmet
 from .classifiers import healthy, stale_telemetry
 from .evidence import Evidence, build_evidence
@@ -79,9 +80,10 @@ def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:
         unchecked += [u] if u is not None else []
     findings.sort(key=lambda f: f.id)
     findings.sort(key=lambda f: f.score, reverse=True)
-    checks = [mod.CHECK for mod in C.CLASSIFIERS] + [telemetry_gaps.CHECK]
-    if (gap := telemetry_gaps.unchecked(ev)) is not None:
-        unchecked.append(gap)
+    # window-wide: kvscope's own errors, and more than one engine summed into one window
+    gaps = (engines, telemetry_gaps)
+    checks = [mod.CHECK for mod in C.CLASSIFIERS] + [g.CHECK for g in gaps]
+    unchecked += [u for g in gaps if (u := g.unchecked(ev)) is not None]
     errors = [f for f in findings if f.kind == "error"]
     if not any(f.kind == "incident" for f in findings):
         top = (healthy.inconclusive(ev, unchecked, errors) if unchecked or errors

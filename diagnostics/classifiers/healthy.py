@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from .. import telemetry_gaps
+from .. import engines, telemetry_gaps
 from ..evidence import Evidence
 from ..model import Finding, Unchecked
 from ._common import n, secs, window_word
@@ -24,10 +24,14 @@ def inconclusive(ev: Evidence, unchecked: list[Unchecked], errors: list[Finding]
     step = ("Not healthy: not every check could run. Make the missing series reach this source "
             "(kvscope version on every process, relabel rules that keep kvscope_* series and "
             "their labels, every rank scraped) and run again; until then treat it as unknown.")
-    if any(u.check == telemetry_gaps.ID for u in unchecked):
-        step = "Not healthy. " + telemetry_gaps.NEXT_STEP
-        if len(unchecked) > 1 or errors:
-            step += " Then make the missing series reach this source and run again."
+    # the window-wide gaps have their own remedy, not "make the missing series reach"
+    special = {telemetry_gaps.ID: lambda: telemetry_gaps.NEXT_STEP,
+               engines.ID: lambda: engines.next_step(ev)}
+    steps = [special[u.check]() for u in unchecked if u.check in special]
+    if steps:
+        if len(steps) < len(unchecked) or errors:
+            steps.append("Then make the missing series reach this source and run again.")
+        step = "Not healthy. " + " ".join(steps)
     return Finding(
         id=INCONCLUSIVE_ID,
         title=f"Inconclusive ({k} check{'s' if k != 1 else ''} could not run)",

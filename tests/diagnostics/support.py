@@ -56,6 +56,15 @@ def _with_declared(values: dict) -> dict:
     return {k: v for k, v in extra.items() if k not in values} | values
 
 
+def on(target: str, values: dict) -> dict:
+    """``values`` (as :func:`window` takes them) as scraped from ``target``."""
+    out = {}
+    for key, vals in values.items():
+        name, labels = (key, ()) if isinstance(key, str) else key
+        out[(name, (*labels, ("__target__", target)))] = vals
+    return out
+
+
 def evidence(values: dict, **kw):
     return build_evidence(window(values, **kw))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.diagnostics import telemetry_gaps
+from kvscope.diagnostics import engines, telemetry_gaps
 from kvscope.diagnostics.classifiers import (
     CLASSIFIERS,
     capacity_ceiling_livelock,
@@ -480,8 +480,10 @@ def test_healthy_says_what_was_checked():
     report = diagnose(evidence(d))
     assert report.healthy and report.exit_code == 0
     checked = [e for e in report.top.evidence if e.startswith("checked: ")]
-    assert len(checked) == len(CLASSIFIERS) + 1, report.top.evidence  # + kvscope's own errors
+    # + the window-wide checks: one engine, kvscope's own errors
+    assert len(checked) == len(CLASSIFIERS) + 2, report.top.evidence
     assert f"checked: {telemetry_gaps.CHECK}" in checked
+    assert f"checked: {engines.CHECK}" in checked
 
 
 def test_several_verdicts_are_ranked():

@@ -14,7 +14,7 @@ from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.report import format_text
 
 from . import test_classifiers as C
-from .support import L, base, evidence, info
+from .support import L, base, evidence, info, on
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -36,6 +36,9 @@ CASES = {
     "inconclusive_telemetry_errors": lambda: _healthy() | {
         L(C.S.TELEMETRY_ERRORS.name, where="aggregator"): [0, 5],
     },
+    "inconclusive_two_engines": lambda: on("10.0.0.1:9400", C.pending_case()) | on(
+        "10.0.0.2:9400", base() | C.rounds(hit=[10, 12], miss=[2, 2])
+        | {L(C.S.REQUESTS.name, state="running"): [3, 3]}),
     "stale_telemetry": lambda: C.pending_case() | {
         C.S.LAST_STEP_TIMESTAMP.name: [C.T0 - 600, C.T0 - 600],
         C.S.SCHEDULER_STEPS.name: [500, 500],
