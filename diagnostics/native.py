@@ -63,6 +63,9 @@ class NativeFacts:
     cached_by_source: dict[str, float] = field(default_factory=dict)
     requests_running: float = 0.0
     requests_waiting: float = 0.0
+    # (target, model, engine) of each vllm:kv_offload_config_info: one per engine. The sums
+    # above over several engines hide one engine's suspicion behind another's restores.
+    engines: set[tuple[str, str, str]] = field(default_factory=set)
 
 
 def _amount(s: Series, src: SourceInfo) -> float:
@@ -89,6 +92,7 @@ def collect(raw: RawWindow) -> NativeFacts:
         elif s.name == S.VLLM_TIERING_CHUNK_HITS:
             f.tier_hits[tier] = f.tier_hits.get(tier, 0.0) + _amount(s, src)
         elif s.name == S.VLLM_OFFLOAD_CONFIG_INFO:
+            f.engines.add((s.target, s.label(S.VLLM_LABEL_MODEL), s.label(S.VLLM_LABEL_ENGINE)))
             chunks = s.label("cpu_num_chunks")
             if chunks.isdigit():
                 f.primary_chunks += int(chunks)
@@ -217,6 +221,16 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             "whether the keys differ or one KV group misses"))
     if out:
         return out
+    if len(f.engines) > 1:
+        names = sorted(t for t, _, _ in f.engines)
+        return [NativeFinding(
+            "inconclusive", f"{len(f.engines)} engines in one window: their sums cannot say",
+            [*base, f"engines: {', '.join(names[:6])}" + (" ..." if len(names) > 6 else ""),
+             "their native counters are summed: one engine's restores hide another that "
+             "restores nothing (a capacity ceiling, stores without restores)"],
+            "Run kv-diagnose once per engine (one --scrape URL, or a --selector matching one "
+            "instance).",
+            "per-engine verdicts from kvscope_info", kind="inconclusive")]
     if restored:
         return [NativeFinding(
             "healthy", "Nothing suspicious in vLLM's native offload metrics",

@@ -60,6 +60,20 @@ def test_healthy_on_stock_vllm(capsys):
     assert report["reduced_evidence"] is True
 
 
+def test_two_engines_summed_are_not_healthy(capsys):
+    """A stock engine at its capacity ceiling (restored nothing) beside a healthy one that
+    restored: summed, "something was restored" hid the ceiling and read healthy."""
+    ceiling, ok = NATIVE / "vllm-0.33.0-capacity-ceiling.prom", NATIVE / "vllm-0.33.0-healthy.prom"
+    assert _facts(ceiling)["restored_tokens"] == 0 and _facts(ok)["restored_tokens"] == 96
+    with serving(ceiling) as a, serving(ok) as b:
+        code = main(["--scrape", a, b, "--interval", "0.05", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 3, report
+    top = report["verdicts"][0]
+    assert top["id"] == "inconclusive" and top["title"].startswith("2 engines in one window")
+    assert "once per engine" in top["next_step"]
+
+
 def test_pending_at_idle_suspected_from_a_stalled_tier(capsys):
     """Disk-tier reads block (tests/diagnostics/native/runs.py tier-stall): the client aborts
     the request that waits, the engine idles with the promotion in flight."""
