@@ -7,7 +7,8 @@ behind the others: a transfer stuck on an idle engine while another serves reads
 "busy", and a row ceiling is judged against the rows of all tiers together. An
 incident found anyway still stands (each classifier's tell is an engine's own
 counter); silence is no pass. So more than one engine (``kvscope_info`` scopes:
-target, vLLM model and engine) makes the window "could not check one engine",
+target, vLLM model and engine; or the scheduler's step-timestamp series, one per engine,
+if an info series is missing) makes the window "could not check one engine",
 inconclusive, with the per-engine runs to do instead.
 """
 
@@ -30,14 +31,21 @@ def _name(t: TargetInfo) -> str:
     return f"{t.target} ({extra})" if extra else t.target
 
 
+def _engines(ev: Evidence) -> list[str]:
+    """One name per engine: kvscope_info's scopes, or the scheduler's own step-timestamp
+    series where more of those are there (an info series dropped on one engine)."""
+    by_info = [_name(t) for t in ev.targets]
+    by_steps = list(ev.freshness.last_step)  # target [model_name=..] [engine=..]
+    return by_info if len(by_info) >= len(by_steps) else by_steps
+
+
 def unchecked(ev: Evidence) -> Unchecked | None:
-    engines = ev.targets
+    engines = _engines(ev)
     if len(engines) <= 1:
         return None
-    names = [_name(t) for t in engines[:_SHOWN]]
     more = f" and {len(engines) - _SHOWN} more" if len(engines) > _SHOWN else ""
     return Unchecked(ID, CHECK, (
-        f"{len(engines)} engines in this window: {', '.join(names)}{more}",
+        f"{len(engines)} engines in this window: {', '.join(engines[:_SHOWN])}{more}",
         "their series are summed (requests, pending transfers, primary-tier rows), so one "
         "engine's incident can hide behind another's work: a transfer stuck on an idle engine "
         "while another serves, a row ceiling judged against every tier's rows",

@@ -63,6 +63,14 @@ def test_one_engine_and_its_ranks_own_endpoints_is_one_engine():
     assert report.status == "healthy", format_text(report)
 
 
+def test_an_engine_without_its_info_series_still_counts():
+    """A relabel rule dropped engine B's kvscope_info: its scheduler steps still name it."""
+    b = {k: v for k, v in _serving().items() if not (isinstance(k, tuple) and k[0] == S.INFO.name)}
+    report = diagnose(evidence(on(A, C.pending_case()) | on(B, b), lifetime=False))
+    gap = [u for u in report.unchecked if u.check == engines.ID]
+    assert gap and gap[0].reasons[0] == f"2 engines in this window: {A}, {B}", format_text(report)
+
+
 def test_one_engine_restarted_with_another_seed_is_one_engine():
     d = _healthy()
     d[C.info(seed="ffff")] = [1]  # the restarted process's info series, same target
