@@ -23,6 +23,9 @@ from .report import Report
 from .thresholds import Thresholds
 
 CHECK_FAILED = "check_failed"
+# Checks of the whole window, run after the classifiers: each module has ID, CHECK,
+# unchecked(ev) (an Unchecked or None) and next_step(ev) (its own remedy).
+WINDOW_CHECKS = (engines, telemetry_gaps)
 
 
 def _error(mod, e: BaseException) -> Finding:
@@ -80,14 +83,14 @@ def diagnose(ev: Evidence, thresholds: Thresholds | None = None) -> Report:
         unchecked += [u] if u is not None else []
     findings.sort(key=lambda f: f.id)
     findings.sort(key=lambda f: f.score, reverse=True)
-    # window-wide: kvscope's own errors, and more than one engine summed into one window
-    gaps = (engines, telemetry_gaps)
-    checks = [mod.CHECK for mod in C.CLASSIFIERS] + [g.CHECK for g in gaps]
-    unchecked += [u for g in gaps if (u := g.unchecked(ev)) is not None]
+    checks = [mod.CHECK for mod in C.CLASSIFIERS] + [g.CHECK for g in WINDOW_CHECKS]
+    gaps = [(g, u) for g in WINDOW_CHECKS if (u := g.unchecked(ev)) is not None]
+    unchecked += [u for _, u in gaps]
     errors = [f for f in findings if f.kind == "error"]
     if not any(f.kind == "incident" for f in findings):
-        top = (healthy.inconclusive(ev, unchecked, errors) if unchecked or errors
-               else healthy.finding(ev, checks))
+        top = (healthy.inconclusive(ev, unchecked, errors,
+                                    {g.ID: g.next_step(ev) for g, _ in gaps})
+               if unchecked or errors else healthy.finding(ev, checks))
         findings = [top] + errors
     return Report.from_findings(ev, findings, checks, notes, unchecked, th)
 

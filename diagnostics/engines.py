@@ -7,8 +7,8 @@ behind the others: a transfer stuck on an idle engine while another serves reads
 "busy", and a row ceiling is judged against the rows of all tiers together. An
 incident found anyway still stands (each classifier's tell is an engine's own
 counter); silence is no pass. So more than one engine (``kvscope_info`` scopes:
-target, vLLM model and engine; or the scheduler's step-timestamp series, one per engine,
-if an info series is missing) makes the window "could not check one engine",
+target, vLLM model and engine, with the scheduler's step-timestamp series, one per engine,
+in case an info series is missing) makes the window "could not check one engine",
 inconclusive, with the per-engine runs to do instead.
 """
 
@@ -18,25 +18,17 @@ from kvscope.exporters import signals as S
 
 from .evidence import Evidence
 from .model import Unchecked
-from .targets import TargetInfo
 
 ID = "one_engine"
 CHECK = f"one engine in the window: one scheduler's {S.INFO.name}, so the sums are its own"
 _SHOWN = 6  # engines named in the reason; the targets table lists them all
 
 
-def _name(t: TargetInfo) -> str:
-    extra = ", ".join(f"{k}={v}" for k, v in ((S.VLLM_LABEL_MODEL, t.model_name),
-                                               (S.VLLM_LABEL_ENGINE, t.engine)) if v)
-    return f"{t.target} ({extra})" if extra else t.target
-
-
 def _engines(ev: Evidence) -> list[str]:
-    """One name per engine: kvscope_info's scopes, or the scheduler's own step-timestamp
-    series where more of those are there (an info series dropped on one engine)."""
-    by_info = [_name(t) for t in ev.targets]
-    by_steps = list(ev.freshness.last_step)  # target [model_name=..] [engine=..]
-    return by_info if len(by_info) >= len(by_steps) else by_steps
+    """One name per engine (``targets.scope_key``): kvscope_info's scopes and the
+    scheduler's own step-timestamp series, together (an info series dropped on one
+    engine leaves its steps)."""
+    return sorted({t.key for t in ev.targets} | set(ev.freshness.last_step))
 
 
 def unchecked(ev: Evidence) -> Unchecked | None:
@@ -53,6 +45,7 @@ def unchecked(ev: Evidence) -> Unchecked | None:
 
 
 def next_step(ev: Evidence) -> str:
+    """What to do instead (the inconclusive finding's next step)."""
     first = ev.targets[0].target if ev.targets else "<target>"
     if ev.source.kind == "prometheus":
         how = (f"a --selector that matches one of them, e.g. '{{instance=\"{first}\"}}' (with "

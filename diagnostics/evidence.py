@@ -32,7 +32,7 @@ from .evidence_model import (
 from .limits import MAX_LABEL_CHARS
 from .model import DiagnoseError, Quantity, RawWindow, Series, SourceInfo
 from .quantities import aggregate, by_label
-from .targets import TargetInfo, read_kv_groups, read_targets
+from .targets import TargetInfo, read_kv_groups, read_targets, scope_key
 from .wanted import WANTED_SERIES, is_counter
 
 __all__ = [
@@ -215,11 +215,7 @@ def _finite(s: Series, nonfinite: set[str]) -> Series:
 
 
 def _target_key(s: Series) -> str:
-    parts = [s.target]
-    for lbl in (S.VLLM_LABEL_MODEL, S.VLLM_LABEL_ENGINE):
-        if v := s.label(lbl):
-            parts.append(f"{lbl}={v}")
-    return " ".join(parts)
+    return scope_key(s.target, s.label(S.VLLM_LABEL_MODEL), s.label(S.VLLM_LABEL_ENGINE))
 
 
 def _natural(key: str):

@@ -13,6 +13,13 @@ from kvscope.exporters import signals as S
 from .model import Series
 
 
+def scope_key(target: str, model_name: str = "", engine: str = "") -> str:
+    """One engine's name: its target, plus vLLM's model and engine labels where present
+    (the key of ``Evidence.freshness.last_step`` and :attr:`TargetInfo.key`)."""
+    labels = ((S.VLLM_LABEL_MODEL, model_name), (S.VLLM_LABEL_ENGINE, engine))
+    return " ".join([target, *(f"{k}={v}" for k, v in labels if v)])
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """One scraped process (scheduler side), from ``kvscope_info``."""
@@ -35,6 +42,10 @@ class TargetInfo:
     # True when the seeds were first seen at different times (a restart seen
     # happening); False when all were already there at the first sample.
     seeds_ordered: bool = False
+
+    @property
+    def key(self) -> str:
+        return scope_key(self.target, self.model_name, self.engine)
 
     def int_label(self, name: str) -> int | None:
         v = getattr(self, name)

@@ -26,12 +26,6 @@ from .model import Unchecked
 
 ID = "telemetry"
 CHECK = f"kvscope recorded every event: {S.TELEMETRY_ERRORS.name} did not rise"
-NEXT_STEP = (
-    "kvscope caught errors in its own instrumentation, so its counters miss events: each "
-    "process logs the first one per site (warning \"kvscope telemetry error in <where>\"); "
-    "report it with that log line and the bundle (kv-diagnose record). Until then judge "
-    "offload from vLLM's own series (prefix-cache hits, queue gauges) and the dashboards."
-)
 
 
 def unchecked(ev: Evidence) -> Unchecked | None:
@@ -51,3 +45,12 @@ def unchecked(ev: Evidence) -> Unchecked | None:
         tail += ("; a scrape judges totals since process start, kv-diagnose --prometheus "
                  "--since judges a window that starts after the errors")
     return Unchecked(ID, CHECK, reasons + (tail,))
+
+
+def next_step(ev: Evidence) -> str:
+    """What to do instead (the inconclusive finding's next step)."""
+    return ("kvscope caught errors in its own instrumentation, so its counters miss events: "
+            "each process logs the first one per site (warning \"kvscope telemetry error in "
+            "<where>\"); report it with that log line and the bundle (kv-diagnose record). "
+            "Until then judge offload from vLLM's own series (prefix-cache hits, queue gauges) "
+            "and the dashboards.")

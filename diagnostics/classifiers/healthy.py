@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from .. import engines, telemetry_gaps
 from ..evidence import Evidence
 from ..model import Finding, Unchecked
 from ._common import n, secs, window_word
@@ -15,8 +14,11 @@ SEVERITY = 0
 INCONCLUSIVE_ID = "inconclusive"
 
 
-def inconclusive(ev: Evidence, unchecked: list[Unchecked], errors: list[Finding]) -> Finding:
-    """No incident found by the checks that ran, but not every check ran: not healthy."""
+def inconclusive(ev: Evidence, unchecked: list[Unchecked], errors: list[Finding],
+                 remedies: dict[str, str] | None = None) -> Finding:
+    """No incident found by the checks that ran, but not every check ran: not healthy.
+    ``remedies``: check id -> its own next step (the window-wide checks), where "make
+    the missing series reach this source" is not the remedy."""
     k = len(unchecked) + len(errors)
     lines = [u.line for u in unchecked]
     lines += [f"check {f.id.split(':', 1)[-1]} failed: see its finding" for f in errors]
@@ -24,10 +26,8 @@ def inconclusive(ev: Evidence, unchecked: list[Unchecked], errors: list[Finding]
     step = ("Not healthy: not every check could run. Make the missing series reach this source "
             "(kvscope version on every process, relabel rules that keep kvscope_* series and "
             "their labels, every rank scraped) and run again; until then treat it as unknown.")
-    # the window-wide gaps have their own remedy, not "make the missing series reach"
-    special = {telemetry_gaps.ID: lambda: telemetry_gaps.NEXT_STEP,
-               engines.ID: lambda: engines.next_step(ev)}
-    steps = [special[u.check]() for u in unchecked if u.check in special]
+    remedies = remedies or {}
+    steps = [remedies[u.check] for u in unchecked if u.check in remedies]
     if steps:
         if len(steps) < len(unchecked) or errors:
             steps.append("Then make the missing series reach this source and run again.")
