@@ -7,6 +7,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from kvscope.exporters import signals as s
 
 from . import common as c
+from . import rules as r
 from .config import DEFAULT, Config
 from .rules import Recorded
 
@@ -23,7 +24,7 @@ def rows_needed_vs_rows(cfg: Config):
         "needs at once (its chunk keys over all KV groups) and the keys it still waited for "
         "(retry plus hit_pending), against the primary tier's row count. A request needing more "
         "rows than exist can never be restored whole: its promotions evict each other and it is "
-        "deferred or vetoed forever (KVOffloadCapacityCeiling). Pending keys at the rows line "
+        f"deferred or vetoed forever ({r.ALERT_CAPACITY_CEILING}). Pending keys at the rows line "
         "mean the same from the other side. Fix by more primary rows or shorter prompts per "
         "request.",
         [
@@ -94,7 +95,7 @@ def checksum_mismatches(cfg: Config):
     return c.stat(
         "Row checksum mismatches (time range)",
         "Promoted rows whose bytes differed from what was written, summed over all ranks in the "
-        "selected time range. Anything above 0 is KVOffloadRowChecksumMismatch: the loads were "
+        f"selected time range. Anything above 0 is {r.ALERT_CHECKSUM_MISMATCH}: the loads were "
         "refused (served by recompute), but a tier holds wrong data.",
         [(f"sum(increase({s.ROW_CHECKSUMS.name}"
           f"{c.dsel(cfg, c.eq(s.L_OUTCOME, s.ChecksumOutcome.MISMATCH.value), rank=True)}"
@@ -145,7 +146,7 @@ def tier_keys_lost(cfg: Config):
     return c.stat(
         "Disk tier keys lost (time range)",
         "Keys a secondary tier had confirmed written whose files kvscope's tier probe found "
-        "gone, in the selected time range (KVOffloadTierDataLost). Nothing fails when that "
+        f"gone, in the selected time range ({r.ALERT_TIER_DATA_LOST}). Nothing fails when that "
         "happens: vLLM recreates the tier's folders on the next write and recomputes every "
         "prefix that was lost. Check the volume and who removed the files.",
         [(f"sum(increase({s.TIER_LOST_KEYS.name}{c.dsel(cfg)}[{RANGE}])) or vector(0)",
@@ -176,7 +177,7 @@ def pending_vs_requests(cfg: Config):
         "Unfinished transfers by kind beside the requests that could be waiting for them. "
         "Pending transfers while requests run is normal. A pending line that stays flat above 0 "
         "while every request line is 0 is a transfer that will never finish "
-        "(KVOffloadTransfersPendingAtIdle): its rows stay pinned and its request's blocks may "
+        f"({r.ALERT_PENDING_AT_IDLE}): its rows stay pinned and its request's blocks may "
         "never be freed.",
         [
             (f"sum by ({s.L_KIND}) ({s.PENDING_TRANSFERS.name}{c.dsel(cfg)})",
@@ -218,7 +219,7 @@ def stats_freshness(cfg: Config):
         "Seconds since the scheduler's last step and since each rank last reported. Rising "
         "linearly while the engine is idle is normal (an idle engine does not step). Rising "
         "while requests are in flight means the engine or the stats path is hung and every "
-        "kvscope gauge is stale (KVOffloadStatsStale). One rank rising alone: that rank hangs.",
+        f"kvscope gauge is stale ({r.ALERT_STATS_STALE}). One rank rising alone: that rank hangs.",
         [
             (f"time() - max by (instance) ({s.LAST_STEP_TIMESTAMP.name}{c.dsel(cfg)})",
              "scheduler {{instance}}"),
@@ -246,7 +247,7 @@ def telemetry_errors(cfg: Config):
         "Instrumentation errors",
         "Exceptions kvscope caught and swallowed, by site (serving went on). Any error means "
         "the kvscope series above miss the events those calls recorded "
-        "(KVOffloadTelemetryErrors; kv-diagnose reads inconclusive): report it with a "
+        f"({r.ALERT_TELEMETRY_ERRORS}; kv-diagnose reads inconclusive): report it with a "
         "kv-diagnose bundle.",
         [(f"sum by ({s.L_WHERE}) (rate({s.TELEMETRY_ERRORS.name}{c.dsel(cfg)}[{R}]))",
           f"{{{{{s.L_WHERE}}}}}")],
