@@ -11,7 +11,8 @@ Off means vLLM's stock code path: every connector instance (the scheduler's and 
 worker's) is of class ``OffloadingConnector`` again (``__class__`` assigned: vLLM calls
 its own methods, no frame of kvscope's), without an observer and without the scheduler
 role's hooks (instance attributes: connector/scheduler_hooks.py); the connector scheduler
-talks to vLLM's own manager instead of kvscope's proxy, every worker-role connector to
+talks to vLLM's own manager instead of kvscope's proxy and scans with its own method (the
+prefix scan's tap removed: connector/prefix_scan.py), every worker-role connector to
 vLLM's own worker instead of kvscope's proxy, and the tiers' methods are their classes'
 again (the tier taps removed). What stays while off: kvscope's threads, idle (the
 aggregator wakes every flush_interval_s to an empty journal), and the pass-through of
@@ -71,6 +72,10 @@ class KvscopeSwitch:
         from kvscope.connector.scheduler_hooks import HOOKED
 
         self.hooks = {n: vars(self.connector)[n] for n in HOOKED if n in vars(self.connector)}
+        # the prefix scan's tap on the connector scheduler (connector/prefix_scan.py), if set
+        from kvscope.connector.compat import SCAN_METHOD
+
+        self.cs_taps = {n: vars(self.cs)[n] for n in (SCAN_METHOD,) if n in vars(self.cs)}
         self.tier_taps = [(tier, {n: vars(tier)[n] for n in TAPPED if n in vars(tier)})
                           for tier in (self.observer.primary, *self.observer.tiers)
                           if tier is not None]
@@ -110,6 +115,11 @@ class KvscopeSwitch:
             else:
                 delattr(self.connector, name)  # the class's method again
         self.cs.manager = self.manager_proxy if on else self.manager
+        for name, tap in self.cs_taps.items():
+            if on:
+                setattr(self.cs, name, tap)
+            else:
+                delattr(self.cs, name)  # the class's method again
         for tier, taps in self.tier_taps:
             for name, tap in taps.items():
                 if on:

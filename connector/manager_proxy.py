@@ -1,7 +1,7 @@
 """The manager proxy: stands between the connector scheduler and vLLM's OffloadingManager.
 
-Its own room so the per-key hot path (``lookup``) and the two per-job taps read in one
-place. It forwards every call unchanged and only records: appends into the lookup log,
+Its own room so the per-key hot path (``lookup``, where the prefix scan cannot tell the
+lookups: prefix_scan.py) and the two per-job taps read in one place. It forwards every call unchanged and only records: appends into the lookup log,
 one journal event per store job, digests forgotten for rows a store rewrites. Recording
 is guarded; an exception in kvscope is counted and never reaches vLLM.
 """
@@ -27,15 +27,21 @@ class ManagerProxy:
     ``prepare_store`` (instance attributes: closures, see :func:`_lookup_tap` and
     :func:`_store_tap`) also record. Attributes not defined here (``primary_tier``,
     ``secondary_tiers``, 0.33's ``lock``, ...) resolve on the real manager.
+
+    ``per_key_lookups`` False: ``lookup`` is the real manager's, untapped; the prefix
+    scan's tap writes the lookups instead (prefix_scan.py: vLLM's CPU manager alone,
+    where no key is quarantined, since only promoted rows are checked).
     """
 
-    def __init__(self, inner: Any, observer: SchedulerObserver) -> None:
+    def __init__(self, inner: Any, observer: SchedulerObserver,
+                 per_key_lookups: bool = True) -> None:
         # object.__setattr__: this class's own __setattr__ forwards to the manager
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_obs", observer)
         object.__setattr__(self, compat.WRAPPED_MARK, True)
         object.__setattr__(self, "lookup", _lookup_tap(inner.lookup, observer.log,
-                                                       observer.rows.quarantine))
+                                                       observer.rows.quarantine)
+                           if per_key_lookups else inner.lookup)
         object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, observer.rows))
         object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, observer))
 

@@ -7,6 +7,7 @@ and never reaches vLLM. The rooms:
 
 * ``manager_proxy``: the OffloadingManager's stand-in: lookup, load and store taps;
 * ``lookup_rounds``: raw lookup events in slots handed over as each round ends;
+* ``prefix_scan``: those lookups read from vLLM's prefix scan where it tells them all;
 * ``aggregator``: its own daemon thread: the journal of raw facts the scheduler thread
   appends, applied in order every ``flush_interval_s`` (default 1 s: rounds judged,
   request states, store jobs),
@@ -19,8 +20,8 @@ and never reaches vLLM. The rooms:
 * ``step_gauges``: snapshot gauges and the info gauges;
 * ``tier_probe``: its own daemon thread: recently written tier data still there?
 
-On vLLM's scheduler thread kvscope only records: list appends per key looked up, one
-journal event per round, request event, store job and step. Everything else holds the
+On vLLM's scheduler thread kvscope only records: the round's lookups (list appends per key
+looked up, or two list extends per prefix scan: ``prefix_scan``), one journal event per round, request event, store job and step. Everything else holds the
 aggregator's lock (``self.agg.lock``) and runs on the aggregator thread, or on the
 caller's thread for a synchronous drain (:meth:`SchedulerObserver.refresh`).
 """
@@ -34,7 +35,7 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from kvscope.connector import compat
+from kvscope.connector import compat, prefix_scan
 from kvscope.connector.aggregator import INTERVAL_S, Aggregator
 from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
@@ -72,7 +73,10 @@ class SchedulerObserver:
                  tier_probe_interval_s: float = DEFAULT_INTERVAL_S,
                  digester: Digester | None = None,
                  stats_builder: Callable[[Any], Any] | None = None,
-                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+                 flush_interval_s: float = FLUSH_INTERVAL_S,
+                 per_key_lookups: bool = False) -> None:
+        """``per_key_lookups``: record each key looked up even where the prefix scan's
+        answer tells the lookups (prefix_scan.py; the setting of the same name)."""
         self.rec = recorder
         self.tracer = tracer
         self.cs = connector_scheduler
@@ -139,7 +143,15 @@ class SchedulerObserver:
         self._on_finished = self.requests.on_finished
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
         if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
-            connector_scheduler.manager = ManagerProxy(inner, self)  # its taps bind the above
+            scan_get = None if per_key_lookups else compat.scan_reader(connector_scheduler,
+                                                                       inner)
+            if scan_get is not None:
+                prefix_scan.install(connector_scheduler, self.log, scan_get, recorder.error)
+            # its taps bind the above
+            connector_scheduler.manager = ManagerProxy(inner, self,
+                                                       per_key_lookups=scan_get is None)
+        self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
+                                                 None), compat.WRAPPED_MARK, False)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)

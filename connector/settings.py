@@ -49,6 +49,11 @@ class Settings:
     # the snapshot gauges get while busy; longer: fewer wake-ups competing with vLLM's
     # engine thread for the GIL. A finite number > 0.
     flush_interval_s: float = FLUSH_INTERVAL_S
+    # True: record every key the connector looks up, also where vLLM's prefix scan tells
+    # them (vLLM's CPU manager alone, one full-attention KV group: prefix_scan.py, one
+    # tap per round instead of one per key). The same series either way; this is the
+    # way back should a vLLM release change what the scan's answer means.
+    per_key_lookups: bool = False
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:
@@ -66,6 +71,8 @@ class Settings:
                 or f <= 0:
             raise ValueError(f"flush_interval_s must be a finite number of seconds > 0, "
                              f"got {f!r}")
+        if not isinstance(s.per_key_lookups, bool):
+            raise ValueError(f"per_key_lookups must be true or false, got {s.per_key_lookups!r}")
         if s.checksum_algorithm not in ALGORITHMS:
             raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
         if s.checksum_threads is not None and not (isinstance(s.checksum_threads, int)

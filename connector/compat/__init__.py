@@ -6,6 +6,9 @@ difference, each naming the release that needs it:
 
 * ``renames``: 0.33 calls primary-tier rows chunks (``num_chunks``, ``chunk_ids``).
 * ``tiers``: what each tier holds (cache policy, fs files, existence checks), read only.
+* ``prefix_scan``: where a round's lookups can be read from the connector scheduler's
+  prefix scan (its name and contract, the same in 0.26 and 0.33; 0.33's partial-tail
+  lookups rule it out).
 * ``load_failures``: how a refused load reaches vLLM; 0.33's request-level
   ``failed_recving`` for models with several KV groups.
 * The CPU harness has its own (``kvscope.sim.harness_compat``: 0.33's ``KVCacheTensor``
@@ -34,6 +37,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
 
 from kvscope.connector.compat import renames
+from kvscope.connector.compat.prefix_scan import SCAN_METHOD, scan_reader
 from kvscope.connector.compat.tiers import (
     held_prefix,
     primary_holds,
@@ -48,7 +52,7 @@ from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
 __all__ = [
-    "VLLM_VERSION", "held_prefix", "primary_holds", "primary_tier", "secondary_file_identity",
+    "SCAN_METHOD", "VLLM_VERSION", "scan_reader", "held_prefix", "primary_holds", "primary_tier", "secondary_file_identity",
     "secondary_holds", "secondary_tiers", "tier_home", "tier_type",
 ]
 

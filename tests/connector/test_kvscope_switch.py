@@ -59,6 +59,9 @@ def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
             assert not set(taps) & set(vars(tier))  # the class's methods again
         if tiering:
             assert any(taps for _, taps in switch.tier_taps)  # there were taps to remove
+        else:  # the prefix scan's tap (the CPU tier alone, one KV group) was there to remove
+            assert switch.cs_taps
+        assert not set(switch.cs_taps) & set(vars(e.connector.connector_scheduler))
         hits_before = _hits(e)
         off = e.generate(prompt(3, 96), 2)
         _flood(e, (7, 8, 9))
@@ -71,6 +74,7 @@ def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
         assert all(type(c) is ObservedOffloadingConnector
                    for c in (e.connector, *connectors(e)))
         assert e.connector.connector_scheduler.manager is switch.manager_proxy
+        assert set(switch.cs_taps) <= set(vars(e.connector.connector_scheduler))
         hits_before = _hits(e)
         on = e.generate(prompt(3, 96), 2)
         e.drain()

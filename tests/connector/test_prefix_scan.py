@@ -1,0 +1,168 @@
+"""The lookups read from vLLM's prefix scan (prefix_scan.py) are the lookups the per-key tap
+records, scan by scan, on every CPU scenario run with the CPU tier alone and one KV group
+(where the scan tap is what kvscope installs), and a scenario's series are the same
+whichever of the two recorded them.
+
+The per-key tap is the oracle here: it records what vLLM's manager answered to each key.
+Each engine is built with ``per_key_lookups`` on; its scan is then wrapped twice: the scan
+tap writing into a second log, and around it a check that the keys and results it wrote
+equal what the per-key tap recorded during that scan. A difference fails inside vLLM's call.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from kvscope.connector import compat, prefix_scan
+from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.exporters import signals as S
+from kvscope.sim.catalog import CATALOG
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
+from kvscope.sim.scenario_run import run_scenario
+
+pytestmark = pytest.mark.vllm
+
+# The CPU tier alone, one full-attention KV group: where kvscope reads the scan
+ONE_GROUP_CPU = {"tiering": False, "kv_groups": 1}
+
+
+def _kind(results: list) -> str:
+    if compat.HIT_PENDING in results:
+        return "pending"
+    if results and results[-1] is compat.MISS:
+        return "stopped at a miss" if len(results) > 1 else "first key missed"
+    return "reached the end" if results else "nothing scanned"
+
+
+@pytest.fixture
+def checked_scans(monkeypatch):
+    """Every SchedulerObserver built meanwhile records per key, and its scans are checked
+    against the scan tap; yields a Counter of the scans checked, by kind."""
+    seen: Counter = Counter()
+    original = SchedulerObserver.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs["per_key_lookups"] = True
+        original(self, *args, **kwargs)
+        cs = self.cs
+        get = compat.scan_reader(cs, self.primary)
+        if get is None:
+            return
+        shadow = LookupLog()
+        errors: list = []
+        tapped = prefix_scan.scan_tap(getattr(cs, compat.SCAN_METHOD), shadow, get,
+                                      lambda site, exc: errors.append(exc))
+        log = self.log
+
+        def checking(keys, req_context, *rest):
+            k0 = len(log.keys)
+            n = tapped(keys, req_context, *rest)
+            assert not errors, errors
+            assert shadow.keys == log.keys[k0:], (n, len(keys))
+            assert shadow.results == log.results[k0:], (n, shadow.results, log.results[k0:])
+            seen[_kind(shadow.results)] += 1
+            shadow.keys.clear()
+            shadow.results.clear()
+            return n
+
+        setattr(cs, compat.SCAN_METHOD, checking)
+
+    monkeypatch.setattr(SchedulerObserver, "__init__", init)
+    return seen
+
+
+# Scenarios of a secondary tier itself (the fs tier's directory removed) need tiering
+NEEDS_TIERING = {"tier-data-lost"}
+
+
+def _runs_with_one_group_cpu_tier() -> list[str]:
+    return [name for name, s in CATALOG.items() if not s.variant and name not in NEEDS_TIERING]
+
+
+@pytest.mark.parametrize("name", _runs_with_one_group_cpu_tier())
+def test_each_scan_of_a_scenario_reads_what_the_lookups_answered(name, checked_scans):
+    with run_scenario(name, exporter_port=None, **ONE_GROUP_CPU):
+        pass
+    assert sum(checked_scans.values()) > 0, f"{name}: no scan was checked"
+
+
+def test_a_deferred_scan_reads_the_pending_keys(checked_scans):
+    """A prompt asked while the same prompt's first chunks are still being stored: the
+    scan meets HIT_PENDING rows (not ready) and is deferred."""
+    cfg = replace(EngineConfig(rows=12, num_gpu_blocks=40, max_num_batched_tokens=16),
+                  **ONE_GROUP_CPU)
+    with CPUEngine(cfg) as e:
+        target = prompt(1, 96)
+        e.add_request(target, 4)
+        for _ in range(3):  # its first chunks prefilled, their stores in flight
+            e.step()
+        e.add_request(target, 4)
+        e.drain()
+    assert checked_scans["pending"] > 0, checked_scans
+
+
+def _mixed_workload(**options) -> CPUEngine:
+    """Prompts sharing prefixes of several lengths, asked in batches, each batch followed by
+    a long prompt that evicts the GPU prefix cache; the engine, drained (close it)."""
+    rnd = random.Random(7)
+    bases = [prompt(100 + b, 160) for b in range(3)]
+    cfg = replace(EngineConfig(rows=200, num_gpu_blocks=40, max_num_seqs=4,
+                               kvscope_options=options), **ONE_GROUP_CPU)
+    e = CPUEngine(cfg)
+    for i in range(10):
+        batch = []
+        for _ in range(4):
+            head = rnd.choice(bases)[:16 * rnd.randrange(1, 11)]
+            tail = prompt(rnd.randrange(10**6), rnd.randrange(0, 40))
+            batch.append(e.add_request(head + tail, 2))
+        e.run_until_done(batch)
+        e.generate(prompt(1000 + i, 560), 1)  # evicts the GPU prefix cache
+    e.drain()
+    return e
+
+
+def test_scans_of_a_mixed_workload(checked_scans):
+    """Scans that hit to the end of the keys (a shorter prefix than the tier holds), that
+    stop at a miss after hits (a longer one), and that miss at once."""
+    _mixed_workload().close()
+    for kind in ("stopped at a miss", "reached the end", "first key missed"):
+        assert checked_scans[kind] > 0, checked_scans
+
+
+def _series(recorder) -> tuple:
+    """Every series but those in seconds (clock readings: ages, timestamps, durations)."""
+    snap = recorder.snapshot()
+
+    def kept(items):
+        return {k: v for k, v in items if not k[0].name.endswith("_seconds")}
+
+    return (kept(snap.counters.items()), kept(snap.gauges.items()),
+            kept((k, (h.count, h.counts)) for k, h in snap.histograms.items()))
+
+
+@pytest.mark.parametrize("name", ["truncated", "healthy", "pending-at-idle"])
+def test_the_series_are_the_same_either_way(name):
+    got = {}
+    for per_key in (True, False):
+        with run_scenario(name, exporter_port=None,
+                          kvscope_options={"per_key_lookups": per_key}, **ONE_GROUP_CPU) as run:
+            obs = run.engine.connector._kvscope_observer
+            assert obs.lookups_from_scan is not per_key
+            got[per_key] = [_series(r) for r in run.recorders]
+    assert got[True] == got[False]
+
+
+def test_the_series_of_a_mixed_workload_are_the_same_either_way():
+    got = {}
+    for per_key in (True, False):
+        with _mixed_workload(per_key_lookups=per_key) as e:
+            assert e.connector._kvscope_observer.lookups_from_scan is not per_key
+            got[per_key] = _series(e.connector.kvscope_recorder)
+    assert got[True] == got[False]
+    hits = got[True][0][(S.LOOKUPS, ("0", S.LookupResult.HIT.value))]
+    assert hits > 0  # the workload's scans found keys
