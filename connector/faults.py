@@ -27,6 +27,10 @@ Faults (``rank``: the one rank the fault hits):
 * ``lose_rounds`` - kvscope's own judging of a lookup round raises (a kvscope bug):
   the round is counted in ``kvscope_telemetry_errors_total`` and missing from every
   round series, as a real bug there would leave it (``rank`` is not read).
+* ``lose_finishes`` - kvscope's recording of a request's end raises (a kvscope bug), on
+  both threads: the scheduler thread's hook (after journaling the end, before the
+  request leaves kvscope's live set) and the aggregator's handler (the request keeps its
+  state): counted in ``kvscope_telemetry_errors_total`` (``rank`` is not read).
 
 Structural fault (fixed at start-up, not switchable): :class:`OwnRegionTieringSpec`
 (``spec_name`` ``OwnRegionTieringSpec``, ``spec_module_path`` this module) lets the
@@ -66,8 +70,9 @@ STALL_READS = "stall_reads"
 STALL_WRITES = "stall_writes"
 WITHHOLD_STORE = "withhold_store"
 LOSE_ROUNDS = "lose_rounds"
+LOSE_FINISHES = "lose_finishes"
 SWITCHABLE = (FLIP_PROMOTED, DROP_PROMOTION, STALL_READS, STALL_WRITES, WITHHOLD_STORE,
-              LOSE_ROUNDS)
+              LOSE_ROUNDS, LOSE_FINISHES)
 
 
 def write_fault(path: str, fault: str | None, rank: int = 1) -> None:
@@ -169,8 +174,10 @@ def _stall_tier(tier: Any, switch: FaultSwitch) -> None:
 
 # ---- scheduler side: kvscope's round judging fails ------------------------------------------
 def install_round_faults(observer: Any) -> None:
-    """Before kvscope's hooks (they read ``_judge_plain`` once): while ``lose_rounds`` is
-    on, both ways a round is judged (on the aggregator thread, or at once) raise."""
+    """Before kvscope's hooks (they read ``_judge_plain``, ``_on_finished`` and ``_live``
+    once): while ``lose_rounds`` is on, both ways a round is judged (on the aggregator
+    thread, or at once) raise; while ``lose_finishes`` is on, a request's end raises on
+    both threads."""
     switch = _switch()
     if switch is None or observer is None:
         return
@@ -187,6 +194,31 @@ def install_round_faults(observer: Any) -> None:
 
     observer._judge_plain = failing_judge_plain
     observer.verdicts.record = failing_record
+    # lose_finishes (the hooks read _live and _on_finished once, too)
+    on_finished = observer._on_finished
+
+    def failing_on_finished(rid: str) -> None:
+        if switch.active(LOSE_FINISHES):
+            raise RuntimeError("kvscope test fault lose_finishes: a request's end was lost")
+        on_finished(rid)
+
+    observer._on_finished = failing_on_finished
+    if observer._live is not None:
+        observer._live = _LosingSet(switch)
+
+
+class _LosingSet(set):
+    """kvscope's live requests, whose ``discard`` (a request's end) raises while
+    ``lose_finishes`` is on."""
+
+    def __init__(self, switch: FaultSwitch) -> None:
+        super().__init__()
+        self.switch = switch
+
+    def discard(self, rid: str) -> None:
+        if self.switch.active(LOSE_FINISHES):
+            raise RuntimeError("kvscope test fault lose_finishes: a request's end was lost")
+        super().discard(rid)
 
 
 # ---- scheduler side: a rank's slot of promoted rows goes wrong ------------------------------

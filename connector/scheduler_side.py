@@ -136,6 +136,9 @@ class SchedulerObserver:
         # flight, capacity): not the idle state. None: those hooks are not all installed
         # (a further subclass overrides one), and every empty step counts as idle.
         self._live: set[str] | None = set()
+        # vLLM's own per-request states (compat.request_statuses): the truth the live set is
+        # reconciled with on an empty step (_forget_gone)
+        self._vllm_requests = compat.request_statuses(connector_scheduler)
         # journal handlers bound once (a bound method per event is an allocation)
         self._step_handler, self._store_job_handler = self._step, self._store_job
         self._on_new = self.requests.on_new
@@ -261,12 +264,28 @@ class SchedulerObserver:
             # the ids themselves, not vLLM's per-step dict (aggregator.py: why flat)
             self.journal.extend([self._step_handler, 1 + len(scheduled), preempted,
                                  *scheduled])
+            if not scheduled and self._live and self._vllm_requests is not None:
+                self._forget_gone(self._live, self._vllm_requests)
             agg = self.agg
             if (not scheduled and not (self._live and agg.alive())) \
                     or (len(self.journal) > agg.limit and agg.overflowed()):
                 self.refresh()
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
+
+    def _forget_gone(self, live: set[str], statuses: Any) -> None:
+        """Scheduler thread, an empty step while kvscope counts requests live: those vLLM's
+        connector no longer holds ended, and their end was lost to an error of kvscope's
+        (counted then). They leave now, here and in the request states, so that one lost
+        event does not keep every later idle step from reading as idle, nor a request
+        state counted, after the error has left kv-diagnose's window. O(live), a few times
+        per busy iteration at most (the steps that schedule nothing)."""
+        gone = [rid for rid in live if rid not in statuses]
+        if gone:
+            live.difference_update(gone)
+            on_finished, extend = self._on_finished, self.journal.extend
+            for rid in gone:
+                extend((on_finished, 1, rid))
 
     def _step(self, preempted: Any, *scheduled: str) -> None:
         """Aggregator: a step ended."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
@@ -274,6 +274,15 @@ def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[byt
     if status is None:
         return None
     return [getattr(g, "offload_keys", None) or [] for g in getattr(status, "group_states", ())]
+
+
+def request_statuses(connector_scheduler: Any) -> Container[str] | None:
+    """vLLM's offloading connector's per-request states by request id (its own dict, kept
+    for the connector's life: a request enters at ``on_new_request`` and leaves once
+    finished with no transfer in flight, in 0.26 and 0.33); None when not a dict. Read
+    on the scheduler thread, which alone changes it."""
+    statuses = getattr(connector_scheduler, "_req_status", None)
+    return statuses if isinstance(statuses, dict) else None
 
 
 def offload_prefix_capture(connector_scheduler: Any
