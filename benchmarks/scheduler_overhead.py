@@ -37,10 +37,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 STOCK, OBSERVED = "OffloadingConnector", "ObservedOffloadingConnector"
 
 
-def _engine(connector: str, tiering: bool, flush_interval_s: float | None = None):
+def _engine(connector: str, tiering: bool, flush_interval_s: float | None = None,
+            per_key_lookups: bool = False):
     from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 
     options = {} if flush_interval_s is None else {"flush_interval_s": flush_interval_s}
+    if per_key_lookups:
+        options["per_key_lookups"] = True
     return CPUEngine(EngineConfig(rows=512, tiering=tiering, world_size=1, kv_groups=1,
                                   num_gpu_blocks=512, max_num_batched_tokens=512,
                                   max_num_seqs=32, connector=connector, step_time_s=0.0,
@@ -107,12 +110,13 @@ def lockstep(todo: list, clock: Callable[[], float] = time.perf_counter,
     return spent
 
 
-def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = None) -> list[dict]:
+def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = None,
+             per_key_lookups: bool = False) -> list[dict]:
     """One stock and one observed engine in lockstep: step by step, alternating which
     goes first, so both see the same machine (load, clock, caches) at each moment:
     on a shared box, drift between whole runs is larger than the effect measured."""
     with _engine(STOCK, tiering) as stock, \
-            _engine(OBSERVED, tiering, flush_interval_s) as observed:
+            _engine(OBSERVED, tiering, flush_interval_s, per_key_lookups) as observed:
         walls = lockstep([(stock, _add_requests(stock, n_requests)),
                           (observed, _add_requests(observed, n_requests))])
         threads_s = _kvscope_threads_cpu(observed)
@@ -255,6 +259,9 @@ def main() -> None:
                    choices=["ObservedOffloadingConnector", "OffloadingConnector"])
     p.add_argument("--flush-interval", type=float, default=None, metavar="S",
                    help="the observed engine's flush_interval_s (default: kvscope's)")
+    p.add_argument("--per-key-lookups", action="store_true",
+                   help="the observed engine records each key looked up (kvscope's setting "
+                        "per_key_lookups), also where the prefix scan tells the lookups")
     args = p.parse_args()
     if args.coverage_cost:
         coverage_cost(args.requests, not args.no_tiering, args.rounds)
@@ -267,7 +274,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {STOCK: [], OBSERVED: []}
     ratios, cpu_ratios = [], []
     for _ in range(args.rounds):
-        pair = run_pair(args.requests, not args.no_tiering, args.flush_interval)
+        pair = run_pair(args.requests, not args.no_tiering, args.flush_interval,
+                        args.per_key_lookups)
         for r in pair:
             runs[r["connector"]].append(r)
             print(json.dumps(r), flush=True)
@@ -279,6 +287,7 @@ def main() -> None:
     med = {n: statistics.median(r["scheduler_s"] for r in rs) for n, rs in runs.items()}
     print(json.dumps({
         "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
+        "per_key_lookups": args.per_key_lookups,
         "flush_interval_s": _effective_interval(args.flush_interval),
         "scheduler_s_median": med,
         "kvscope_threads_s_median": statistics.median(
