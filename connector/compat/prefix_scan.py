@@ -16,7 +16,8 @@ The scan reads every lookup of a round only when nothing else looks keys up:
 one KV group, full attention (no sliding-window scan), no secondary tier (a tiering
 lookup may start a promotion: its results are not the policy's), no 0.33 partial-tail
 lookup (models with a recurrent group), and vLLM's own CPU manager (its ``lookup``
-not overridden). Anywhere else the manager proxy records each key (manager_proxy.py).
+not overridden), on a release whose scan was read (0.26 .. 0.33). Anywhere else the
+manager proxy records each key (manager_proxy.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvscope.connector.compat import versions
 from kvscope.connector.compat.tiers import secondary_tiers
 
 SCAN_METHOD = "_maximal_prefix_lookup"
@@ -36,7 +38,12 @@ def _cpu_manager_lookup() -> Any:
 
 def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any] | None:
     """The CPU manager's cache-policy ``get`` when a round's lookups can be read from the
-    prefix scan (see the module's doc), else None."""
+    prefix scan (see the module's doc), else None. Only on the releases whose scan was
+    read and tested (``versions.SUPPORTED``): another keeps the per-key tap, whatever its
+    scan now answers."""
+    low, high = (versions.release(v) for v in versions.SUPPORTED)
+    if not low <= versions.release(versions.VLLM_VERSION) <= high:
+        return None
     if not callable(getattr(connector_scheduler, SCAN_METHOD, None)):
         return None
     config = getattr(connector_scheduler, "config", None)

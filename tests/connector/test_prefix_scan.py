@@ -166,3 +166,23 @@ def test_the_series_of_a_mixed_workload_are_the_same_either_way():
     assert got[True] == got[False]
     hits = got[True][0][(S.LOOKUPS, ("0", S.LookupResult.HIT.value))]
     assert hits > 0  # the workload's scans found keys
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_per_key_lookups_is_a_boolean(value):
+    from kvscope.connector.settings import Settings
+
+    with pytest.raises(ValueError, match="per_key_lookups must be true or false"):
+        Settings.from_extra_config({"kvscope": {"per_key_lookups": value}})
+    assert Settings.from_extra_config({"kvscope": {"per_key_lookups": True}}).per_key_lookups
+
+
+def test_a_release_whose_scan_was_not_read_keeps_the_per_key_tap(monkeypatch):
+    from kvscope.connector.compat import versions
+
+    with CPUEngine(replace(EngineConfig(rows=12), **ONE_GROUP_CPU)) as e:
+        obs = e.connector._kvscope_observer
+        assert obs.lookups_from_scan  # this release, this engine: read from the scan
+        assert compat.scan_reader(obs.cs, obs.primary) is not None
+        monkeypatch.setattr(versions, "VLLM_VERSION", "0.34.0")
+        assert compat.scan_reader(obs.cs, obs.primary) is None
