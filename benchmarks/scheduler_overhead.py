@@ -126,8 +126,9 @@ def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = No
 
 
 def run(connector: str, n_requests: int, tiering: bool, profile: str | None = None,
-        profile_aggregator: str | None = None, flush_interval_s: float | None = None) -> dict:
-    with _engine(connector, tiering, flush_interval_s) as e:
+        profile_aggregator: str | None = None, flush_interval_s: float | None = None,
+        per_key_lookups: bool = False) -> dict:
+    with _engine(connector, tiering, flush_interval_s, per_key_lookups) as e:
         rids = _add_requests(e, n_requests)
         if profile:
             _profile_scheduler_calls(e.scheduler, profile)
@@ -212,7 +213,8 @@ def _profile_scheduler_calls(scheduler, path: str) -> None:
 
 def _write_profile(scheduler, path: str) -> None:
     _write_stats(scheduler._bench_profile, path,
-                 "observed|scheduler_side|scheduler_hooks|manager_proxy|recorder|coverage|"
+                 "observed|scheduler_side|scheduler_hooks|manager_proxy|prefix_scan|recorder|"
+                 "coverage|"
                  "compat|offloading|lookup_rounds|round_verdicts|tier_taps|integrity|"
                  "request_states|step_gauges")
 
@@ -269,7 +271,8 @@ def main() -> None:
     if args.profile or args.profile_aggregator:
         print(json.dumps(run(args.profile_connector if args.profile else OBSERVED,
                              args.requests, not args.no_tiering, args.profile,
-                             args.profile_aggregator, args.flush_interval)))
+                             args.profile_aggregator, args.flush_interval,
+                             args.per_key_lookups)))
         return
     runs: dict[str, list[dict]] = {STOCK: [], OBSERVED: []}
     ratios, cpu_ratios = [], []
