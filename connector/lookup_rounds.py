@@ -2,12 +2,12 @@
 
 The hot path fills two slots, keys and results: once per key looked up, two list
 appends made by the manager proxy, or, where vLLM's prefix scan tells a round's
-lookups (prefix_scan.py), two list extends per scan. No hashing, no labels, no recorder calls, nothing that grows with the
-number of requests. When a round (one ``get_num_new_matched_tokens`` call) ends,
-the lookups since the last round are copied out and the slots emptied; the
-aggregator thread (aggregator.py) decodes its verdict, pending keys and where each
-group's scan stopped (round_verdicts) and sums the per-group
-``kvscope_lookups_total`` counts (:class:`LookupCounts`).
+lookups (prefix_scan.py), two list extends per scan. No hashing, no labels, no
+recorder calls, nothing that grows with the number of requests. When a round (one
+``get_num_new_matched_tokens`` call) ends, the lookups since the last round are copied
+out and the slots emptied; the aggregator thread (aggregator.py) decodes its verdict,
+pending keys and where each group's scan stopped (round_verdicts) and sums the
+per-group ``kvscope_lookups_total`` counts (:class:`LookupCounts`).
 """
 
 from __future__ import annotations

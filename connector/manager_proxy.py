@@ -1,7 +1,8 @@
 """The manager proxy: stands between the connector scheduler and vLLM's OffloadingManager.
 
 Its own room so the per-key hot path (``lookup``, where the prefix scan cannot tell the
-lookups: prefix_scan.py) and the two per-job taps read in one place. It forwards every call unchanged and only records: appends into the lookup log,
+lookups: prefix_scan.py) and the two per-job taps read in one place. It forwards every
+call unchanged and only records: appends into the lookup log,
 one journal event per store job, digests forgotten for rows a store rewrites. Recording
 is guarded; an exception in kvscope is counted and never reaches vLLM.
 """

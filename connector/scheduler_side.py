@@ -21,9 +21,10 @@ and never reaches vLLM. The rooms:
 * ``tier_probe``: its own daemon thread: recently written tier data still there?
 
 On vLLM's scheduler thread kvscope only records: the round's lookups (list appends per key
-looked up, or two list extends per prefix scan: ``prefix_scan``), one journal event per round, request event, store job and step. Everything else holds the
-aggregator's lock (``self.agg.lock``) and runs on the aggregator thread, or on the
-caller's thread for a synchronous drain (:meth:`SchedulerObserver.refresh`).
+looked up, or two list extends per prefix scan: ``prefix_scan``), one journal event per
+round, request event, store job and step. Everything else holds the aggregator's lock
+(``self.agg.lock``) and runs on the aggregator thread, or on the caller's thread for a
+synchronous drain (:meth:`SchedulerObserver.refresh`).
 """
 
 from __future__ import annotations

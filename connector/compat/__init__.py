@@ -52,8 +52,9 @@ from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
 __all__ = [
-    "SCAN_METHOD", "VLLM_VERSION", "scan_reader", "held_prefix", "primary_holds", "primary_tier", "secondary_file_identity",
-    "secondary_holds", "secondary_tiers", "tier_home", "tier_type",
+    "SCAN_METHOD", "VLLM_VERSION", "held_prefix", "primary_holds", "primary_tier",
+    "scan_reader", "secondary_file_identity", "secondary_holds", "secondary_tiers", "tier_home",
+    "tier_type",
 ]
 
 MISS = VLookupResult.MISS
