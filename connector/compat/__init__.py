@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
@@ -269,21 +269,21 @@ def lookup_groups(connector_scheduler: Any) -> list[tuple[int, bool]]:
 SKIP_PREFIX_CACHE_ATTR = "skip_reading_prefix_cache"
 
 
+def request_statuses(connector_scheduler: Any) -> dict[str, Any] | None:
+    """vLLM's offloading connector's per-request states by request id (its own dict, kept
+    for the connector's life: a request enters at ``on_new_request`` and leaves once
+    finished with no transfer in flight, in 0.26 and 0.33); None when not a dict. Only
+    the scheduler thread changes it."""
+    statuses = getattr(connector_scheduler, "_req_status", None)
+    return statuses if isinstance(statuses, dict) else None
+
+
 def request_offload_keys(connector_scheduler: Any, req_id: str) -> list[list[bytes]] | None:
     """Per KV group, the offload keys of a request's full chunks (what the lookup scans)."""
-    status = (getattr(connector_scheduler, "_req_status", None) or {}).get(req_id)
+    status = (request_statuses(connector_scheduler) or {}).get(req_id)
     if status is None:
         return None
     return [getattr(g, "offload_keys", None) or [] for g in getattr(status, "group_states", ())]
-
-
-def request_statuses(connector_scheduler: Any) -> Container[str] | None:
-    """vLLM's offloading connector's per-request states by request id (its own dict, kept
-    for the connector's life: a request enters at ``on_new_request`` and leaves once
-    finished with no transfer in flight, in 0.26 and 0.33); None when not a dict. Read
-    on the scheduler thread, which alone changes it."""
-    statuses = getattr(connector_scheduler, "_req_status", None)
-    return statuses if isinstance(statuses, dict) else None
 
 
 def offload_prefix_capture(connector_scheduler: Any
@@ -295,8 +295,8 @@ def offload_prefix_capture(connector_scheduler: Any
     another thread takes ``keys[:n]``: the prefix that existed at the capture. Once per
     lookup round on the scheduler thread: the status dict's ``get`` bound once (vLLM
     keeps that dict for the connector's life)."""
-    statuses = getattr(connector_scheduler, "_req_status", None)
-    if not isinstance(statuses, dict):
+    statuses = request_statuses(connector_scheduler)
+    if statuses is None:
         def capture_generic(req_id: str):
             keys = request_offload_keys(connector_scheduler, req_id)
             return (None, None) if keys is None else (keys, tuple(map(len, keys)))
