@@ -6,8 +6,8 @@ scheduler's scan writes, after each scan, what its per-key lookups were into the
 slots the per-key tap fills (lookup_rounds.LookupLog): everything after that (the
 round's hand-over, its verdict, coverage and counts) is unchanged. An answer of ``n``
 is n HITs and a MISS (unless the scan reached the end): two list extends in C. A
-deferred answer (None: some key was pending) reads the CPU tier's cache policy key by
-key, as the lookups did, up to the first key it lacks.
+deferred answer (None: some key was pending) reads each key's result from the CPU tier's cache
+policy (compat.scan_reader), as the lookups did, up to the first key it lacks.
 
 The per-key tap cost a Python frame per key looked up (~6,200 per iteration in the
 H200 benchmark: 96 re-asks of 64 chunks); this costs one per round.
@@ -26,13 +26,14 @@ from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.exporters.signals import ErrorSite
 
 
-def scan_tap(inner_scan: Callable[..., Any], log: LookupLog, policy_get: Callable[[bytes], Any],
+def scan_tap(inner_scan: Callable[..., Any], log: LookupLog, result_of: Callable[[bytes], Any],
              error: Callable[[ErrorSite, BaseException], None]) -> Callable[..., Any]:
-    """The scan's stand-in: vLLM's scan, then its lookups written into ``log``."""
+    """The scan's stand-in: vLLM's scan, then its lookups written into ``log``.
+    ``result_of``: a key's lookup result read without a lookup (compat.scan_reader)."""
     keys_out, results_out = log.keys, log.results
     add_keys, add_results, add_key, add_result = (
         keys_out.extend, results_out.extend, keys_out.append, results_out.append)
-    hit, miss, pending = compat.HIT, compat.MISS, compat.HIT_PENDING
+    hit, miss = compat.HIT, compat.MISS
 
     # *rest: 0.33 passes the request, the group's config and the first chunk's index
     def scan(keys, req_context, *rest):
@@ -49,12 +50,11 @@ def scan_tap(inner_scan: Callable[..., Any], log: LookupLog, policy_get: Callabl
                     add_results([hit] * n)
             else:  # deferred: what the lookups read, up to the first key the tier lacks
                 for key in keys:
-                    row = policy_get(key)
+                    result = result_of(key)
                     add_key(key)
-                    if row is None:
-                        add_result(miss)
+                    add_result(result)
+                    if result is miss:
                         break
-                    add_result(hit if getattr(row, "is_ready", True) else pending)
         except Exception as exc:  # this scan's lookups are lost, the slots stay paired
             del keys_out[k0:], results_out[r0:]
             error(ErrorSite.LOOKUP, exc)
@@ -64,12 +64,12 @@ def scan_tap(inner_scan: Callable[..., Any], log: LookupLog, policy_get: Callabl
     return scan
 
 
-def install(connector_scheduler: Any, log: LookupLog, policy_get: Callable[[bytes], Any],
+def install(connector_scheduler: Any, log: LookupLog, result_of: Callable[[bytes], Any],
             error: Callable[[ErrorSite, BaseException], None]) -> bool:
     """Tap the connector scheduler's scan (an instance attribute shadowing vLLM's method);
     False when it already is."""
     inner = getattr(connector_scheduler, SCAN_METHOD)
     if getattr(inner, compat.WRAPPED_MARK, False):
         return False
-    setattr(connector_scheduler, SCAN_METHOD, scan_tap(inner, log, policy_get, error))
+    setattr(connector_scheduler, SCAN_METHOD, scan_tap(inner, log, result_of, error))
     return True

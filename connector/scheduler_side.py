@@ -147,13 +147,13 @@ class SchedulerObserver:
         self._on_finished = self.requests.on_finished
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
         if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
-            scan_get = None if per_key_lookups else compat.scan_reader(connector_scheduler,
-                                                                       inner)
-            if scan_get is not None:
-                prefix_scan.install(connector_scheduler, self.log, scan_get, recorder.error)
+            result_of = None if per_key_lookups else compat.scan_reader(connector_scheduler,
+                                                                        inner)
+            if result_of is not None:
+                prefix_scan.install(connector_scheduler, self.log, result_of, recorder.error)
             # its taps bind the above
             connector_scheduler.manager = ManagerProxy(inner, self,
-                                                       per_key_lookups=scan_get is None)
+                                                       per_key_lookups=result_of is None)
         self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
                                                  None), compat.WRAPPED_MARK, False)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from vllm.v1.kv_offload.base import LookupResult
+
 from kvscope.connector.compat import versions
 from kvscope.connector.compat.tiers import secondary_tiers
 
@@ -37,10 +39,11 @@ def _cpu_manager_lookup() -> Any:
 
 
 def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any] | None:
-    """The CPU manager's cache-policy ``get`` when a round's lookups can be read from the
-    prefix scan (see the module's doc), else None. Only on the releases whose scan was
-    read and tested (``versions.SUPPORTED``): another keeps the per-key tap, whatever its
-    scan now answers."""
+    """When a round's lookups can be read from the prefix scan (see the module's doc): a
+    function of a key, what the CPU manager's ``lookup`` answers for it now, read from its
+    cache policy without changing anything; else None. Only on the releases whose scan
+    was read and tested (``versions.SUPPORTED``): another keeps the per-key tap, whatever
+    its scan now answers."""
     low, high = (versions.release(v) for v in versions.SUPPORTED)
     if not low <= versions.release(versions.VLLM_VERSION) <= high:
         return None
@@ -67,4 +70,14 @@ def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any
         return None
     policy = getattr(manager, "_policy", None)
     get = getattr(policy, "get", None)
-    return get if callable(get) else None
+    if not callable(get):
+        return None
+    hit, pending, miss = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
+
+    def result_of(key: bytes) -> Any:  # as CPUOffloadingManager.lookup answers
+        row = get(key)
+        if row is None:
+            return miss
+        return hit if getattr(row, "is_ready", True) else pending
+
+    return result_of

@@ -50,12 +50,12 @@ def checked_scans(monkeypatch):
         kwargs["per_key_lookups"] = True
         original(self, *args, **kwargs)
         cs = self.cs
-        get = compat.scan_reader(cs, self.primary)
-        if get is None:
+        result_of = compat.scan_reader(cs, self.primary)
+        if result_of is None:
             return
         shadow = LookupLog()
         errors: list = []
-        tapped = prefix_scan.scan_tap(getattr(cs, compat.SCAN_METHOD), shadow, get,
+        tapped = prefix_scan.scan_tap(getattr(cs, compat.SCAN_METHOD), shadow, result_of,
                                       lambda site, exc: errors.append(exc))
         log = self.log
 
