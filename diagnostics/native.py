@@ -22,6 +22,7 @@ from kvscope.exporters import signals as S
 
 from .model import RawWindow, Series, SourceInfo
 from .quantities import counter_growth
+from .targets import scope_key
 
 _LOOKUPS_BY_GROUP = f"{S.LOOKUPS.name}{{{S.L_KV_GROUP},{S.L_RESULT}}}"
 
@@ -222,7 +223,7 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
     if out:
         return out
     if len(f.engines) > 1:
-        names = sorted(t for t, _, _ in f.engines)
+        names = sorted(scope_key(*e) for e in f.engines)  # the name kv-diagnose gives it
         return [NativeFinding(
             "inconclusive", f"{len(f.engines)} engines in one window: their sums cannot say",
             [*base, f"engines: {', '.join(names[:6])}" + (" ..." if len(names) > 6 else ""),
