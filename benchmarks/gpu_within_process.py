@@ -43,6 +43,10 @@ from call_clock import CallClock
 from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import summarize, summarize_iters
 
+T_START = time.monotonic()  # this process's start: a case's deadline counts from it
+# Seconds before the parent's case timeout that a case's deadline falls (its exit: engine
+# shutdown, the last JSON line)
+DEADLINE_MARGIN_S = 15
 SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
 PROBE_N = 300_000  # ~10-20 ms of pure Python on the engine's thread
 
@@ -71,7 +75,17 @@ def states(pairs: int) -> list[bool]:
 CHECKPOINT_ITERS = 20
 
 
-def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> dict:
+def out_of_time(now: float, deadline: float | None, pair_s: list[float]) -> bool:
+    """Whether a next pair could run past ``deadline`` (monotonic seconds): the time left
+    is under twice the longest pair so far, plus the final settle and scrape. A case that
+    stops here ends whole; one the parent's timeout kills keeps only its last checkpoint."""
+    if deadline is None or not pair_s:
+        return False
+    return deadline - now < 2 * max(pair_s) + 10
+
+
+def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
+             deadline: float | None = None) -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
     t_import = time.perf_counter()
@@ -145,7 +159,17 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     order = [k % 2 == 0 for k in range(warmup)] + states(pairs)  # warm both states
     iters: list[dict] = []
     hits_on = hits0 = 0.0
+    pair_s: list[float] = []  # wall seconds of each whole pair, settling included
+    pair_t = time.monotonic()
     for k, on in enumerate(order):
+        if k >= warmup and (k - warmup) % 2 == 0:  # a pair starts
+            now = time.monotonic()
+            if k > warmup:
+                pair_s.append(now - pair_t)
+            pair_t = now
+            if out_of_time(now, deadline, pair_s):
+                res["stopped"] = "deadline"
+                break
         settled = settle()
         switch.set(on)
         probe = cpu_probe()
@@ -195,7 +219,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int) -> di
     switch.set(True)
     hits_seen = scrape_hits(hits) - hits0
     tokens = sum(len(p["prompt_token_ids"]) + gsb.OUT for p in gsb.batch(0)) * 2
-    res.update(pairs=pairs, warmup=warmup, tokens_per_iter=tokens, iters=iters,
+    res.update(pairs=len(iters) // 2, pairs_asked=pairs, warmup=warmup, tokens_per_iter=tokens, iters=iters,
                kvscope_hit_tokens_seen=hits_seen, restored_while_on=hits_on,
                summary=summarize_iters(iters))
     return res
@@ -265,9 +289,12 @@ def scrape_hits(url: str) -> float:
 
 
 def spawn(mode: str, args) -> dict:
+    # the case stops between pairs before the parent's timeout would cut it (its start,
+    # vLLM's import and the engine's, counts: the deadline runs from the spawn)
     cmd = [sys.executable, os.path.abspath(__file__), "case", "--mode", mode,
            "--pairs", str(args.pairs), "--warmup", str(args.warmup), "--pin", args.pin,
-           "--cpu-gib", str(args.cpu_gib)]
+           "--cpu-gib", str(args.cpu_gib),
+           "--deadline-s", str(max(args.case_timeout - DEADLINE_MARGIN_S, 0))]
     return gsb.run_case_process(cmd, args.case_timeout, {"mode": mode})[0]
 
 
@@ -276,6 +303,8 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("case")
     c.add_argument("--mode", choices=["sync", "async"], default="sync")
+    c.add_argument("--deadline-s", type=float, default=None,
+                   help="seconds from start after which no pair starts that could run past it")
     a = sub.add_parser("all")
     a.add_argument("--processes", type=int, default=2, help="per mode")
     a.add_argument("--modes", nargs="+", default=["sync", "async"])
@@ -297,8 +326,9 @@ def main() -> int:
         cpus = gsb.pin_cpus(args.pin)
         if cpus:
             os.sched_setaffinity(0, cpus)  # before vLLM starts its threads: they inherit it
+        deadline = None if args.deadline_s is None else T_START + args.deadline_s
         print(json.dumps(run_case(args.mode, args.pairs, args.warmup, args.pin,
-                                  int(args.cpu_gib * (1 << 30)))), flush=True)
+                                  int(args.cpu_gib * (1 << 30)), deadline)), flush=True)
         return 0
     runs: list[dict] = []
     result = {"command": " ".join(sys.argv), "runs": runs}
