@@ -14,7 +14,8 @@ aggregator thread may not get a whole wake-up per iteration: the total is what i
 
 One JSON line: per timed iteration, aggregation CPU (ms), journal events and items applied,
 the scheduler thread's CPU in the reconciliation of lost request ends (``_forget_gone``,
-on the steps that schedule nothing while requests live) and its calls, and engine truth (tokens the re-ask restored, from vLLM's ``num_cached_tokens``
+on the steps that schedule nothing while requests live) and its calls, the prefix scans
+and those deferred (a key pending), and engine truth (tokens the re-ask restored, from vLLM's ``num_cached_tokens``
 per request). ``--profile F`` cProfiles every refresh (thread and synchronous, warm-up included) into F
 and writes its top entries as text to F.txt.
 """
@@ -49,6 +50,7 @@ class AggregationClock:
         self.events = self.items = 0
         self.prof = cProfile.Profile(time.thread_time) if profile else None
         agg, inner = observer.agg, observer.refresh
+        from kvscope.connector import compat
         from kvscope.connector.aggregator import journal_events
 
         def timed(*a, **kw):
@@ -83,6 +85,20 @@ class AggregationClock:
                 self.forget_calls += 1
 
         observer._forget_gone = timed_forget
+        # prefix scans, and those deferred (a key pending: the tap then reads the tier's
+        # cache policy key by key, prefix_scan.py) - which path of the scan tap this
+        # workload takes
+        self.scans = self.deferred_scans = 0
+        cs = observer.cs
+        scan = getattr(cs, compat.SCAN_METHOD, None)
+        if observer.lookups_from_scan and scan is not None:
+            def counted_scan(*a, **kw):
+                n = scan(*a, **kw)
+                self.scans += 1
+                self.deferred_scans += n is None
+                return n
+
+            setattr(cs, compat.SCAN_METHOD, counted_scan)
 
 
 def run(iterations: int, warmup: int, profile: str | None, per_key: bool) -> dict:
@@ -102,6 +118,7 @@ def run(iterations: int, warmup: int, profile: str | None, per_key: bool) -> dic
             new = _batch(it + 1)
             c0, ev0, it0, s0 = clock.cpu_s, clock.events, clock.items, e.steps
             f0, fc0 = clock.forget_s, clock.forget_calls
+            sc0, ds0 = clock.scans, clock.deferred_scans
             t0 = time.perf_counter()
             e.run_until_done([e.add_request(p, OUT) for p in new], max_steps=10_000)
             again = [e.add_request(p, OUT) for p in prev]
@@ -114,6 +131,8 @@ def run(iterations: int, warmup: int, profile: str | None, per_key: bool) -> dic
                              "steps": e.steps - s0, "wall_s": round(wall, 2),
                              "forget_gone_us": round(1e6 * (clock.forget_s - f0), 1),
                              "forget_gone_calls": clock.forget_calls - fc0,
+                             "scans": clock.scans - sc0,
+                             "deferred_scans": clock.deferred_scans - ds0,
                              "reask_cached_tokens": restored})
             prev = new
         out = {"iterations": rows, "lookups_from_scan": observer.lookups_from_scan,
