@@ -25,6 +25,7 @@ scheduler and the worker's connector in this process.
     python3 benchmarks/gpu_within_process.py all --processes 2 --modes sync async --pairs 40 --out R.json
     python3 benchmarks/gpu_within_process.py case --mode sync --pairs 40
     python3 benchmarks/gpu_within_process.py summarize R.json [R2.json ...]
+    python3 benchmarks/gpu_within_process.py premise R.json [R2.json ...]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import gpu_scheduler_bound as gsb  # this directory
 import thread_cpu
 from call_clock import CallClock
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import summarize, summarize_iters
+from pair_stats import premise, summarize, summarize_iters
 
 T_START = time.monotonic()  # this process's start: a case's deadline counts from it
 # Seconds before the parent's case timeout that a case's deadline falls (its exit: engine
@@ -317,10 +318,12 @@ def main() -> int:
         q.add_argument("--cpu-gib", type=float, default=12.0)
     s = sub.add_parser("summarize")
     s.add_argument("files", nargs="+")
+    q = sub.add_parser("premise", help="the covariates' own on/off over all pairs of the files")
+    q.add_argument("files", nargs="+")
     args = p.parse_args()
-    if args.cmd == "summarize":
+    if args.cmd in ("summarize", "premise"):
         runs = [r for f in args.files for r in json.load(open(f))["runs"]]
-        print(json.dumps(summarize(runs), indent=1))
+        print(json.dumps((summarize if args.cmd == "summarize" else premise)(runs), indent=1))
         return 0
     if args.cmd == "case":
         cpus = gsb.pin_cpus(args.pin)

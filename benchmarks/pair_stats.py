@@ -140,3 +140,33 @@ def summarize(runs: list[dict]) -> dict:
                      "per_process": [r["summary"]["ratio_on_over_off"] for r in ok],
                      "adjusted": adjusted(pairs), "adjusted_vllm": adjusted(pairs, "vllm_cpu_s")}
     return out
+
+
+def _scheduler_own(it: dict) -> float:
+    """The engine thread's CPU in vLLM's scheduler calls outside the connector's
+    scheduler-role calls (where kvscope's hooks run)."""
+    return it["scheduler_cpu_s"] - it["sched_connector_cpu_s"]
+
+
+def premise(runs: list[dict]) -> dict:
+    """The adjustment's premise, over all pairs of ``runs`` (any mode): each covariate's own
+    on/off ratio (1 if kvscope does not change vLLM's code it measures), and the scheduler's
+    own CPU relative to the larger covariate, on/off (kvscope's hooks run between the
+    scheduler's own code, not inside the covariates' calls): an effect there is a real cost
+    of kvscope's that adjusting by the scheduler's own time would remove. Also the residual
+    spread each candidate covariate leaves."""
+    pairs = [p for r in runs if r.get("iters") and "sched_connector_cpu_s" in r["iters"][0]
+             for p in pairs_of(r["iters"])]
+    out: dict = {"pairs": len(pairs)}
+    for c in ("output_cpu_s", "vllm_cpu_s"):
+        out[c + "_on_over_off"] = interval([math.log(on[c] / off[c]) for on, off in pairs])
+    out["scheduler_own_over_vllm_cpu_on_over_off"] = interval([
+        math.log(_scheduler_own(on) / on["vllm_cpu_s"])
+        - math.log(_scheduler_own(off) / off["vllm_cpu_s"]) for on, off in pairs])
+    for on, off in pairs:
+        on["scheduler_own_cpu_s"], off["scheduler_own_cpu_s"] = \
+            _scheduler_own(on), _scheduler_own(off)
+    out["residual_log_sd"] = {c: adjusted(pairs, c).get("residual_log_sd") for c in (
+        "output_cpu_s", "vllm_cpu_s", "scheduler_own_cpu_s")}
+    return out
+
