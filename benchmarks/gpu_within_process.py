@@ -220,9 +220,9 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
     switch.set(True)
     hits_seen = scrape_hits(hits) - hits0
     tokens = sum(len(p["prompt_token_ids"]) + gsb.OUT for p in gsb.batch(0)) * 2
-    res.update(pairs=len(iters) // 2, pairs_asked=pairs, warmup=warmup, tokens_per_iter=tokens, iters=iters,
-               kvscope_hit_tokens_seen=hits_seen, restored_while_on=hits_on,
-               summary=summarize_iters(iters))
+    res.update(pairs=len(iters) // 2, pairs_asked=pairs, warmup=warmup,
+               tokens_per_iter=tokens, iters=iters, kvscope_hit_tokens_seen=hits_seen,
+               restored_while_on=hits_on, summary=summarize_iters(iters))
     return res
 
 
