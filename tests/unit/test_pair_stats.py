@@ -1,0 +1,119 @@
+"""The within-process A/B's statistics (``benchmarks/pair_stats.py``), on iterations made
+here with a known arm effect: issue 13's verdict on the GPU rests on them.
+
+The synthetic host switches between two speeds in stretches, as the H200 machine does
+(benchmarks/README.md, "The bimodality, explained"); an iteration's time is CPU work that
+scales with the host's speed plus GPU time that does not, and kvscope's arm adds a fixed
+share of CPU work. The covariate is vLLM CPU work kvscope never runs in, measured with
+noise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+COST = 0.006  # the on arm's extra CPU work, a share of the CPU part
+
+
+@pytest.fixture(scope="module")
+def ps():
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))  # pair_stats imports its sibling as the scripts do
+    try:
+        import pair_stats
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return pair_stats
+
+
+def iterations(pairs: int, seed: int, covariate_cost: float = 0.0,
+               scheduler_cost: float = 0.0) -> list[dict]:
+    """ABBA pairs of iterations. ``covariate_cost``: a share by which the on arm also slows
+    the covariate's code (the adjustment's premise broken); ``scheduler_cost``: the same
+    for the scheduler's own code (outside the connector's calls)."""
+    rng = random.Random(seed)
+    speed, out = 1.0, []
+    for j in range(pairs):
+        for on in ((True, False) if j % 2 == 0 else (False, True)):
+            if rng.random() < 0.15:  # the host changes speed now and then, mid-pair too
+                speed = 1.0 if speed > 1.2 else 1.7
+            jitter = math.exp(rng.gauss(0, 0.01))
+            cpu = 1.2 * speed * jitter * (1 + COST * on)
+            gpu = 0.4 * math.exp(rng.gauss(0, 0.005))
+            cov = 0.04 * speed * jitter * (1 + covariate_cost * on) * math.exp(rng.gauss(0, 0.01))
+            sched = 0.3 * speed * jitter * (1 + scheduler_cost * on)
+            out.append({"on": on, "s": cpu + gpu, "output_cpu_s": cov,
+                        "vllm_cpu_s": cov * 3, "scheduler_cpu_s": sched + 0.1 * speed * on,
+                        "sched_connector_cpu_s": 0.1 * speed * on})
+    return out
+
+
+def expected_ratio() -> float:
+    # at speed v: (1.2 v + 0.4) / (1.2 v (1 + COST) + 0.4); the estimator is a geometric
+    # mean over pairs, so take it over the two speeds (the host spends about half its
+    # time at each)
+    logs = [math.log((1.2 * v + 0.4) / (1.2 * v * (1 + COST) + 0.4)) for v in (1.0, 1.7)]
+    return math.exp(sum(logs) / 2)
+
+
+def test_the_adjustment_recovers_a_known_effect_that_the_raw_ratio_cannot_resolve(ps):
+    its = iterations(200, seed=1)
+    raw = ps.interval(ps.pair_logs(its))
+    adj = ps.adjusted(ps.pairs_of(its))
+    want = expected_ratio()
+    lo, hi = adj["t_95ci"]
+    assert lo <= want <= hi, (adj, want)
+    assert hi < 1.0, adj  # a 0.5 % cost resolved: the interval excludes no cost
+    assert hi - lo < 0.006, adj
+    raw_lo, raw_hi = raw["t_95ci"]
+    assert raw_hi - raw_lo > 2 * (hi - lo), (raw, adj)  # what the covariate buys
+    cov_lo, cov_hi = adj["covariate_ratio"]["t_95ci"]
+    assert cov_lo <= 1.0 <= cov_hi  # the premise holds here, and is reported as holding
+
+
+def test_a_covariate_slowed_by_the_arm_hides_cost_and_shows_in_its_own_ratio(ps):
+    """kvscope slowing the covariate's own code by as much as the CPU work it adds:
+    the adjusted ratio then absorbs the cost (near 1), and the covariate's own on/off,
+    reported beside it, moves away from 1 by that share."""
+    # the same host and noise (one seed), the covariate's code slowed or not
+    adj = ps.adjusted(ps.pairs_of(iterations(400, seed=2, covariate_cost=COST)))
+    clean = ps.adjusted(ps.pairs_of(iterations(400, seed=2)))
+    assert adj["t_95ci"][1] >= 0.999, adj  # the cost is no longer seen
+    assert clean["t_95ci"][1] < 1.0, clean  # where it was
+    shift = adj["covariate_ratio"]["on_over_off"] / clean["covariate_ratio"]["on_over_off"]
+    assert shift == pytest.approx(1 + COST, abs=2e-4)
+
+
+def test_premise_reports_the_schedulers_own_slowdown_relative_to_the_covariates(ps):
+    runs = [{"iters": iterations(300, seed=3, scheduler_cost=0.01)}]
+    got = ps.premise(runs)
+    rel = got["scheduler_own_over_vllm_cpu_on_over_off"]
+    lo, hi = rel["t_95ci"]
+    assert lo <= 1.01 <= hi and lo > 1.0, rel
+    assert got["pairs"] == 300
+    clean = ps.premise([{"iters": iterations(300, seed=3)}])
+    lo, hi = clean["scheduler_own_over_vllm_cpu_on_over_off"]["t_95ci"]
+    assert lo <= 1.0 <= hi, clean
+
+
+def test_a_case_stops_before_a_pair_that_could_outrun_its_deadline():
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("gwp", BENCHMARKS / "gpu_within_process.py")
+        gwp = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gwp)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert not gwp.out_of_time(100.0, None, [5.0])  # no deadline
+    assert not gwp.out_of_time(100.0, 110.0, [])  # no pair timed yet: run one
+    assert not gwp.out_of_time(100.0, 121.0, [5.0, 5.5])  # 21 s left >= 2 x 5.5 + 10
+    assert gwp.out_of_time(100.0, 120.0, [5.0, 5.5])  # 20 s left < 21
