@@ -31,6 +31,8 @@ import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
+from call_clock import CallClock  # this directory
+
 BATCH, PROMPT, OUT, VOCAB = 96, 1024, 96, 30_000
 
 
@@ -73,18 +75,7 @@ class AggregationClock:
         observer.refresh = timed
         # the scheduler thread's reconciliation of lost request ends (scheduler_side.py),
         # run on steps that schedule nothing while kvscope counts requests live
-        self.forget_s, self.forget_calls = 0.0, 0
-        forget = observer._forget_gone
-
-        def timed_forget(*a, **kw):
-            t0 = time.thread_time()
-            try:
-                return forget(*a, **kw)
-            finally:
-                self.forget_s += time.thread_time() - t0
-                self.forget_calls += 1
-
-        observer._forget_gone = timed_forget
+        self.forget = CallClock().wrap(observer, "_forget_gone")
         # prefix scans, and those deferred (a key pending: the tap then reads the tier's
         # cache policy key by key, prefix_scan.py) - which path of the scan tap this
         # workload takes
@@ -117,7 +108,7 @@ def run(iterations: int, warmup: int, profile: str | None, per_key: bool) -> dic
         for it in range(warmup + iterations):
             new = _batch(it + 1)
             c0, ev0, it0, s0 = clock.cpu_s, clock.events, clock.items, e.steps
-            f0, fc0 = clock.forget_s, clock.forget_calls
+            f0, fc0 = clock.forget.seconds, clock.forget.calls
             sc0, ds0 = clock.scans, clock.deferred_scans
             t0 = time.perf_counter()
             e.run_until_done([e.add_request(p, OUT) for p in new], max_steps=10_000)
@@ -129,8 +120,8 @@ def run(iterations: int, warmup: int, profile: str | None, per_key: bool) -> dic
                 rows.append({"aggregation_ms": round(1e3 * (clock.cpu_s - c0), 2),
                              "events": clock.events - ev0, "items": clock.items - it0,
                              "steps": e.steps - s0, "wall_s": round(wall, 2),
-                             "forget_gone_us": round(1e6 * (clock.forget_s - f0), 1),
-                             "forget_gone_calls": clock.forget_calls - fc0,
+                             "forget_gone_us": round(1e6 * (clock.forget.seconds - f0), 1),
+                             "forget_gone_calls": clock.forget.calls - fc0,
                              "scans": clock.scans - sc0,
                              "deferred_scans": clock.deferred_scans - ds0,
                              "reask_cached_tokens": restored})
