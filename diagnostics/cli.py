@@ -3,11 +3,13 @@
     kv-diagnose --scrape http://127.0.0.1:8000/metrics [URL ...] [--interval 1s]
     kv-diagnose --prometheus http://prom:9090 --since 30m [--selector '{model_name="x"}']
     kv-diagnose --bundle incident.kvb [--json] [--plot incident.png]
+    kv-diagnose ... --each-engine     (a window of several engines: one verdict each)
     kv-diagnose ... [--stuck-after 30] [--stale-after 60s] [--row-bytes N]
     kv-diagnose record --prometheus http://prom:9090 --since 1h -o incident.kvb
 
 Exit codes: 0 healthy, 1 incident found, 2 could not diagnose, 3 inconclusive
-(no incident found, but a check could not run: never healthy), 130 interrupted.
+(no incident found, but a check could not run: never healthy), 130 interrupted. With
+--each-engine: 1 when an engine has an incident, 0 only when every engine is healthy.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from . import native
+from . import each_engine, native
 from .bundle import STDIO, read_bundle, write_bundle
 from .engine import diagnose_raw
 from .evidence import build_evidence
@@ -71,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_source_args(p, bundle=True)
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema_version 1)")
+    p.add_argument("--each-engine", action="store_true",
+                   help="a window of several engines: cut it per engine and judge each alone "
+                        "(where every series names its engine; else judged whole)")
     p.add_argument("--plot", metavar="PNG",
                    help="also write a timeline (.png, .svg or .pdf) of each finding's decisive series, "
                         "after the report is printed")
@@ -157,8 +162,25 @@ def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     th = _thresholds(args)
     if args.plot:
+        if args.each_engine:
+            raise DiagnoseError("--plot draws one engine's window: leave out --each-engine "
+                                "and pick the engine with --selector or --scrape")
         check_plot_path(args.plot)  # before any waiting: a typo must not cost the run
     raw = load_source(args)
+    if args.each_engine:
+        if native.applies(raw):
+            raise DiagnoseError("--each-engine reads kvscope's series; this window has vLLM's "
+                                "native offload metrics only (leave it out)")
+        parts, why = each_engine.split(raw)
+        if parts:
+            verdicts = each_engine.diagnose_each(parts, th)
+            sys.stdout.write(each_engine.to_json(verdicts) + "\n" if args.json
+                             else each_engine.format_each(verdicts))
+            sys.stdout.flush()
+            return each_engine.exit_code(verdicts)
+        if why:  # judged whole (inconclusive as several engines are), and why
+            raw = dataclasses.replace(raw, notes=(*raw.notes,
+                                                  f"--each-engine: not cut per engine: {why}"))
     if native.applies(raw):  # a stock vLLM 0.33 without kvscope: reduced evidence
         nreport = native.diagnose_native(raw)
         text = nreport.to_json() if args.json else "\n".join(

@@ -24,7 +24,7 @@ CHECK = f"one engine in the window: one scheduler's {S.INFO.name}, so the sums a
 _SHOWN = 6  # engines named in the reason; the targets table lists them all
 
 
-def _engines(ev: Evidence) -> list[str]:
+def names(ev: Evidence) -> list[str]:
     """One name per engine (``targets.scope_key``): kvscope_info's scopes and the
     scheduler's own step-timestamp series, together (an info series dropped on one
     engine leaves its steps)."""
@@ -32,7 +32,7 @@ def _engines(ev: Evidence) -> list[str]:
 
 
 def unchecked(ev: Evidence) -> Unchecked | None:
-    engines = _engines(ev)
+    engines = names(ev)
     if len(engines) <= 1:
         return None
     more = f" and {len(engines) - _SHOWN} more" if len(engines) > _SHOWN else ""
@@ -52,4 +52,5 @@ def next_step(ev: Evidence) -> str:
                "model_name/engine where one /metrics serves several)")
     else:
         how = f"--scrape with one engine's URL (e.g. {first}) and its ranks' URLs"
-    return f"Run kv-diagnose once per engine: {how}."
+    return (f"Run kv-diagnose once per engine: {how}; or add --each-engine (one verdict per "
+            "engine, where every series names its engine).")

@@ -41,7 +41,7 @@ def safe(text: str) -> str:
         str(text))
 
 
-def _kvscope_version() -> str:
+def kvscope_version() -> str:
     try:
         from kvscope import __version__
 
@@ -110,7 +110,7 @@ class Report:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": "kv-diagnose",
-            "kvscope_version": _kvscope_version(),
+            "kvscope_version": kvscope_version(),
             "generated_at": self.source.now,
             "generated_at_iso": _iso(self.source.now),
             "status": self.status,

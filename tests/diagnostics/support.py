@@ -65,6 +65,12 @@ def on(target: str, values: dict) -> dict:
     return out
 
 
+def engine_on(target: str, values: dict) -> dict:
+    """:func:`on`, with the series the connector declares on that target too (as
+    :func:`window` adds them on its default target): one engine's whole export."""
+    return on(target, _with_declared(values))
+
+
 def evidence(values: dict, **kw):
     return build_evidence(window(values, **kw))
 

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from kvscope.diagnostics import diagnose_prometheus, engines, format_text
-from kvscope.diagnostics.report import EXIT_INCONCLUSIVE
+from kvscope.diagnostics import diagnose_prometheus, each_engine, engines, format_text
+from kvscope.diagnostics.prometheus import prometheus_window
+from kvscope.diagnostics.report import EXIT_INCIDENT, EXIT_INCONCLUSIVE
 from kvscope.exporters import signals as S
 from tests.support.reproduced import judged
 
@@ -56,11 +57,21 @@ def test_a_stuck_idle_engine_beside_a_serving_one(prometheus):
                                         thresholds=TH)
             both = diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}',
                                        thresholds=TH)
-            return alone, both, instance_a
+            instance_b = b.metrics_url.split("/")[2]
+            alone_b = diagnose_prometheus(prom.url, end - 120, end,
+                                          selector=f'{{job="kvscope",instance="{instance_b}"}}',
+                                          thresholds=TH)
+            # --each-engine on the same window: cut per engine, each judged alone
+            parts, why = each_engine.split(prometheus_window(prom.url, end - 120, end,
+                                                             '{job="kvscope"}', 10.0))
+            each = each_engine.diagnose_each(parts, TH)
+            return alone, both, instance_a, (alone_b, instance_b, why, each)
 
         return judged("pending-at-idle", judge, exporter_port=0)
 
-    alone, both, instance_a = judged("healthy", with_b, exporter_port=0)
+    alone, both, instance_a, (alone_b, instance_b, why, each) = judged("healthy", with_b,
+                                                                       exporter_port=0)
+
     assert alone.top.id == "pending_at_idle", format_text(alone)
     text = format_text(both)
     assert both.status == "inconclusive" and both.exit_code == EXIT_INCONCLUSIVE, text
@@ -69,3 +80,13 @@ def test_a_stuck_idle_engine_beside_a_serving_one(prometheus):
     assert instance_a in gap[0].reasons[0], text
     assert "--selector that matches one of them, e.g. '{instance=\"127.0.0.1:" \
         in both.top.next_step, text
+    # --each-engine: each engine gets the verdict it gets when asked alone (a selector
+    # on its instance): A's pending at idle, its premise from the engine above
+    text = each_engine.format_each(each)
+    assert why == "" and [v.engine.split(" ")[0] for v in each] == sorted(
+        [instance_a, instance_b]), (why, text)
+    got = {v.engine.split(" ")[0]: v.report for v in each}
+    assert [f.id for f in got[instance_a].verdicts] == [f.id for f in alone.verdicts], text
+    assert got[instance_b].status == alone_b.status, (format_text(alone_b), text)
+    assert each_engine.exit_code(each) == EXIT_INCIDENT, text
+
