@@ -25,20 +25,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from call_clock import CallClock  # this directory
+import gpu_scheduler_bound as gsb  # this directory: the H200 benchmark's workload
+from call_clock import CallClock
+from scheduler_overhead import _write_stats
 
-BATCH, PROMPT, OUT, VOCAB = 96, 1024, 96, 30_000
+BATCH, PROMPT, OUT = gsb.BATCH, gsb.PROMPT, gsb.OUT
+# kvscope's modules in the profile's cumulative listing
+OURS = "scheduler_side|aggregator|round_verdicts|coverage|request_states|step_gauges|recorder|" \
+       "lookup_rounds|vllm_stats|tier_taps"
 
 
 def _batch(k: int) -> list[list[int]]:
-    r = random.Random(1_000_003 * (k + 7))
-    return [[r.randrange(3, VOCAB) for _ in range(PROMPT)] for _ in range(BATCH)]
+    """The H200 benchmark's k-th batch of prompts (the same token ids)."""
+    return [p["prompt_token_ids"] for p in gsb.batch(k)]
 
 
 class AggregationClock:
@@ -130,21 +134,9 @@ def run(iterations: int, warmup: int, profile: str | None, per_key: bool) -> dic
                "aggregation_ms_median": statistics.median(r["aggregation_ms"] for r in rows),
                "per_key_lookups": per_key}
         if profile:
-            _write(clock.prof, profile)
+            _write_stats(clock.prof, profile, OURS)
             out["profile"] = profile + ".txt"
         return out
-
-
-def _write(prof, path: str) -> None:
-    import io
-    import pstats
-
-    prof.dump_stats(path)
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out).strip_dirs()
-    stats.sort_stats("tottime").print_stats(45)
-    with open(path + ".txt", "w") as f:
-        f.write(out.getvalue())
 
 
 def main() -> None:
