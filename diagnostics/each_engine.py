@@ -34,6 +34,7 @@ from .evidence import build_evidence
 from .model import DiagnoseError, RawWindow
 from .report import (
     EXIT_CANNOT,
+    EXIT_CODES,
     EXIT_HEALTHY,
     EXIT_INCIDENT,
     EXIT_INCONCLUSIVE,
@@ -47,6 +48,8 @@ from .targets import scope_key
 from .thresholds import Thresholds
 
 _SHOWN = 3  # unattributed scopes named in the reason
+CANNOT = "could not diagnose"  # an engine's status when its window could not be diagnosed
+_STATUS_OF = {code: name for name, code in EXIT_CODES.items()}  # a report's exit code's name
 
 
 def split(raw: RawWindow) -> tuple[list[tuple[str, RawWindow]], str]:
@@ -88,7 +91,7 @@ class EngineVerdict:
 
     @property
     def status(self) -> str:
-        return self.report.status if self.report is not None else "could not diagnose"
+        return self.report.status if self.report is not None else CANNOT
 
 
 def diagnose_each(parts: list[tuple[str, RawWindow]],
@@ -114,8 +117,7 @@ def exit_code(verdicts: list[EngineVerdict]) -> int:
 
 
 def status(verdicts: list[EngineVerdict]) -> str:
-    return {EXIT_INCIDENT: "incident", EXIT_HEALTHY: "healthy", EXIT_CANNOT: "could not diagnose",
-            EXIT_INCONCLUSIVE: "inconclusive"}[exit_code(verdicts)]
+    return _STATUS_OF.get(exit_code(verdicts), CANNOT)
 
 
 def headline(verdicts: list[EngineVerdict]) -> str:
@@ -123,7 +125,7 @@ def headline(verdicts: list[EngineVerdict]) -> str:
     for v in verdicts:
         by[v.status].append(v.engine)
     parts = [f"{k}: {', '.join(by[k])}" for k in
-             ("incident", "inconclusive", "could not diagnose", "healthy") if by.get(k)]
+             ("incident", "inconclusive", CANNOT, "healthy") if by.get(k)]
     return safe(f"kv-diagnose --each-engine: {len(verdicts)} engines, {status(verdicts)} "
                 f"({'; '.join(parts)})")
 
