@@ -39,6 +39,10 @@ class Coverage:
     reason: ShortReason | None  # why the offer stopped short of ``want``; None: it did not
     refused: bool  # some group's scan ended at a refused promotion
     rows_needed: int  # rows (chunk keys over all groups) the held prefix pins at once
+    # the KV group whose scan stopped the offer (``reason`` set): the group whose stored
+    # prefix ends there (not_stored, store_refused), whose promotion found no free row
+    # (row_ceiling), whose miss vetoed the others (group_veto); -1: none told (or not short)
+    group: int = -1
 
 
 def group_suffixes(groups: list[tuple[int, bool]]) -> list[tuple[bytes, int, bool]]:
@@ -78,8 +82,13 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
     want_end = held_end = -1  # -1: no group yet
     quarantined = sw_miss = False
     starts: list[tuple[int, int]] = []  # (tokens per chunk, first chunk not computed)
-    absent: list[tuple[int, bytes]] = []  # (tokens, key) where a full group's scan found nothing
-    for (suffix, tpc, sw), keys in zip(groups, keys_by_group, strict=False):
+    # (tokens, key, group) where a full group's scan found nothing
+    absent: list[tuple[int, bytes, int]] = []
+    # the group whose miss came first (tokens), whose refused promotion came first, and
+    # the sliding-window group that missed: which group stopped the offer, by reason
+    first_group = refused_group = sw_group = -1
+    first_at = refused_at = -1
+    for gi, ((suffix, tpc, sw), keys) in enumerate(zip(groups, keys_by_group, strict=False)):
         if tpc <= 0:
             continue
         n = len(keys)
@@ -99,12 +108,19 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
         else:
             key, cause = miss
             end = _index(keys, key, start)
+            at = end * tpc
+            if not sw and (first_at < 0 or at < first_at):  # a window's miss is no position
+                first_at, first_group = at, gi
             if cause is _REFUSED:
+                if refused_at < 0 or at < refused_at:
+                    refused_at, refused_group = at, gi
                 end += compat.held_prefix(manager, keys[end:])
             elif cause is _QUARANTINED:
                 quarantined = True
             elif not sw:
-                absent.append((end * tpc, key))
+                absent.append((at, key, gi))
+            if sw and sw_group < 0:
+                sw_group = gi
         if sw:  # a window, not a prefix: it vetoes, it does not bound the held prefix
             sw_miss = sw_miss or miss is not None
             continue
@@ -126,27 +142,34 @@ def judge(*, first_miss: dict[bytes, tuple[bytes, MissCause]], scanned: set[byte
     for tpc, start in starts:
         if held_end // tpc > start:
             rows_needed += held_end // tpc - start
+    group = first_group
     if offered >= want:
-        reason = None
+        reason, group = None, -1
     elif held <= offered:
         # the stored prefix ends where a full group's scan found nothing: was that
         # chunk's store refused (stored only in part), or never tried?
         reason = ShortReason.NOT_STORED
-        for end, key in absent:
-            if end == held_end and key in refused_stores:
-                reason = ShortReason.STORE_REFUSED
-                break
+        ends = False  # some group's stored prefix ends there: the first such names it
+        for end, key, gi in absent:
+            if end == held_end:
+                if key in refused_stores:
+                    reason, group = ShortReason.STORE_REFUSED, gi
+                    break
+                if not ends:
+                    ends, group = True, gi
     elif verdict is _VETOED or (sw_miss and offered == 0):
         reason = ShortReason.GROUP_VETO
+        if sw_miss:
+            group = sw_group
     elif refused:
-        reason = ShortReason.ROW_CEILING
+        reason, group = ShortReason.ROW_CEILING, refused_group
     elif quarantined:
         reason = ShortReason.OTHER
     elif offered > 0:
         reason = ShortReason.LOAD_CAP
     else:
         reason = ShortReason.OTHER
-    return Coverage(offered, held, want, reason, refused, rows_needed)
+    return Coverage(offered, held, want, reason, refused, rows_needed, group)
 
 
 _NOT_STORED, _LOAD_CAP, _OTHER, _GROUP_VETO = (ShortReason.NOT_STORED, ShortReason.LOAD_CAP,
@@ -189,4 +212,6 @@ def judge_plain_single(keys: list[bytes], tpc: int, first_miss_key: bytes | None
         reason = _LOAD_CAP
     else:
         reason = _OTHER
-    return Coverage(offered, held, want, reason, False, rows_needed)
+    # the only group stopped the offer, where a MISS of it did (judge()'s rule)
+    return Coverage(offered, held, want, reason, False, rows_needed,
+                    -1 if reason is None or first_miss_key is None else 0)

@@ -87,6 +87,10 @@ class RoundVerdicts:
         self._coverages: list[float] = []
         self._short_rounds: dict[tuple[str], int] = {}  # reason label -> rounds
         self._short_tokens: dict[tuple[str], int] = {}  # reason label -> tokens
+        # (kv_group, reason) labels per group index, then reason; and their round sums
+        self._stop_labels = [{r: (str(g), r.value) for r in ShortReason}
+                             for g in range(len(self.groups))]
+        self._stopped: dict[tuple[str, str], int] = {}
 
     def declare(self) -> None:
         rec, one = self.rec, lambda enum: [(v.value,) for v in enum]
@@ -98,6 +102,8 @@ class RoundVerdicts:
         rec.declare(signals.RESTORE_SHORT_ROUNDS, *one(ShortReason))
         rec.declare(signals.RESTORE_SHORT_TOKENS, *one(ShortReason))
         rec.declare(signals.RESTORE_CEILING_ROUNDS, *one(CeilingForm))
+        rec.declare(signals.RESTORE_STOPPED_ROUNDS,
+                    *[labels for by in self._stop_labels for labels in by.values()])
         # The latest-round gauges at 0 (no such round yet) from the first step too, so a
         # value missing from an input is a partial export (signals.PRESET_VALUES); once.
         for v in (_VETOED, _DEFERRED):
@@ -211,7 +217,8 @@ class RoundVerdicts:
             rec.observe_many(signals.RESTORE_COVERAGE, (), self._coverages)
             self._coverages = []
         for metric, sums in ((signals.RESTORE_SHORT_ROUNDS, self._short_rounds),
-                             (signals.RESTORE_SHORT_TOKENS, self._short_tokens)):
+                             (signals.RESTORE_SHORT_TOKENS, self._short_tokens),
+                             (signals.RESTORE_STOPPED_ROUNDS, self._stopped)):
             if sums:
                 for labels, n in sums.items():
                     rec.inc(metric, labels, n)
@@ -277,6 +284,9 @@ class RoundVerdicts:
         label = _REASON_LABELS[cov.reason]
         rounds, tokens = self._short_rounds, self._short_tokens
         rounds[label] = rounds.get(label, 0) + 1
+        if 0 <= cov.group < len(self._stop_labels):  # which group's scan stopped the offer
+            by = self._stop_labels[cov.group][cov.reason]
+            self._stopped[by] = self._stopped.get(by, 0) + 1
         if cov.held > cov.offered:
             tokens[label] = tokens.get(label, 0) + cov.held - cov.offered
         if cov.want > cov.held:  # beyond the stored prefix: refused stores, or never stored

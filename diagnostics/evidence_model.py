@@ -23,9 +23,14 @@ def _q(d: dict[str, Quantity], key: str) -> Quantity:
 class GroupLookups:
     group: str
     results: dict[str, Quantity]  # LookupResult value -> lookups
+    # ShortReason value -> rounds cut short where this group's scan stopped the offer
+    stopped: dict[str, Quantity] = field(default_factory=dict)
 
     def get(self, result: S.LookupResult) -> Quantity:
         return _q(self.results, result.value)
+
+    def stops(self, reason: S.ShortReason) -> Quantity:
+        return _q(self.stopped, reason.value)
 
     @property
     def found(self) -> float:
@@ -278,6 +283,14 @@ class Evidence:
             r.vllm_waiting.last if r.vllm_waiting.present else 0
         )
         return kv_busy == 0 and vllm_busy == 0
+
+    def stopping_groups(self, reason: S.ShortReason) -> list[tuple[str, str, float]]:
+        """(group, attention kind, rounds) of the KV groups whose scan stopped rounds cut
+        short for ``reason`` over the window, most rounds first (empty: none told, e.g. an
+        input from a kvscope that did not export kvscope_restore_stopped_rounds_total)."""
+        out = [(g, self.kv_groups.get(g, ("", ""))[0], q.increase)
+               for g, lk in self.lookups.items() if (q := lk.stops(reason)).increase > 0]
+        return sorted(out, key=lambda t: -t[2])
 
     def lookups_total(self, result: S.LookupResult) -> float:
         return sum(g.get(result).increase for g in self.lookups.values())

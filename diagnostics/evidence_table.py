@@ -116,6 +116,7 @@ class Split:
 # Evidence.lookups: one GroupLookups per KV group
 LOOKUPS = Split(S.L_KV_GROUP, GroupLookups, "group", {
     "results": Read(S.LOOKUPS, S.L_RESULT),
+    "stopped": Read(S.RESTORE_STOPPED_ROUNDS, S.L_REASON),
 })
 # Evidence.ranks: one RankTransfers per rank (worker ranks and "manager")
 RANKS = Split(S.L_RANK, RankTransfers, "rank", {

@@ -371,6 +371,15 @@ RESTORE_SHORT_TOKENS = Metric(
     "not_stored (store_refused where its store job was refused). These tokens are recomputed.",
     (L_REASON,), label_values={L_REASON: _values(ShortReason)},
 )
+RESTORE_STOPPED_ROUNDS = Metric(
+    "kvscope_restore_stopped_rounds_total", Kind.COUNTER,
+    "Ended lookup rounds of kvscope_restore_short_rounds_total by the KV group whose scan "
+    "stopped the offer: the group whose stored prefix ends there (not_stored, "
+    "store_refused), whose promotion found no free primary row (row_ceiling), whose miss "
+    "vetoed the others (group_veto; a sliding-window group's missing window); rounds no "
+    "group's miss explains (a load cap without a miss) are not counted here.",
+    (L_KV_GROUP, L_REASON), label_values={L_REASON: _values(ShortReason)},
+)
 RESTORE_COVERAGE = Metric(
     "kvscope_restore_coverage_ratio", Kind.HISTOGRAM,
     "Per ended lookup round whose request the tiers held at least one chunk of: tokens "
@@ -478,8 +487,8 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     OLDEST_PENDING_TRANSFER, REQUESTS,
     REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
     TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
-    RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_COVERAGE,
-    RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
+    RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS,
+    RESTORE_COVERAGE, RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
     LAST_CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
     TIER_LOST_KEYS, TIER_ROOT_PRESENT, TIER_LAST_LOSS_TIMESTAMP,
 )
@@ -502,8 +511,8 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in ALL_METRICS}
 PRESET_VALUES: tuple[Metric, ...] = (
     LOOKUPS, LOOKUP_ROUNDS, ROUNDS_AT_ROW_CEILING, PRIMARY_ROWS, PROMOTIONS, CASCADES,
     STORE_JOBS, PENDING_TRANSFERS, OLDEST_PENDING_TRANSFER, REQUESTS, TELEMETRY_ERRORS,
-    RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_CEILING_ROUNDS, ROW_CHECKSUMS,
-    LOADS_REFUSED, LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS,
+    RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS, RESTORE_CEILING_ROUNDS,
+    ROW_CHECKSUMS, LOADS_REFUSED, LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS,
 )
 # Preset only by the kvscope that also labels kvscope_info with world_size (0 = no such
 # round yet): an input whose kvscope_info lacks that label predates the preset, and a value

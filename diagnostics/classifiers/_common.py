@@ -140,3 +140,17 @@ def group_lines(ev: Evidence) -> list[str]:
 
 V = S.Verdict
 """Shorthands classifiers use."""
+
+
+def stopping_groups_line(ev: Evidence, reason: S.ShortReason, what: str) -> str | None:
+    """Which KV group's scan stopped the rounds cut short for ``reason`` (e.g. "the offer
+    stopped in KV group 0 (full_attention) in 1 round: <what>"), when the model has several
+    groups and the input tells (``kvscope_restore_stopped_rounds_total``)."""
+    if ev.kv_group_count < 2:
+        return None
+    groups = ev.stopping_groups(reason)
+    if not groups:
+        return None
+    named = ", ".join(f"KV group {g}" + (f" ({kind})" if kind else "")
+                      + f" in {n(k)} round{'s' if k != 1 else ''}" for g, kind, k in groups)
+    return f"the offer stopped in {named}: {what}"

@@ -13,7 +13,7 @@ from kvscope.exporters import signals as S
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
-from ._common import group_lines, n, rows_needed, window_word
+from ._common import group_lines, n, rows_needed, stopping_groups_line, window_word
 
 ID = "capacity_ceiling_veto"
 TITLE = "Capacity ceiling (veto form)"
@@ -78,6 +78,10 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         lines.append(f"the disk tier has data: {n(disk.last)} keys cascaded to it")
     if no_row > 0:
         lines.append(f"{n(no_row)} promotions found no free row (primary tier full)")
+    group = stopping_groups_line(ev, S.ShortReason.GROUP_VETO,
+                                 "its miss gave the cross-group AND 0 tokens")
+    if group:
+        lines.append(group)
     lines += group_lines(ev)
     q = ev.vllm.external_queries
     if q.present and q.increase > 0:

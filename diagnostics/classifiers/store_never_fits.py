@@ -21,7 +21,7 @@ from ..checks import tiered
 from ..evidence import Evidence, Quantity
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
-from ._common import bytes_for, n, window_word
+from ._common import bytes_for, n, stopping_groups_line, window_word
 
 # Refused store jobs per prepared one above which stores "never fit" even though
 # some fit (see classify).
@@ -42,22 +42,33 @@ def needs(ev: Evidence) -> tuple:
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     # Re-asks cut short where their own prompts' store jobs were refused (any window:
-    # the refusals may precede it, the recompute is now).
+    # the refusals may precede it, the recompute is now). Per key, judged by the
+    # connector (the offer stopped at a key no tier holds, whose store job was refused):
+    # once anything reached the last tier it decides the form, whatever the refusal
+    # counts say (a refused job is retried every step, decode steps too, so refusals
+    # outnumber prepared jobs many times over while each prompt is stored in part).
     short = ev.coverage.rounds(S.ShortReason.STORE_REFUSED)
     whole = _never_fits(ev, th)
-    if whole is None and short.increase > 0:
+    if short.increase > 0 and (whole is None or _reached(ev)):
         return _partial(ev, th, short)
     return whole
+
+
+def _reached(ev: Evidence) -> bool:
+    """Something reached the last tier: a completed cascade to disk, or, with the CPU
+    tier alone (nothing cascades), a store job that fit."""
+    if tiered(ev):
+        return ev.tiers.cascade(S.CascadeResult.COMPLETED).last > 0
+    return ev.tiers.store(S.StoreJobResult.PREPARED).increase > 0
 
 
 def _never_fits(ev: Evidence, th: Thresholds) -> Finding | None:
     no_space = ev.tiers.store(S.StoreJobResult.NO_SPACE)
     cascaded = ev.tiers.cascade(S.CascadeResult.COMPLETED)
     prepared = ev.tiers.store(S.StoreJobResult.PREPARED).increase
-    # Something reached the last tier: a completed cascade to disk, or, with the
-    # CPU tier alone (nothing cascades), a store job that fit. A job refused now
-    # and then (rows pinned by other requests' stores) is not "never fits".
-    reached = cascaded.last > 0 if tiered(ev) else prepared > 0
+    # A job refused now and then (rows pinned by other requests' stores) is not
+    # "never fits".
+    reached = _reached(ev)
     # ... unless refusals outnumber fitting jobs many times over: a refused job is
     # retried (grown) every step, so the few that fit are other requests' (the
     # oracle matrix: 104 refused, 3 prepared, the re-asked prompts never stored).
@@ -128,22 +139,34 @@ def _partial(ev: Evidence, th: Thresholds, short: Quantity) -> Finding:
     if held > 0:
         lines.append(f"{n(ev.rounds.hit_tokens.increase)} tokens offered of {n(held)} the tiers "
                      "held: the restores got what was stored, the stores were cut")
+    group = stopping_groups_line(ev, S.ShortReason.STORE_REFUSED,
+                                 "its next chunk was never stored (store job refused)")
+    if group:
+        lines.append(group)
     if no_space.present:
         lines.append(f"{n(no_space.increase)} store jobs refused (no_space) {w}, "
                      f"{n(prepared)} prepared"
-                     + ("; the refusals came earlier" if no_space.increase <= 0 else ""))
-    conf, more, per_step = _job_size(ev, rows, 0.8)
+                     + ("; the refusals came earlier" if no_space.increase <= 0 else "")
+                     + ("; a refused job is retried every step until its request ends, so "
+                        "refusals outnumber prepared jobs while each prompt is stored in part"
+                        if no_space.increase > MOSTLY_REFUSED * prepared > 0 else ""))
+    # Decided per key by the connector: the offer stopped at a key no tier holds whose
+    # store job was refused, the tiers holding no more than was offered (a restore the
+    # row ceiling cut, the tiers holding more, is the capacity ceiling's finding).
+    conf, more, per_step = _job_size(ev, rows, 0.85)
     lines += more
     # A job that fits the tier alone is refused when earlier jobs' rows are still pinned
-    # (being written to the primary tier, then copied to the disk tier): room for two
-    # jobs in flight at once.
-    need = _with_margin(2 * per_step if per_step else rows * 2, th)
+    # (being written to the primary tier, then copied to the disk tier): room for one
+    # more job in flight than the tier holds now.
+    need = _with_margin(rows + per_step if per_step else rows * 2, th)
     job = f"a step's store job (up to {per_step} rows)" if per_step else "a step's store job"
+    room = f"room for one more job in flight: {rows} + {per_step}" if per_step else "twice that"
     step = (f"Part of each such prompt is recomputed on every re-ask: {job} found no free "
             f"primary row while the prompt was prefilled (rows pinned by earlier jobs still "
-            f"being written or copied to the disk tier, by restores, by other requests). Grow "
-            f"the CPU primary tier to ≥ {need} rows (now {rows}; two jobs in flight + "
-            f"{th.row_margin:.0%} margin)" + bytes_for(need, ev, th)
+            f"being written or copied to the disk tier, by restores, by other requests); once "
+            f"refused, a job is retried with the next step's chunks added. Grow the CPU "
+            f"primary tier to ≥ {need} rows (now {rows}; {room} + {th.row_margin:.0%} margin)"
+            + bytes_for(need, ev, th)
             + "; or lower max_num_batched_tokens so each job needs fewer rows.")
     marks = [Mark("rounds", short.samples[-1][0], "store refused")] if short.samples else []
     return Finding(id=ID, title=TITLE + " (stored in part)", confidence=conf, evidence=lines,

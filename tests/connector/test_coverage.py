@@ -75,9 +75,17 @@ def test_long_prefix_truncated_at_the_row_ceiling():
     assert ex.value(S.TELEMETRY_ERRORS.name) == 0
 
 
+def _stopped(ex: Exposition, reason: S.ShortReason) -> dict[str, float]:
+    return {g: ex.value(S.RESTORE_STOPPED_ROUNDS.name, kv_group=g, reason=reason.value)
+            for g in ("0", "1")}
+
+
 def test_capacity_ceiling_veto_is_a_group_veto():
     ex, facts = judged("capacity-ceiling", _scraped)  # a run that was not vetoed runs again
     assert _short(ex, S.ShortReason.GROUP_VETO) >= 1
+    # each vetoed round is named by the one group whose miss vetoed it
+    assert sum(_stopped(ex, S.ShortReason.GROUP_VETO).values()) == \
+        _short(ex, S.ShortReason.GROUP_VETO)
     assert ex.value(S.RESTORE_SHORT_TOKENS.name, reason="group_veto") >= 96
     assert ex.value(S.LAST_CEILING_ROWS_NEEDED.name) == 12  # 6 chunks x 2 groups
 
@@ -107,3 +115,33 @@ def test_a_prefix_ending_at_a_refused_store_is_told_from_one_never_stored():
     assert reason() is S.ShortReason.STORE_REFUSED
     refused.prepared(keys[1:2])  # stored since: a miss there is no refusal's doing
     assert reason() is S.ShortReason.NOT_STORED
+
+
+def test_the_group_that_stopped_the_offer_is_named():
+    """judge() on two KV groups of 3 chunks: the group whose stored prefix ends first
+    (here group 1, its second chunk's store refused), and a sliding-window group whose
+    missing window vetoed the round."""
+    from kvscope.connector.coverage import MissCause, group_suffixes, judge
+    from kvscope.connector.store_refusals import RefusedStores
+
+    def keys_of(groups):
+        return [[bytes([i]) * 8 + sfx for i in range(3)] for sfx, _, _ in groups]
+
+    full = group_suffixes([(16, False), (16, False)])
+    keys = keys_of(full)
+    refused = RefusedStores()
+    refused.refused(keys[1][1:])
+    cov = judge(first_miss={full[1][0]: (keys[1][1], MissCause.ABSENT)}, scanned=set(),
+                verdict=S.Verdict.HIT, offered=16, num_computed=0, groups=full,
+                keys_by_group=keys, manager=None, refused_stores=refused)
+    assert (cov.reason, cov.group, cov.held) == (S.ShortReason.STORE_REFUSED, 1, 16)
+
+    hybrid = group_suffixes([(16, False), (16, True)])
+    keys = keys_of(hybrid)
+    cov = judge(first_miss={hybrid[1][0]: (keys[1][2], MissCause.ABSENT)}, scanned=set(),
+                verdict=S.Verdict.VETOED, offered=0, num_computed=0, groups=hybrid,
+                keys_by_group=keys, manager=None)
+    assert (cov.reason, cov.group) == (S.ShortReason.GROUP_VETO, 1)
+    full_cov = judge(first_miss={}, scanned=set(), verdict=S.Verdict.HIT, offered=48,
+                     num_computed=0, groups=hybrid, keys_by_group=keys, manager=None)
+    assert (full_cov.reason, full_cov.group) == (None, -1)  # not short: no group named

@@ -123,6 +123,7 @@ def declared(rank: str = "0", group: str = "0") -> dict:
     for x in S.ShortReason:
         d[L(S.RESTORE_SHORT_ROUNDS.name, reason=x.value)] = [0, 0]
         d[L(S.RESTORE_SHORT_TOKENS.name, reason=x.value)] = [0, 0]
+        d[L(S.RESTORE_STOPPED_ROUNDS.name, kv_group=group, reason=x.value)] = [0, 0]
     for x in S.CeilingForm:
         d[L(S.RESTORE_CEILING_ROUNDS.name, form=x.value)] = [0, 0]
     for o in S.ChecksumOutcome:

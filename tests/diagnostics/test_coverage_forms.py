@@ -214,3 +214,87 @@ def test_refused_stores_never_asked_again_are_healthy():
     report = diagnose(evidence(_stored_in_part(0)))
     assert report.top.id == "healthy", [f.id for f in report.verdicts]
 
+
+
+# ---- the H200 geometries an outside probe could not tell apart (rows x 16 tokens
+# restored): the CPU harness's per-key truth says stored in part for both
+# (tests/connector/test_oracle_matrix.py runs them); a refused job is retried every step,
+# decode steps too, so refusals outnumber the jobs that fit many times over ----
+def _gpu_stored_in_part(groups: tuple[tuple[str, str], ...], rows: int, batched: int,
+                        offered: int, prompt: int, refused: int, prepared: int) -> dict:
+    d = base(rows=rows)
+    del d[info(rows=rows)]
+    d[info(rows=rows, chunk_tokens="16", max_num_batched_tokens=str(batched))] = [1, 1]
+    for g, kind in groups:
+        d[L(S.KV_GROUP_INFO.name, kv_group=g, kind=kind, tokens_per_block="16")] = [1, 1]
+        d[L(S.LOOKUPS.name, kv_group=g, result="hit")] = [0, offered // 16]
+    d[L(S.LOOKUP_ROUNDS.name, verdict="hit")] = [0, 1]
+    d[L(S.LOOKUP_ROUNDS.name, verdict="miss")] = [0, 6]
+    d[S.HIT_TOKENS.name] = [0, offered]
+    d[S.RESTORE_HELD_TOKENS.name] = [0, offered]
+    d[L(S.STORE_JOBS.name, result="prepared")] = [0, prepared]
+    d[L(S.STORE_JOBS.name, result="no_space")] = [0, refused]
+    d[L(S.CASCADES.name, result="completed")] = [0, 6 * offered // 16 * len(groups)]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="not_stored")] = [0, 6]
+    d[L(S.RESTORE_SHORT_ROUNDS.name, reason="store_refused")] = [0, 1]
+    d[L(S.RESTORE_SHORT_TOKENS.name, reason="store_refused")] = [0, prompt - offered]
+    d[L(S.RESTORE_STOPPED_ROUNDS.name, kv_group="0", reason="not_stored")] = [0, 6]
+    d[L(S.RESTORE_STOPPED_ROUNDS.name, kv_group="0", reason="store_refused")] = [0, 1]
+    return d
+
+
+def test_the_h200_48_row_run_is_stored_in_part_with_confidence():
+    """48 rows, a 2,000-token prompt, 384 tokens a step: 768 tokens restored, 122 jobs
+    refused, 15 prepared (the CPU harness, 16 tokens out, as the H200 run: 123 and 15)."""
+    report = diagnose(evidence(_gpu_stored_in_part(
+        (("0", "full_attention"),), rows=48, batched=384, offered=768, prompt=2000,
+        refused=122, prepared=15)))
+    top = report.top
+    assert top.id == "store_never_fits", [f.id for f in report.verdicts]
+    assert top.title.endswith("(stored in part)"), top.title
+    assert top.confidence >= 0.85, top.confidence
+    text = " | ".join(top.evidence)
+    assert "1,232 tokens of it not restored" in text, text
+    assert "768 tokens offered of 768 the tiers held" in text, text
+    assert "122 store jobs refused (no_space) since process start, 15 prepared; a refused " \
+           "job is retried every step" in text, text
+    assert "never stored" not in text.replace("was never stored", ""), text
+    assert "Grow the CPU primary tier to ≥ 90 rows (now 48; room for one more job in flight: " \
+           "48 + 24" in top.next_step, top.next_step
+
+
+def test_the_h200_hybrid_run_names_the_group_that_stopped_the_offer():
+    """A Gemma2-style model (full + sliding window), 80 rows, 256 tokens a step: 512 of
+    1,776 tokens restored, the full-attention group's stored prefix ended there."""
+    report = diagnose(evidence(_gpu_stored_in_part(
+        (("0", "full_attention"), ("1", "sliding_window")), rows=80, batched=256,
+        offered=512, prompt=1776, refused=145, prepared=14)))
+    top = report.top
+    assert top.id == "store_never_fits" and top.confidence >= 0.85, \
+        [(f.id, f.confidence) for f in report.verdicts]
+    text = " | ".join(top.evidence)
+    assert "the offer stopped in KV group 0 (full_attention) in 1 round: its next chunk was " \
+           "never stored (store job refused)" in text, text
+    assert "16 chunks of 16 tokens × 2 KV groups = 32 rows per store job" in text, text
+
+
+def test_a_restore_cut_at_the_rows_while_more_was_held_is_the_ceiling_despite_refusals():
+    """The same refusal counts, but the tiers held more of the prefix than the rows let
+    through (cut at the row ceiling): the truncated form, naming its group."""
+    d = _gpu_report({
+        L(S.STORE_JOBS.name, result="prepared"): [0, 15],
+        L(S.STORE_JOBS.name, result="no_space"): [0, 122],
+        L(S.KV_GROUP_INFO.name, kv_group="0", kind="full_attention", tokens_per_block="16"):
+            [1, 1],
+        L(S.KV_GROUP_INFO.name, kv_group="1", kind="sliding_window", tokens_per_block="16"):
+            [1, 1],
+        L(S.LOOKUPS.name, kv_group="1", result="hit"): [0, 4],
+        L(S.RESTORE_STOPPED_ROUNDS.name, kv_group="0", reason="row_ceiling"): [0, 1],
+    })
+    report = diagnose(evidence(d))
+    top = report.top
+    assert top.id == "capacity_ceiling_truncated", [f.id for f in report.verdicts]
+    assert top.confidence >= 0.75
+    text = " | ".join(top.evidence)
+    assert "the offer stopped in KV group 0 (full_attention) in 1 round: its next chunk's " \
+           "promotion found no free row" in text, text
