@@ -40,7 +40,6 @@ from kvscope.sim.oracle_truth import (
 THRESHOLDS = Thresholds(pending_after_s=2.0)
 SCRAPE_INTERVAL_S = 0.5
 BACKGROUND_STEP_S = 0.05  # a livelocked engine keeps stepping while judged, as vLLM does
-OUTPUT_TOKENS = 4
 IDLE_STEPS = 50  # steps after the re-ask for transfers to settle
 
 
@@ -48,7 +47,7 @@ def step_budget(geom: Geometry) -> int:
     """Steps the re-ask may take before its requests count as livelocked: several
     times what prefilling every prompt from scratch takes, plus promotion rounds."""
     prefill = -(-geom.concurrency * geom.prompt_tokens // geom.step_tokens)
-    return 4 * prefill + 4 * OUTPUT_TOKENS + 100
+    return 4 * prefill + 4 * geom.ask_tokens + 100
 
 
 def _recorders(engine: CPUEngine) -> list:
@@ -84,10 +83,8 @@ def run_geometry(geom: Geometry, interval: float = SCRAPE_INTERVAL_S) -> dict:
     row = {"geometry": geom.as_dict(), "truth": truth_class, "why": why,
            "expected": expected, "requests": [_req_row(r) for r in truth["requests"]],
            "pending_at_end": truth["pending_at_end"], "steps": truth["steps"]}
-    for source, verdicts in judged.items():
-        top = verdicts[0]
-        row[source] = {"top": top, "verdicts": verdicts,
-                       "agree": _agrees(truth_class, top)}
+    for source, report in judged.items():
+        row[source] = judgment(truth_class, report)
     row["seconds"] = round(time.monotonic() - t0, 2)
     return row
 
@@ -101,6 +98,15 @@ def vllm_store_after_finish(exc: BaseException) -> bool:
     return (isinstance(exc, KeyError) and bool(frames)
             and frames[-1].filename.endswith("kv_offload/tiering/manager.py")
             and frames[-1].name == "prepare_store")
+
+
+def judgment(truth_class: str, report) -> dict:
+    """One kv-diagnose report judged against the truth class: its top verdict (id,
+    title: the form it names, confidence), every verdict's id, whether it agrees."""
+    top = report.verdicts[0]
+    return {"top": top.id, "title": top.title, "confidence": round(top.confidence, 3),
+            "evidence": list(top.evidence), "verdicts": [v.id for v in report.verdicts],
+            "agree": _agrees(truth_class, top.id)}
 
 
 def _agrees(truth_class: str, top: str) -> bool:
@@ -123,7 +129,7 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
     full_groups = range(geom.kv_groups - (1 if window else 0))
     unfinished = False
     for p, k in zip(prompts, keys):
-        rid = engine.add_request(p, OUTPUT_TOKENS)
+        rid = engine.add_request(p, geom.ask_tokens)
         try:
             engine.run_until_done([rid], max_steps=step_budget(geom))
         except TimeoutError:  # a shared prefix restored from the first prompt's stores
@@ -136,14 +142,14 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
     reqs: list[RequestTruth] = []
     if not unfinished:
         for f in geom.flood_prompts():
-            engine.generate(f, 2, max_steps=step_budget(geom))
+            engine.generate(f, geom.flood_tokens, max_steps=step_budget(geom))
             engine.drain()
         for p, k, s, gone in zip(prompts, keys, stored_first, lost):
             held = held_tokens(k, holds, len(p), CHUNK, window)
             reqs.append(RequestTruth(held=held, need_keys=restore_keys(k, held, CHUNK),
                                      stored_first=s, prompt_keys=sum(map(len, k)),
                                      lost_first=gone))
-        rids = [engine.add_request(p, OUTPUT_TOKENS) for p in prompts]
+        rids = [engine.add_request(p, geom.ask_tokens) for p in prompts]
         try:
             engine.run_until_done(rids, max_steps=step_budget(geom))
         except TimeoutError:
@@ -176,7 +182,7 @@ def _drive(engine: CPUEngine, geom: Geometry) -> dict:
             "background": not all(r.finished for r in reqs) or pending}
 
 
-def _judge(engine: CPUEngine, truth: dict, interval: float) -> dict[str, list[str]]:
+def _judge(engine: CPUEngine, truth: dict, interval: float) -> dict:
     """kv-diagnose on a live scrape of the engine's endpoint, and on a bundle
     recorded from it; the engine keeps stepping meanwhile if it has work."""
     exporter = start_exporter(_recorders(engine), 0)
@@ -199,7 +205,7 @@ def _judge(engine: CPUEngine, truth: dict, interval: float) -> dict[str, list[st
         if thread is not None:
             thread.join(timeout=10)
         exporter.close()
-    return {"live": [v.id for v in live.verdicts], "bundle": [v.id for v in bundle.verdicts]}
+    return {"live": live, "bundle": bundle}
 
 
 def summarize(rows: list[dict]) -> dict:

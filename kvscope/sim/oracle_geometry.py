@@ -25,6 +25,8 @@ from kvscope.sim.cpu_engine import EngineConfig, prompt
 CHUNK = 16  # tokens per block = per offloaded chunk in every geometry
 MAX_MODEL_LEN = 4096
 STEP_CHOICES = (16, 32, 48, 64, 128, 256)
+ASK_TOKENS = 4  # tokens each ask generates (the output compared between the two asks)
+FLOOD_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,21 @@ class Geometry:
     # The fs tier's I/O threads race the steps, as beside a real engine (else the
     # harness lets each step's tier I/O finish first: repeatable runs).
     race_tiers: bool = False
+    # Tokens every ask and flood generates (None: 4 an ask, 2 a flood). A store job
+    # refused while its request runs is retried every step, decode steps too: the
+    # refusal counts of a GPU run (16 tokens out) need its output length.
+    output_tokens: int | None = None
+    # The fs tier's promotions stay in flight this many steps (a disk slower than a
+    # forward: kvscope.sim.promotion_delay), with settled tiers
+    promotion_delay: int = 0
+
+    @property
+    def ask_tokens(self) -> int:
+        return self.output_tokens or ASK_TOKENS
+
+    @property
+    def flood_tokens(self) -> int:
+        return self.output_tokens or FLOOD_TOKENS
 
     @property
     def prompt_tokens(self) -> int:
@@ -56,8 +73,10 @@ class Geometry:
         swa = f"+swa{self.window_chunks}" if self.window_chunks else ""
         share = f"/shared{self.shared_chunks}" if self.shared_chunks else ""
         spec += "~" if self.race_tiers else ""
+        out = f"/o{self.output_tokens}" if self.output_tokens else ""
+        out += f"/d{self.promotion_delay}" if self.promotion_delay else ""
         return (f"g{self.index:03d}-{spec}-r{self.rows}-k{self.kv_groups}{swa}-c{self.chunks}"
-                f"t{self.tail}-s{self.step_tokens}-x{self.concurrency}{share}")
+                f"t{self.tail}-s{self.step_tokens}-x{self.concurrency}{share}{out}")
 
     def engine_config(self, **over) -> EngineConfig:
         cfg = EngineConfig(
@@ -65,7 +84,8 @@ class Geometry:
             sliding_window=self.window_chunks * CHUNK if self.window_chunks else None,
             block_size=CHUNK, num_gpu_blocks=self.num_gpu_blocks,
             max_num_batched_tokens=self.step_tokens, max_num_seqs=8,
-            max_model_len=MAX_MODEL_LEN, settle_tiers=not self.race_tiers)
+            max_model_len=MAX_MODEL_LEN, settle_tiers=not self.race_tiers,
+            promotion_delay_steps=self.promotion_delay)
         for k, v in over.items():
             setattr(cfg, k, v)
         return cfg
@@ -132,3 +152,30 @@ def _one(index: int, seed: int) -> Geometry:
 
 def generate(seed: int, count: int) -> list[Geometry]:
     return [_one(i, seed) for i in range(count)]
+
+
+def _reported(index: int, rows: int, chunks: int, step: int, *, kv_groups: int = 1,
+              window: int | None = None, delay: int = 0) -> Geometry:
+    """One re-ask after five floods, the H200 runs' workload (16 tokens out)."""
+    return Geometry(index=index, seed=index, tiering=True, rows=rows, kv_groups=kv_groups,
+                    window_chunks=window, chunks=chunks, tail=0, step_tokens=step,
+                    concurrency=1, shared_chunks=0, num_gpu_blocks=kv_groups * (chunks + 2) + 8,
+                    floods=5, output_tokens=16, promotion_delay=delay)
+
+
+# Geometries reported from GPU runs, reproduced on the CPU harness (rows, prompt length,
+# tokens per step, floods, KV groups as reported). Both H200 runs restored exactly rows'
+# worth (rows x 16 tokens for one group) and kv-diagnose said store_never_fits at 0.5; an
+# outside probe cannot tell a prompt stored in part from one cut at the row count. The
+# per-key truth here: stored in part (48 of 125 keys; 32 of 111 chunks in each group),
+# as the H200 runs' file counts agree (289 files = 6 prompts x 48 + 1; 385 = 6 x 64 + 1).
+# The third is the contrast: the whole prompt on disk, the restore cut at the row count.
+REPORTED: dict[str, Geometry] = {
+    # 48 rows, 2,000-token prompt, 384 tokens a step: 2 jobs of 24 rows fit, then refused
+    "h200-48rows-384step": _reported(900, 48, 125, 384),
+    # Gemma2-style: a full-attention and a sliding-window group, 80 rows, 256 tokens a step
+    "h200-hybrid-80rows-256step": _reported(901, 80, 111, 256, kv_groups=2, window=4),
+    # 48 rows, 128 tokens a step: every job fits, the whole prompt reaches disk; promotions
+    # landing two steps late cut the re-ask at the row count (the truncated form)
+    "truncated-48rows-128step": _reported(902, 48, 125, 128, delay=2),
+}
