@@ -164,7 +164,9 @@ def window(before: list[tuple[str, tuple, float]], t0: float,
         for name, labels, value in got:
             samples.setdefault((name, labels), []).append((t, value))
     t_prev, t_end = after[-2][1] if len(after) > 1 else t0, after[-1][1]
+    # "recent" (still happening) is the change since the last sample before the recent
+    # span: 1 ms short of the gap, that sample is the one at t_prev, as a scrape's pair is
     src = SourceInfo(kind="prometheus", location=location, start=t0, end=t_end, now=t_end,
-                     lifetime=False, recent_span=t_end - t_prev)
+                     lifetime=False, recent_span=max(t_end - t_prev - 1e-3, 1e-3))
     return RawWindow(src, tuple(Series(name, labels, location, tuple(smp))
                                 for (name, labels), smp in sorted(samples.items())))

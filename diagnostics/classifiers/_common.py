@@ -154,3 +154,13 @@ def stopping_groups_line(ev: Evidence, reason: S.ShortReason, what: str) -> str 
     named = ", ".join(f"KV group {g}" + (f" ({kind})" if kind else "")
                       + f" in {n(k)} round{'s' if k != 1 else ''}" for g, kind, k in groups)
     return f"the offer stopped in {named}: {what}"
+
+
+def ceiling_group_lines(ev: Evidence) -> list[str]:
+    """The KV groups that stopped offers the row ceiling cut: a promotion without a free
+    row, or (several groups) a group whose miss, a promotion refused, vetoed the rest."""
+    lines = [stopping_groups_line(ev, S.ShortReason.ROW_CEILING,
+                                  "its next chunk's promotion found no free row"),
+             stopping_groups_line(ev, S.ShortReason.GROUP_VETO,
+                                  "its miss gave the cross-group AND 0 tokens")]
+    return [line for line in lines if line]

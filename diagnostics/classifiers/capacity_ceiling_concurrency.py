@@ -16,7 +16,7 @@ from kvscope.exporters import signals as S
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
-from ._common import bytes_for, n, stopping_groups_line, window_word
+from ._common import bytes_for, ceiling_group_lines, n, window_word
 from .capacity_ceiling_truncated import coverage_lines
 
 ID = "capacity_ceiling_concurrency"
@@ -57,10 +57,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if c.ceiling_offered.present and c.ceiling_held.present and c.ceiling_held.last > 0:
         lines.append(f"latest cut round: {n(c.ceiling_offered.last)} tokens offered of "
                      f"{n(c.ceiling_held.last)} held")
-    group = stopping_groups_line(ev, S.ShortReason.ROW_CEILING,
-                                 "its next chunk's promotion found no free row")
-    if group:
-        lines.append(group)
+    lines += ceiling_group_lines(ev)
     lines += coverage_lines(ev)
     conf = 0.8
     if ev.tiers.promotion(S.PromotionResult.NO_ROW).increase > 0:

@@ -17,7 +17,7 @@ from kvscope.exporters import signals as S
 from ..evidence import Evidence
 from ..model import Finding, Mark
 from ..thresholds import Thresholds
-from ._common import bytes_for, n, stopping_groups_line, window_word
+from ._common import bytes_for, ceiling_group_lines, n, window_word
 
 ID = "capacity_ceiling_truncated"
 TITLE = "Capacity ceiling (truncated form)"
@@ -77,10 +77,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     else:
         lines.append(f"a full restore of the cut prefix needs more rows at once than the "
                      f"{n(rows)} the primary tier has")
-    group = stopping_groups_line(ev, S.ShortReason.ROW_CEILING,
-                                 "its next chunk's promotion found no free row")
-    if group:
-        lines.append(group)
+    lines += ceiling_group_lines(ev)
     lines += coverage_lines(ev)
     disk = ev.tiers.cascade(S.CascadeResult.COMPLETED)
     if disk.present and disk.last > 0:

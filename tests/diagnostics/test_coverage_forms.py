@@ -298,3 +298,25 @@ def test_a_restore_cut_at_the_rows_while_more_was_held_is_the_ceiling_despite_re
     text = " | ".join(top.evidence)
     assert "the offer stopped in KV group 0 (full_attention) in 1 round: its next chunk's " \
            "promotion found no free row" in text, text
+
+
+def test_a_concurrent_cut_of_a_hybrid_model_names_the_group_whose_miss_vetoed():
+    """Two KV groups: the concurrent restores' window group missed (its promotion found no
+    row) and vetoed the full-attention group's hits (the CPU harness's hybrid geometry)."""
+    d = _gpu_report({
+        S.LAST_CEILING_OFFERED_TOKENS.name: [0, 0],
+        S.LAST_CEILING_HELD_TOKENS.name: [512, 512],
+        S.LAST_CEILING_ROWS_NEEDED.name: [64, 64],
+        L(S.RESTORE_CEILING_ROUNDS.name, form="alone"): [0, 0],
+        L(S.RESTORE_CEILING_ROUNDS.name, form="concurrent"): [0, 3],
+        L(S.KV_GROUP_INFO.name, kv_group="0", kind="full_attention", tokens_per_block="16"):
+            [1, 1],
+        L(S.KV_GROUP_INFO.name, kv_group="1", kind="sliding_window", tokens_per_block="16"):
+            [1, 1],
+        L(S.LOOKUPS.name, kv_group="1", result="miss"): [0, 9],
+        L(S.RESTORE_STOPPED_ROUNDS.name, kv_group="1", reason="group_veto"): [0, 3],
+    })
+    report = diagnose(evidence(d))
+    assert report.top.id == "capacity_ceiling_concurrency", [f.id for f in report.verdicts]
+    assert "the offer stopped in KV group 1 (sliding_window) in 3 rounds: its miss gave the " \
+           "cross-group AND 0 tokens" in report.top.evidence, report.top.evidence
