@@ -2,9 +2,9 @@
 
     python benchmarks/oracle_matrix.py --seed 0 --count 220 --out benchmarks/results/oracle_matrix.json
 
-Generates ``--count`` seeded CPU geometries (``kvscope.sim.oracle_geometry``),
-runs each on vLLM's real scheduler (the CPU harness), derives its truth class
-from the engine (``kvscope.sim.oracle_truth``), has kv-diagnose judge it
+Generates ``--count`` seeded CPU geometries (``kvscope.sim.oracle_geometry``; with
+``--reported``, the GPU runs' geometries reproduced there: ``REPORTED``), runs each
+on vLLM's real scheduler (the CPU harness), derives its truth class from the engine (``kvscope.sim.oracle_truth``), has kv-diagnose judge it
 from a live scrape and from a recorded bundle, and writes the summary
 (geometries, agreement, false_healthy, confusion) with one row per geometry.
 Same seed, same geometries; the truth of a geometry can still differ between
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--count", type=int, default=220)
     ap.add_argument("--only", type=int, nargs="*", help="geometry indices to run (default: all)")
+    ap.add_argument("--reported", action="store_true",
+                    help="run the geometries reported from GPU runs (oracle_geometry.REPORTED)")
     ap.add_argument("--out", default="benchmarks/results/oracle_matrix.json")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -33,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     from kvscope.sim.oracle import run_geometry, summarize
-    from kvscope.sim.oracle_geometry import generate
+    from kvscope.sim.oracle_geometry import REPORTED, generate
 
-    geoms = generate(args.seed, args.count)
+    geoms = list(REPORTED.values()) if args.reported else generate(args.seed, args.count)
     if args.only:
         geoms = [geoms[i] for i in args.only]
     rows, errors = [], []
