@@ -210,8 +210,13 @@ def run_phase(phase: geo.Phase, out_path: str) -> None:
         t = time.monotonic()
         try:
             row = run_geometry(drv, phase, g, url)
-        except Exception as e:  # reported, never dropped
-            row = {"error": f"{type(e).__name__}: {e}"}
+        except Exception as e:  # reported, never dropped; the next geometry starts clean
+            import traceback
+
+            row = {"error": f"{type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc()[-3000:]}
+            drv.abort(list(drv.out))
+            drv.idle()
         row.update(phase=phase.as_dict(), name=phase.geometry_name(g), engine_up_s=up,
                    seconds=round(time.monotonic() - t, 1))
         with open(out_path, "a") as f:
@@ -305,45 +310,57 @@ def run_geometry(drv: Driver, phase: geo.Phase, g: geo.Geometry, url: str) -> di
             "live": judgment(truth, live), "bundle": judgment(truth, bundle)}
 
 
-def _phases_in_parallel(phases: list[geo.Phase], seed: int, parallel: int, rows_path: str,
-                        on_row, deadline_s: float) -> None:
-    """Each phase in its own process (vLLM's process-wide state), ``parallel`` at once;
-    all stopped ``deadline_s`` after the start."""
-    todo, running = list(phases), []
-    seen = 0
+def _phases_in_parallel(phases: list[geo.Phase], seed: int, parallel: int, out: str,
+                        on_row, deadline_s: float) -> dict[str, dict]:
+    """Each phase in its own process (vLLM's process-wide state), ``parallel`` at once,
+    its rows in a file of its own; all stopped ``deadline_s`` after the start. Returns
+    each phase's exit status, rows and log."""
+    todo, running, status = list(phases), [], {}
     deadline = time.monotonic() + deadline_s
     while todo or running:
         if time.monotonic() > deadline:
+            for p in todo:
+                status[p.name] = {"rc": None, "rows": 0, "why": "not started by the deadline"}
             todo.clear()
         while todo and len(running) < parallel:
             p = todo.pop(0)
+            rows_path, log_path = f"{out}.p{p.index}.jsonl", f"{out}.p{p.index}.log"
+            for path in (rows_path, log_path):
+                if os.path.exists(path):
+                    os.remove(path)
             cmd = [sys.executable, os.path.abspath(__file__), "phase", "--phase", str(p.index),
                    "--seed", str(seed), "--out", rows_path]
-            log = open(f"{rows_path}.phase{p.index}.log", "w")  # noqa: SIM115
-            running.append((p, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT),
-                            time.monotonic(), log))
+            log = open(log_path, "w")  # noqa: SIM115  closed when the phase ends
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            running.append({"phase": p, "proc": proc, "log": log, "rows": rows_path,
+                            "log_path": log_path, "seen": 0})
             print(f"[{time.strftime('%H:%M:%S')}] started {p.name}", flush=True)
         time.sleep(2)
-        seen = _read_rows(rows_path, seen, on_row)
-        for item in list(running):
-            p, proc, t, log = item
+        for r in list(running):
+            r["seen"] = _read_rows(r["rows"], r["seen"], on_row)
             late = time.monotonic() > deadline
-            if proc.poll() is not None or late:
-                if late:
-                    proc.kill()
-                proc.wait()
-                log.close()
-                running.remove(item)
-                print(f"[{time.strftime('%H:%M:%S')}] {p.name} ended rc={proc.returncode}"
-                      + (" (timed out)" if late else ""), flush=True)
-    _read_rows(rows_path, seen, on_row)
+            if r["proc"].poll() is None and not late:
+                continue
+            if late and r["proc"].poll() is None:
+                r["proc"].kill()
+            r["proc"].wait()
+            r["log"].close()
+            r["seen"] = _read_rows(r["rows"], r["seen"], on_row)
+            running.remove(r)
+            p, rc = r["phase"], r["proc"].returncode
+            status[p.name] = {"rc": rc, "rows": r["seen"], "log": r["log_path"],
+                              "why": "stopped at the deadline" if late else ""}
+            print(f"[{time.strftime('%H:%M:%S')}] {p.name} ended rc={rc}, {r['seen']} of "
+                  f"{len(p.geometries)} geometries" + (" (deadline)" if late else ""), flush=True)
+    return status
 
 
 def _read_rows(path: str, seen: int, on_row) -> int:
+    """Rows a phase appended since ``seen`` (whole lines only: it may be mid-write)."""
     if not os.path.exists(path):
         return seen
     with open(path) as f:
-        lines = f.read().splitlines()
+        lines = f.read().split("\n")[:-1]  # the part after the last newline is unfinished
     for line in lines[seen:]:
         on_row(json.loads(line))
     return len(lines)
@@ -365,9 +382,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from kvscope.sim.oracle import summarize
 
-    rows_path = args.out + ".rows.jsonl"
-    if os.path.exists(rows_path):
-        os.remove(rows_path)
     rows: list[dict] = []
     t0 = time.monotonic()
 
@@ -381,19 +395,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['name']:52s} ERROR {row.get('error')}", flush=True)
         write(rows, args, t0, summarize)
 
-    _phases_in_parallel(phases, args.seed, args.parallel, rows_path, on_row, args.deadline_s)
-    doc = write(rows, args, t0, summarize)
+    status = _phases_in_parallel(phases, args.seed, args.parallel, args.out, on_row,
+                                 args.deadline_s)
+    doc = write(rows, args, t0, summarize, status)
     print(json.dumps({k: doc[k] for k in ("geometries", "agreement", "false_healthy",
                                           "false_alarm", "truth_counts", "confusion")}, indent=1))
     return 0 if doc["geometries"] and not doc["errors"] else 1
 
 
-def write(rows: list[dict], args, t0: float, summarize) -> dict:
-    """The summary so far (partial until every phase has ended), rewritten each row."""
+def write(rows: list[dict], args, t0: float, summarize, phases: dict | None = None) -> dict:
+    """The summary so far (partial until every phase has ended: ``phases`` None),
+    rewritten each row."""
     import vllm
 
     doc = summarize([r for r in rows if "live" in r])
     doc.update(seed=args.seed, errors=[r for r in rows if "live" not in r],
+               partial=phases is None, phases=phases or {},
                command="python benchmarks/gpu_oracle.py " + " ".join(sys.argv[1:]),
                vllm_version=vllm.__version__, wall_seconds=round(time.monotonic() - t0, 1),
                rows=rows)

@@ -107,6 +107,7 @@ def test_scoring_agreement_false_healthy_and_confusion(tmp_path):
     args = argparse.Namespace(seed=0, out=str(tmp_path / "gpu_oracle.json"))
     gpu_oracle.write(rows, args, 0.0, summarize)
     doc = json.loads((tmp_path / "gpu_oracle.json").read_text())
+    assert doc["partial"]  # rows so far: the phases have not all ended
     assert (doc["geometries"], doc["judgments"], doc["agreement"], doc["false_healthy"]) == \
         (2, 4, 0.75, 1)
     assert doc["confusion"] == {"never_stored": {"store_never_fits": 2},
@@ -118,10 +119,10 @@ def test_rows_are_taken_in_as_phases_append_them(tmp_path):
     path = tmp_path / "rows.jsonl"
     got: list[dict] = []
     assert gpu_oracle._read_rows(str(path), 0, got.append) == 0
-    path.write_text(json.dumps({"n": 1}) + "\n" + json.dumps({"n": 2}) + "\n")
-    assert gpu_oracle._read_rows(str(path), 0, got.append) == 2
+    path.write_text(json.dumps({"n": 1}) + "\n" + json.dumps({"n": 2}) + "\n" + '{"n": ')
+    assert gpu_oracle._read_rows(str(path), 0, got.append) == 2  # the third is mid-write
     with path.open("a") as f:
-        f.write(json.dumps({"n": 3}) + "\n")
+        f.write("3}\n")
     assert gpu_oracle._read_rows(str(path), 2, got.append) == 3
     assert [r["n"] for r in got] == [1, 2, 3]
 
@@ -194,3 +195,25 @@ def test_a_reported_geometry_through_the_gpu_oracles_own_flow():
     # the second geometry's window holds its own re-ask only, not the first's too
     assert any(line.startswith("1 lookup round in the window stopped at a chunk whose store")
                for line in again["live"]["evidence"]), again["live"]["evidence"]
+
+
+def test_phases_run_as_processes_and_the_deadline_stops_them(tmp_path, monkeypatch):
+    """The parallel runner on stand-in phases (a process that writes one row, one that
+    hangs): rows are taken in, a hung phase is stopped at the deadline, both reported."""
+    phases = geo.generate(0)[:3]
+    script = tmp_path / "fake_phase.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "a = sys.argv; phase, out = int(a[a.index('--phase') + 1]), a[a.index('--out') + 1]\n"
+        "if phase == 1:\n    time.sleep(60)\n"
+        "open(out, 'a').write(json.dumps({'name': f'p{phase}'}) + '\\n')\n")
+    monkeypatch.setattr(gpu_oracle.os.path, "abspath",
+                        lambda p, real=gpu_oracle.os.path.abspath: str(script)
+                        if p == gpu_oracle.__file__ else real(p))
+    got: list[dict] = []
+    status = gpu_oracle._phases_in_parallel(phases, 0, 2, str(tmp_path / "o.json"), got.append,
+                                            deadline_s=8)
+    assert sorted(r["name"] for r in got) == ["p0", "p2"]
+    assert status[phases[0].name]["rc"] == 0 and status[phases[0].name]["rows"] == 1
+    assert status[phases[1].name]["why"] == "stopped at the deadline"
+    assert status[phases[2].name]["rows"] == 1
