@@ -82,10 +82,16 @@ def test_kv_diagnose_gives_the_same_verdict(campaign_prom, vm, phase):
     assert ids[0] == verdict and code == (0 if verdict == "healthy" else 1), ids
 
 
-def test_kv_diagnose_command_exits_with_the_verdict(vm):
-    """The installed command as an operator runs it (a process, its exit code)."""
+def test_kv_diagnose_command_exits_with_the_verdict(vm, tmp_path):
+    """The command as an operator runs it (a process, its exit code), and a bundle recorded
+    from VictoriaMetrics diagnosed offline."""
     phase = next(p for p in PHASES if (p["run"], p["name"]) == ("faults-cpu", "disk_full"))
     code, ids = _diagnose("--prometheus", vm.url, *window_args(phase), run=phase["run"])
+    assert (code, ids[0]) == (1, "tier_writes_failing"), ids
+    bundle = tmp_path / "phase.kvb"
+    assert cli.main(["record", "--prometheus", vm.url, *window_args(phase),
+                     "-o", str(bundle)]) == 0
+    code, ids = _diagnose("--bundle", str(bundle), run=phase["run"])
     assert (code, ids[0]) == (1, "tier_writes_failing"), ids
 
 
