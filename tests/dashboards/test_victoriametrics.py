@@ -14,7 +14,7 @@ recordings that test_campaign_replay.py backfills into a real Prometheus, and ``
   the same series as on Prometheus; every alert expression parses.
 
 Values differ where the engines do by design (docs/promql-engines.md): MetricsQL's rate() and
-increase() do not extrapolate, and a series ends about two sample intervals after its last
+increase() do not extrapolate, and a series ends within a few sample intervals of its last
 sample instead of Prometheus' 5 minutes of lookback. None of kvscope's queries is changed for
 it: the verdicts and alerts above are what the tests hold equal.
 """
