@@ -12,7 +12,7 @@ Usage::
 serves the same ``/api/v1/query``, ``/query_range``, ``/series``, ``/labels`` API) plus ingestion
 through ``/api/v1/import/prometheus`` and a flush that makes what was imported searchable at
 once. ``require_binaries()`` skips the calling test unless Debian's ``victoria-metrics`` (which
-ships ``vmalert``) is installed (``make victoria-metrics``).
+ships ``vmalert``) is installed (``make prometheus`` installs both engines).
 
 The server runs with VictoriaMetrics' defaults (its query engine, staleness detection and
 caches as a user's would) except: retention of 100 years (the recorded campaigns are older than
@@ -36,7 +36,7 @@ from pathlib import Path
 from .prometheus import HOST, Prometheus, PrometheusStartError, free_port
 
 __all__ = ["VictoriaMetrics", "openmetrics_to_text", "require_binaries",
-           "running_victoriametrics", "version"]
+           "running_victoriametrics"]
 
 BINARY = "victoria-metrics"
 
@@ -48,15 +48,7 @@ def require_binaries(*names: str) -> None:
     missing = [n for n in (names or (BINARY, "vmalert")) if shutil.which(n) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed "
-                    "(Debian: apt-get install victoria-metrics, or make victoria-metrics)")
-
-
-def version() -> str:
-    """'1.79.5' for Debian's victoria-metrics (its -version line is empty; dpkg knows it)."""
-    p = subprocess.run(["dpkg-query", "-W", "-f=${Version}", BINARY], capture_output=True,
-                       text=True, check=False)
-    m = re.match(r"(\d+\.\d+\.\d+)", p.stdout.strip())
-    return m.group(1) if m else "unknown"
+                    "(Debian: apt-get install victoria-metrics, or make prometheus)")
 
 
 # An OpenMetrics sample line: series, value, timestamp in seconds (the recordings' format).
