@@ -29,6 +29,7 @@ Tiny Llama with dummy weights (4 layers, hidden 256, 2 KV heads: 32 KiB of KV pe
 
     python3 benchmarks/gpu_scale.py case --tokens 131000 --pairs 12 --fs-root /tmp/fs \\
         --deadline-s 520 --out R.json
+    python3 benchmarks/gpu_scale.py case ... --checksum-policy off   # kvscope without digests
     python3 benchmarks/gpu_scale.py summarize R.json [R2.json ...]
 """
 
@@ -135,7 +136,8 @@ def total(samples: dict[str, float], name: str) -> float:
 
 
 def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: str,
-             deadline: float | None, out_path: str | None) -> dict:
+             deadline: float | None, out_path: str | None, checksum_policy: str = "refuse"
+             ) -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
     from gpu_scheduler_bound import free_port
@@ -156,14 +158,14 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
             "spec_name": "TieringOffloadingSpec",
             "secondary_tiers": [{"type": "fs", "root_dir": fs_root, "n_read_threads": 16,
                                  "n_write_threads": 16}],
-            "kvscope": {"exporter_port": port, "checksum_policy": "refuse"}})
+            "kvscope": {"exporter_port": port, "checksum_policy": checksum_policy}})
     t0 = time.perf_counter()
     llm = LLM(model=d, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
               block_size=CHUNK, num_gpu_blocks_override=g["gpu_blocks"],
               max_model_len=g["max_len"], max_num_batched_tokens=8192, max_num_seqs=4,
               gpu_memory_utilization=0.5, enable_prefix_caching=True, enforce_eager=True,
               kv_transfer_config=ktc, disable_log_stats=False, seed=0)
-    res: dict = {**g, "engine_up_s": round(time.perf_counter() - t0, 1), "pid": os.getpid(),
+    res: dict = {**g, "checksum_policy": checksum_policy, "engine_up_s": round(time.perf_counter() - t0, 1), "pid": os.getpid(),
                  "cmd": sys.argv}
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     worker = get_kv_transfer_group()
@@ -290,16 +292,16 @@ def _write(path: str, obj: dict) -> None:
 
 
 def summarize_files(paths: list[str]) -> dict:
-    by_tokens: dict[int, list[dict]] = {}
+    by_case: dict[tuple[int, str], list[dict]] = {}
     for p in paths:
         with open(p) as f:
             r = json.load(f)
-        by_tokens.setdefault(r["tokens"], []).append(r)
+        by_case.setdefault((r["tokens"], r.get("checksum_policy", "refuse")), []).append(r)
     out = {}
-    for tokens, runs in sorted(by_tokens.items()):
+    for (tokens, policy), runs in sorted(by_case.items()):
         iters = [i for r in runs for i in r["iters"][:len(r["iters"]) // 2 * 2]]
-        out[str(tokens)] = {"processes": len(runs), **summary(iters),
-                            "checks": [r.get("checks") for r in runs]}
+        out[f"{tokens} {policy}"] = {"processes": len(runs), **summary(iters),
+                                     "checks": [r.get("checks") for r in runs]}
     return out
 
 
@@ -315,6 +317,7 @@ def main() -> int:
     c.add_argument("--deadline-s", type=float, default=None,
                    help="stop between pairs so the run ends this many seconds after start")
     c.add_argument("--out")
+    c.add_argument("--checksum-policy", default="refuse", choices=["refuse", "observe", "off"])
     s = sub.add_parser("summarize")
     s.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -322,7 +325,8 @@ def main() -> int:
         print(json.dumps(summarize_files(a.files), indent=1))
         return 0
     deadline = T_START + a.deadline_s if a.deadline_s else None
-    res = run_case(a.tokens, a.rows, a.pairs, a.warmup, a.fs_root, deadline, a.out)
+    res = run_case(a.tokens, a.rows, a.pairs, a.warmup, a.fs_root, deadline, a.out,
+                   a.checksum_policy)
     print(json.dumps({k: v for k, v in res.items() if k != "iters"}))
     ok = (res["checks"]["telemetry_errors"] == 0 and res["checks"]["same_output"]
           and len(res["checks"]["restored"]) == 1
