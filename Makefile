@@ -1,6 +1,7 @@
 # Two entry points (README): `make demo` and `make test`. Both set up what they
 # need on a fresh Debian machine: a .venv with kvscope[vllm,dev] (vLLM 0.26.0),
-# and for the tests a second one with vLLM 0.33.0 plus Debian's prometheus/promtool.
+# and for the tests a second one with vLLM 0.33.0 plus Debian's prometheus/promtool and
+# victoria-metrics/vmalert.
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.kvscope-installed
@@ -36,11 +37,18 @@ $(STAMP_NEWEST): $(STAMP)
 
 setup-newest: $(STAMP_NEWEST)
 
+# The PromQL engines the tests prove (README): Debian's prometheus (prometheus, promtool) and
+# victoria-metrics (victoria-metrics, vmalert), one apt-get when any binary is missing. The tests
+# start their own servers on 127.0.0.1; where systemd runs, the packages also start their
+# services (:9090, :8428) as Debian installs them.
+PROMQL_BINARIES := prometheus promtool victoria-metrics vmalert
 prometheus:
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	@for b in $(PROMQL_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
+	[ -z "$$missing" ] || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    prometheus victoria-metrics; }
 
 demo: $(STAMP)
 	$(VENV)/bin/kvscope demo capacity-ceiling

@@ -124,6 +124,8 @@ class KvscopeSwitch:
             for name, tap in taps.items():
                 if on:
                     setattr(tier, name, tap)
+                elif hasattr(tap, "__wrapped__"):  # vLLM's own instance attribute again
+                    setattr(tier, name, tap.__wrapped__)
                 else:
                     delattr(tier, name)  # the class's method again
         for cw, proxy, inner in self.workers:

@@ -1,6 +1,8 @@
 """kvscope's instrumented vLLM connector (needs the ``vllm`` extra).
 
-``kv_connector="ObservedOffloadingConnector"``, ``kv_connector_module_path="kvscope.connector"``.
+``kv_connector="ObservedOffloadingConnector"``, ``kv_connector_module_path="kvscope.connector"``
+(the module path may be left out: kvscope's vLLM plugin, :mod:`kvscope.connector.plugin`,
+registers the name).
 vLLM is imported on first use of the connector class, so vLLM-free submodules
 (``kvscope.connector.checksums``) stay importable without it.
 """

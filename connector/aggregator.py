@@ -47,8 +47,9 @@ logger = logging.getLogger("kvscope")
 # by at most this and one step; a scrape drains at once), and a rank's tally flush cadence.
 INTERVAL_S = 1.0
 # Journal items (references, 8 bytes each) waiting past which the scheduler thread drains
-# itself: 8 MiB. A round carries its lookups twice (key, result: ~130 items for a
-# 1,024-token prompt in 16-token chunks), a step its scheduled ids.
+# itself: 8 MiB. An event holds O(1) items whatever the prefix's length: a round its
+# summary (lookup_rounds.summarize), a store job one tuple of its keys, a step its
+# scheduled ids (at most max_num_seqs), so only a dead or starved thread gets here.
 JOURNAL_LIMIT = 1_000_000
 # Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine
 # thread waits at most that long for the GIL, not a whole drain (the interpreter's own

@@ -3,11 +3,17 @@
 The hot path fills two slots, keys and results: once per key looked up, two list
 appends made by the manager proxy, or, where vLLM's prefix scan tells a round's
 lookups (prefix_scan.py), two list extends per scan. No hashing, no labels, no
-recorder calls, nothing that grows with the number of requests. When a round (one
-``get_num_new_matched_tokens`` call) ends, the lookups since the last round are copied
-out and the slots emptied; the aggregator thread (aggregator.py) decodes its verdict,
-pending keys and where each group's scan stopped (round_verdicts) and sums the
-per-group ``kvscope_lookups_total`` counts (:class:`LookupCounts`).
+recorder calls, nothing that grows with the number of requests. When a plain round (one
+``get_num_new_matched_tokens`` call, no rare event) ends, its lookups are summarized at
+once on the scheduler thread into what judging reads (:func:`summarize`: the counts per
+group and result, and a :class:`RoundFacts`: how many keys, misses and pending keys,
+where each group's scan stopped) in C-level passes over the two lists (``list.count``,
+``list.index``; no Python frame per key), and the slots are emptied: the journal carries
+O(groups) objects per round, never the lookups, so its size and the aggregator thread's
+work (aggregator.py) are bounded per round whatever the prefix's length (a 131k-token
+prompt is ~8,200 keys, looked up again on every step its restore is deferred). Rounds with
+a rare event (a quarantined key, a refused promotion, an eviction) are judged as they end
+from the whole :class:`Round`, in time linear in its lookups.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ _RETRY, _HIT_PENDING = compat.RETRY, compat.HIT_PENDING
 _RESULT_VALUE = {id(v): s.value for v, s in compat.LOOKUP_RESULT.items()}
 _RESULTS = tuple(signals.LookupResult)
 _NONE: tuple = ()  # a plain round has no rare events
+_ABSENT = MissCause.ABSENT
 # (verdict, label tuple): no Enum hash or .value (Python code in 3.11) per round
 _HIT_V, _MISS_V, _VETOED, _DEFERRED = ((v, (v.value,)) for v in (
     Verdict.HIT, Verdict.MISS, Verdict.VETOED, Verdict.DEFERRED))
@@ -94,38 +101,36 @@ class LookupLog:
 
 
 class LookupCounts:
-    """``kvscope_lookups_total`` per (group, result), summed on the aggregator thread
-    from the lookups each round handed over, into the recorder at each flush."""
+    """``kvscope_lookups_total`` per (group, result): each round's counts taken on the
+    scheduler thread (:meth:`tally`, C-level passes), summed on the aggregator thread
+    (:meth:`add`), into the recorder at each flush."""
 
     def __init__(self, only_suffix: bytes | None = None) -> None:
         """``only_suffix``: the key suffix of the only KV group (None: several)."""
         self.only_suffix = only_suffix
         self.counts: Counter = Counter()
         self._labels: dict[tuple[bytes, int], tuple[str, str]] = {}
-        # the lookups since the last flush, counted in one C-level pass at the flush: per
-        # round one list extend (its lists are in cache now; 50 ms later they are not)
-        self._keys: list[bytes] = []
-        self._results: list[Any] = []
+        only = only_suffix
+        self._single = None if only is None else tuple(
+            ((only, id(v)), v) for v in (_HIT, _MISS, _RETRY, _HIT_PENDING))
 
-    def add(self, keys: list[bytes], results: list[Any]) -> None:
-        self._results += results
-        if self.only_suffix is None:  # several KV groups: the key's suffix names it
-            self._keys += keys
+    def tally(self, keys: list[bytes], results: list[Any]) -> dict[tuple[bytes, int], int]:
+        """(group suffix, id of the result) -> lookups, of these lookups. One KV group:
+        one ``list.count`` per result value (every key carries its suffix); several: the
+        suffix of each key, counted in C (``Counter`` over ``zip``/``map``)."""
+        single = self._single
+        if single is not None:
+            count = results.count
+            return {pair: n for pair, v in single if (n := count(v))}
+        return Counter(zip(map(_SUFFIX, keys), map(id, results)))
 
-    def _count(self) -> None:
-        results, self._results = self._results, []
-        only = self.only_suffix
-        if only is not None:  # one KV group: every key carries its suffix
-            counts = self.counts
-            for result_id, n in Counter(map(id, results)).items():
-                counts[only, result_id] += n
-        else:
-            keys, self._keys = self._keys, []
-            self.counts.update(zip(map(_SUFFIX, keys), map(id, results)))
+    def add(self, counts: dict[tuple[bytes, int], int]) -> None:
+        """Aggregator: one round's :meth:`tally`."""
+        own = self.counts
+        for pair, n in counts.items():
+            own[pair] += n
 
     def flush(self, rec: Any) -> None:
-        if self._results:
-            self._count()
         labels = self._labels
         for pair, n in self.counts.items():
             lv = labels.get(pair)
@@ -134,6 +139,61 @@ class LookupCounts:
                                      _RESULT_VALUE[pair[1]])
             rec.inc(signals.LOOKUPS, lv, n)
         self.counts.clear()
+
+
+def summarize(keys: list[bytes], results: list[Any], start: int,
+              several_groups: bool) -> RoundFacts:
+    """What judging a plain round reads, from its lookups ``[start:]`` of the slots
+    (scheduler thread, as the round ends): C-level passes, no frame per key."""
+    if start:
+        keys, results = keys[start:], results[start:]
+    facts = RoundFacts()
+    facts.n = len(results)
+    count = results.count
+    facts.misses = misses = count(_MISS)
+    facts.pending_keys = count(_RETRY) + count(_HIT_PENDING)
+    if not misses:
+        facts.miss_key = None
+        facts.group_misses = {}
+        return facts
+    i = results.index(_MISS)
+    facts.miss_key = keys[i]
+    if not several_groups:
+        facts.group_misses = {keys[i][-compat.GROUP_SUFFIX_BYTES:]: (keys[i], _ABSENT)}
+        return facts
+    out: dict[bytes, tuple[bytes, MissCause]] = {}
+    i = -1
+    for _ in range(misses):  # each group's first MISS (misses are few: a scan stops there)
+        i = results.index(_MISS, i + 1)
+        key = keys[i]
+        out.setdefault(key[-compat.GROUP_SUFFIX_BYTES:], (key, _ABSENT))
+    facts.group_misses = out
+    return facts
+
+
+class RoundFacts:
+    """A plain round, summarized (:func:`summarize`): what :class:`Round` tells judging,
+    without its lookups. No rare event: no refusal, eviction or quarantined key."""
+
+    __slots__ = ("n", "misses", "pending_keys", "miss_key", "group_misses")
+    refusals = quarantined = evictions = _NONE
+    no_row = 0
+
+    def verdict(self, num_tokens: int | None) -> tuple[Verdict, tuple[str]]:
+        if num_tokens is None:
+            return _DEFERRED
+        if num_tokens > 0:
+            return _HIT_V
+        return _VETOED if self.n - self.misses else _MISS_V
+
+    def at_row_ceiling(self, rows_total: int) -> bool:
+        return False  # neither tell (Round.at_row_ceiling): no refusal, no eviction
+
+    def first_miss_key(self) -> bytes | None:
+        return self.miss_key
+
+    def first_miss(self) -> dict[bytes, tuple[bytes, MissCause]]:
+        return self.group_misses
 
 
 class Round:
@@ -174,6 +234,11 @@ class Round:
         n = len(results) if end is None else end
         return {keys[i] for i in range(n) if results[i] is not _MISS}
 
+    def first_miss_key(self) -> bytes | None:
+        """The round's first key answered MISS (None: no MISS)."""
+        results = self.results
+        return self.keys[results.index(_MISS)] if _MISS in results else None
+
     def at_row_ceiling(self, rows_total: int) -> bool:
         """The keys this round found reached the row count and its promotions ran
         out of rows: refused for want of a free row (0.26, ``no_row``) or evicting
@@ -182,14 +247,28 @@ class Round:
         the row count (a working set exactly the tier's size)."""
         if not (self.refusals or self.evictions):  # neither tell (every plain round)
             return False
-        if rows_total <= 0 or len(self.found()) < rows_total:
+        results = self.results
+        # lookups found bound the distinct keys found: most rounds stop here, in C
+        if rows_total <= 0 or len(results) - results.count(_MISS) < rows_total:
+            return False
+        if len(self.found()) < rows_total:
             return False
         return self.no_row > 0 or self.self_evicted() > 0
 
     def self_evicted(self) -> int:
-        """Rows this round found that its own promotions evicted again."""
-        return sum(sum(k in found for k in keys) for i, keys in self.evictions
-                   for found in (self.found(i),))
+        """Rows this round found that its own promotions evicted again: one pass over
+        the lookups, the keys found so far grown as the evictions' places are reached
+        (they were recorded in lookup order), so linear in lookups and evicted keys."""
+        keys, results = self.keys, self.results
+        found: set[bytes] = set()
+        done = total = 0
+        for i, evicted in self.evictions:
+            if i > done:
+                found.update(k for k, r in zip(keys[done:i], results[done:i])
+                             if r is not _MISS)
+                done = i
+            total += sum(k in found for k in evicted)
+        return total
 
     @property
     def pending_keys(self) -> int:

@@ -113,11 +113,12 @@ def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObser
             # the keys and the counts the job needs, not vLLM's objects: those would
             # otherwise outlive vLLM's use of them until the journal is applied (up to
             # flush_interval_s), through garbage collections (aggregator.py: why flat)
+            # one tuple of the keys (a C-level copy): the journal's items per job are bounded
             if out is None:  # refused: no row to store into
-                extend([handler, 2 + len(keys), -1, False, *keys])
+                extend((handler, 3, -1, False, tuple(keys)))
             else:
-                extend([handler, 2 + len(keys), len(out.evicted_keys),
-                        bool(out.keys_to_store), *keys])
+                extend((handler, 3, len(out.evicted_keys), bool(out.keys_to_store),
+                        tuple(keys)))
                 if expected or quarantine:  # digests: tiering only
                     forget(out.evicted_keys)
                     forget(out.keys_to_store)

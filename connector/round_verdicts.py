@@ -3,7 +3,8 @@
 Once per ``get_num_new_matched_tokens`` call (never per key). A plain round (no
 quarantined key, refused promotion or eviction in it; no span) is judged on the
 aggregator thread (:meth:`RoundVerdicts.judge_plain`, aggregator.py) from what the
-scheduler thread captured when it ended: its copied lookups, the request's token
+scheduler thread captured when it ended: its lookups summarized (counts, misses, pending
+keys, where each group's scan stopped: lookup_rounds.summarize), the request's token
 count and the lengths of its offload-key lists (vLLM only appends to them), in
 journal order with the step's store jobs (the refused keys coverage reads). Rounds
 with rare events are judged as they end, on the scheduler thread after a
@@ -24,7 +25,7 @@ from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
 from kvscope.connector.coverage import Coverage, group_suffixes, judge, judge_plain_single
-from kvscope.connector.lookup_rounds import _MISS, Round
+from kvscope.connector.lookup_rounds import Round, RoundFacts
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_spans import lookup_round_span
 from kvscope.exporters import signals
@@ -41,7 +42,7 @@ _STORE_REFUSED = ShortReason.STORE_REFUSED
 _FORM_LABELS = {f: (f.value,) for f in CeilingForm}
 
 
-def _ignore(keys: list[bytes], results: list[Any]) -> None:
+def _ignore(counts: dict) -> None:
     return None
 
 
@@ -64,8 +65,8 @@ class RoundVerdicts:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
                  primary: Any, requests: RequestStates,
                  refused_stores: Container[bytes] = (),
-                 count_lookups: Callable[[list[bytes], list[Any]], None] = _ignore) -> None:
-        """``count_lookups``: told a plain round's lookups (LookupCounts.add)."""
+                 count_lookups: Callable[[dict], None] = _ignore) -> None:
+        """``count_lookups``: told a plain round's lookup counts (LookupCounts.add)."""
         self.rec = recorder
         self.count_lookups = count_lookups
         self.tracer = tracer
@@ -123,27 +124,23 @@ class RoundVerdicts:
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
 
-    def judge_plain(self, start: int, rid: str, req_tokens: int, offload: Any,
+    def judge_plain(self, rid: str, req_tokens: int, offload: Any,
                     lengths: int | tuple[int, ...] | None, num_tokens: int | None,
-                    num_computed: int, *lookups: Any) -> None:
+                    num_computed: int, counts: dict, facts: RoundFacts) -> None:
         """A plain round (no rare events, no span): the journal's handler, on the
         aggregator thread, from what the scheduler thread captured (``offload``,
-        ``lengths``: :func:`offload_of`). ``lookups``: the keys looked up since the last
-        hand-over, then their results; all are counted, ``[start:]`` of them are the
-        round. A hit or a miss on one full-attention group (most rounds) is judged here
-        as :meth:`_judge` and :meth:`_coverage` would (the same sums; no Round, no
-        per-group lists, no frames between): per round, calls are what the aggregator's
-        CPU time is made of."""
-        m = len(lookups) // 2
-        keys, results = lookups[:m], lookups[m:]
-        self.count_lookups(keys, results)
+        ``lengths``: :func:`offload_of`) and summarized (``counts``: the lookups since the
+        last hand-over per group and result, ``facts``: the round's, lookup_rounds.
+        summarize). A hit or a miss on one full-attention group (most rounds) is judged
+        here as :meth:`_judge` and :meth:`_coverage` would (the same sums; no per-group
+        lists, no frames between): per round, calls are what the aggregator's CPU time is
+        made of."""
+        self.count_lookups(counts)
         tpc = self._single_tpc
         try:
-            if start:
-                keys, results = keys[start:], results[start:]
             # a hit, or a miss (nothing found: else vetoed), of one full-attention group
             if (tpc and num_tokens is not None and type(lengths) is int
-                    and (num_tokens > 0 or results.count(_MISS) == len(results))):
+                    and (num_tokens > 0 or facts.misses == facts.n)):
                 try:  # its own guard: the verdict still counts
                     group_keys, n = offload, lengths
                     if len(group_keys) != n:
@@ -153,8 +150,7 @@ class RoundVerdicts:
                         self._coverages.append(1.0)
                     else:
                         self._count_coverage(judge_plain_single(
-                            group_keys, tpc,
-                            keys[results.index(_MISS)] if _MISS in results else None,
+                            group_keys, tpc, facts.miss_key,
                             _HIT if num_tokens > 0 else _MISS_VERDICT, num_tokens,
                             num_computed, self.refused_stores))
                 except Exception as exc:
@@ -164,13 +160,13 @@ class RoundVerdicts:
                 if num_tokens > 0:
                     self._hit_tokens += num_tokens
             else:
-                self._judge(Round.plain(keys, results, 0), rid, req_tokens,
-                            offload_of(offload, lengths), num_tokens, num_computed)
+                self._judge(facts, rid, req_tokens, offload_of(offload, lengths), num_tokens,
+                            num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
         self.requests.on_round(rid, req_tokens, num_tokens is None)
 
-    def _judge(self, rnd: Round, rid: str, req_tokens: int, offload: Offload | None,
+    def _judge(self, rnd: Round | RoundFacts, rid: str, req_tokens: int, offload: Offload | None,
                num_tokens: int | None, num_computed: int
                ) -> tuple[Verdict, int, int, bool, Coverage | None]:
         """Verdict, coverage and the row ceiling's tells, into the sums."""
@@ -224,7 +220,7 @@ class RoundVerdicts:
                     rec.inc(metric, labels, n)
                 sums.clear()
 
-    def _coverage(self, rnd: Round, verdict: Verdict, req_id: str, offload: Offload | None,
+    def _coverage(self, rnd: Round | RoundFacts, verdict: Verdict, req_id: str, offload: Offload | None,
                   offered: int, num_computed: int) -> Coverage | None:
         """Held vs offered tokens of an ended round, recorded. ``offload``: the request's
         offload-key lists and their lengths when the round ended."""
@@ -239,11 +235,8 @@ class RoundVerdicts:
             if full is not None:  # the healthy case: no judging needed
                 return full
         if self._single_tpc and not rnd.refusals and not rnd.quarantined:  # most rounds
-            results = rnd.results
             cov = judge_plain_single(
-                keys[0], self._single_tpc,
-                rnd.keys[results.index(_MISS)] if _MISS in results else None,
-                verdict, offered, num_computed, self.refused_stores)
+                keys[0], self._single_tpc, rnd.first_miss_key(), verdict, offered, num_computed, self.refused_stores)
         else:  # which groups were scanned matters only past a refused promotion
             cov = judge(first_miss=rnd.first_miss(),
                         scanned=rnd.scanned() if rnd.refusals else _NOTHING,

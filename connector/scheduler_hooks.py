@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.connector import compat
+from kvscope.connector.lookup_rounds import summarize
 from kvscope.connector.scheduler_side import SchedulerObserver
 from kvscope.exporters.signals import ErrorSite
 
@@ -62,6 +63,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     keys, results = log.keys, log.results
     quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions
     judge_plain, capture = obs._judge_plain, obs._offload_prefix
+    tally, several = obs.lookups.tally, obs.lookups.only_suffix is None
     on_new, after_alloc, on_finished = obs._on_new, obs._after_alloc, obs._on_finished
     skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
     live = obs._live  # a set kept for the observer's life, or None (install)
@@ -85,18 +87,20 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                 obs.end_round(request, result[0], num_computed_tokens)
                 return result
             # A plain round: what judging it needs (the request's token count, its
-            # offload-key list(s) and length(s)) and its lookups (the round is [start:] of
-            # them) copied into the journal, the slots emptied; judged on the aggregator
-            # thread (RoundVerdicts.judge_plain). A deferred round (None) captures no
-            # offload keys: coverage judges only rounds that ended
+            # offload-key list(s) and length(s)) and its lookups summarized (counts per group
+            # and result, the round's misses, pending keys and first MISS per group: C-level
+            # passes, lookup_rounds.summarize) into one journal event of O(groups) objects,
+            # the slots emptied; judged on the aggregator thread (RoundVerdicts.judge_plain).
+            # A deferred round (None) captures no offload keys: coverage judges only rounds
+            # that ended
             num_tokens, rid = result[0], request.request_id
             if num_tokens is None:
                 offload = lengths = None
             else:
                 offload, lengths = capture(rid)
-            journal_extend([judge_plain, 7 + 2 * len(keys), log.start, rid, request.num_tokens,
-                            offload, lengths, num_tokens, num_computed_tokens,
-                            *keys, *results])
+            journal_extend((judge_plain, 8, rid, request.num_tokens, offload, lengths,
+                            num_tokens, num_computed_tokens, tally(keys, results),
+                            summarize(keys, results, log.start, several)))
             del keys[:], results[:]
             log.start = -1
         except Exception as exc:

@@ -194,7 +194,7 @@ class SchedulerObserver:
         self.taps.declare()
 
     # ---- manager calls (the proxy's prepare_store: manager_proxy._store_tap) ----------------
-    def _store_job(self, evicted: int, stores: bool, *keys: bytes) -> None:
+    def _store_job(self, evicted: int, stores: bool, keys: tuple[bytes, ...]) -> None:
         """Aggregator: a store job of ``keys`` prepared (``evicted``: the rows it evicts;
         ``stores``: whether it stores any key) or refused (``evicted`` -1)."""
         if evicted < 0:
@@ -207,7 +207,7 @@ class SchedulerObserver:
 
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
     # A plain round (no rare event, no span: most rounds) is handed over by the connector's
-    # hook itself (scheduler_hooks.py): its lookups copied, the request's token count and
+    # hook itself (scheduler_hooks.py): its lookups summarized, the request's token count and
     # offload-key lengths captured, in one journal event for the aggregator thread.
     def traced_round(self, ask: Callable[[Any, int], Any], request: Any,
                      num_computed: int) -> Any:
@@ -229,7 +229,7 @@ class SchedulerObserver:
             with self.agg.lock:
                 self.agg.drain()  # the rounds and store jobs before this one first
                 rnd, keys, results = log.end()
-                self.lookups.add(keys, results)
+                self.lookups.add(self.lookups.tally(keys, results))
                 if rnd is not None:
                     self.verdicts.record(rnd, rid, request.num_tokens,
                                          offload_of(*self._offload_prefix(rid)), num_tokens,

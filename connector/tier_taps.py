@@ -32,6 +32,10 @@ _DISK_TO_CPU = (signals.RANK_MANAGER, Direction.DISK_TO_CPU.value)
 _CPU_TO_DISK = (signals.RANK_MANAGER, Direction.CPU_TO_DISK.value)
 
 
+def _nothing() -> None:
+    """A journal event that only wakes the aggregator (its refresh reads the gauges)."""
+
+
 class TierJob:
     """A submitted tier job; its rows and keys are decoded when it completes."""
 
@@ -68,6 +72,10 @@ class TierTaps:
         self._cascade_bytes = 0
         self._cascade_seconds: list[float] = []
         self._cascade_done_handler = self._cascade_done  # bound once, not per job
+        # keys whose promotion started / found no row, as counted on vLLM's thread, and
+        # as handed to the recorder by the last flush
+        self._promotions_started = [0, 0]
+        self._promotions_flushed = [0, 0]
         self._guard = recorder.guard(ErrorSite.TIER)
         with self._guard:
             for tier in self.tiers:
@@ -86,23 +94,34 @@ class TierTaps:
         original = getattr(primary, "prepare_write", None)
         if original is None or getattr(original, compat.WRAPPED_MARK, False) or not self.tiers:
             return
-        rec, log, rows, guard = self.rec, self.log, self.rows, self._guard
+        rec, log, counts = self.rec, self.log, self._promotions_started
+        expected, quarantine, forget = self.rows.expected, self.rows.quarantine, self.rows.forget
 
+        # Once per promoted key (vLLM promotes key by key during a lookup: thousands per
+        # long restore): counts kept here (only this thread writes them; flush() hands the
+        # recorder what they grew by), no lock and no context manager per call
         def prepare_write(keys, req_context, *a, **kw):
             out = original(keys, req_context, *a, **kw)
-            with guard:
+            try:
                 if out is None:
-                    rec.inc(signals.PROMOTIONS, _NO_ROW, len(keys))
+                    counts[1] += len(keys)
                     log.add_refusal(len(keys))
                 else:
-                    rec.inc(signals.PROMOTIONS, _STARTED, len(out.keys_to_store))
-                    if out.evicted_keys:
-                        log.add_evictions(out.evicted_keys)
-                    rows.forget(out.evicted_keys)
-                    rows.forget(out.keys_to_store)
+                    counts[0] += len(out.keys_to_store)
+                    evicted = out.evicted_keys
+                    if evicted:
+                        log.add_evictions(evicted)
+                    if expected or quarantine:  # digests: forget rewritten rows' ones
+                        forget(evicted)
+                        forget(out.keys_to_store)
+            except Exception as exc:
+                rec.error(ErrorSite.TIER, exc)
             return out
 
         setattr(prepare_write, compat.WRAPPED_MARK, True)
+        # vLLM's own is an instance attribute (the primary tier's prepare_store, bound):
+        # what a tap's remover puts back (benchmarks/kvscope_switch.py)
+        prepare_write.__wrapped__ = original
         primary.prepare_write = prepare_write
 
     def _tap_tier(self, tier: Any) -> None:
@@ -121,6 +140,7 @@ class TierTaps:
         journal, monotonic, rec = self.journal, time.monotonic, self.rec
         cascade_started, cascade_done = self._cascade_started, self._cascade_done_handler
         promotions, promotion_done, extend = self.promotions, self._promotion_done, journal.extend
+        promotion_seen = _nothing
 
         # A cascade: one journal event (started, recorded and summed on the aggregator
         # thread); a plain try, no context-manager frames, no object kept here.
@@ -144,6 +164,9 @@ class TierTaps:
                         job_id = res.job_id
                         if job_id in promotions:
                             promotion_done(job_id, bool(res.success), now)
+                            # an event, so the aggregator refreshes the pending gauges
+                            # after it (an idle engine journals nothing else)
+                            extend((promotion_seen, 0))
                         else:
                             extend((cascade_done, 3, job_id, bool(res.success), now))
                 except Exception as exc:
@@ -193,8 +216,15 @@ class TierTaps:
             self._cascade_keys[2] += compat.job_key_count(job)
 
     def flush(self) -> None:
-        """The cascades summed since the last flush, into the recorder (aggregator)."""
+        """The cascades summed since the last flush, and the promotions counted since,
+        into the recorder (aggregator)."""
         rec = self.rec
+        counted, flushed = self._promotions_started[:], self._promotions_flushed
+        for labels, now, then in ((_STARTED, counted[0], flushed[0]),
+                                  (_NO_ROW, counted[1], flushed[1])):
+            if now != then:
+                rec.inc(signals.PROMOTIONS, labels, now - then)
+        self._promotions_flushed = counted
         started, completed, failed = self._cascade_keys
         if started or completed or failed:
             for labels, n in ((_CASCADE_STARTED, started), (_CASCADE_COMPLETED, completed),

@@ -11,6 +11,8 @@ difference, each naming the release that needs it:
   lookups rule it out).
 * ``load_failures``: how a refused load reaches vLLM; 0.33's request-level
   ``failed_recving`` for models with several KV groups.
+* ``registry``: naming the connector to vLLM's connector factory (the ``vllm.general_plugins``
+  entry point, ``kvscope.connector.plugin``); the same API in 0.26 and 0.33.
 * The CPU harness has its own (``kvscope.sim.harness_compat``: 0.33's ``KVCacheTensor``
   placement, ``SharedOffloadRegion`` sizes, ``get_transfer_results``).
 * ``vllm_api``: the vLLM classes the connector subclasses or builds, and named hooks for

@@ -53,6 +53,9 @@ class EngineConfig:
     exporter_port: int | None = None
     kvscope_options: dict[str, Any] = field(default_factory=dict)  # more kvscope settings
     connector: str = "ObservedOffloadingConnector"  # or "OffloadingConnector" (stock)
+    # Name the connector only (no kv_connector_module_path): vLLM's factory must know it
+    # already (ObservedOffloadingConnector: kvscope's vllm.general_plugins entry point).
+    connector_by_name: bool = False
     hash_seed: str | None = "0"  # PYTHONHASHSEED for NONE_HASH; None = random
     fs_root: str | None = None
     model_dir: str | None = None  # share it (and fs_root) to model a restarted engine
@@ -148,6 +151,8 @@ def _kv_transfer_config(cfg: EngineConfig, engine_id: str, fs_root: str,
                                      "n_read_threads": 1, "n_write_threads": 1}]
     module = ("kvscope.connector" if cfg.connector == "ObservedOffloadingConnector"
               else "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
+    if cfg.connector_by_name:
+        module = None
     return KVTransferConfig(kv_connector=cfg.connector, kv_role="kv_both",
                             kv_connector_module_path=module,
                             engine_id=engine_id,

@@ -1,5 +1,6 @@
 """RoundVerdicts.judge_plain judges a plain hit or miss round of one full-attention KV group
-inline (no Round, no per-group lists). It must add up to exactly what the general path
+inline (no Round, no per-group lists), from the round's lookups summarized on the scheduler
+thread (lookup_rounds.summarize). It must add up to exactly what the general path
 (``_judge`` on a ``Round``, then the request's state) adds up to, for every shape of round:
 hits whole or short, misses, vetoed and deferred rounds (which it hands to the general
 path), lookups before the round's start, offload-key lists longer than at the round's end,
@@ -14,7 +15,7 @@ import itertools
 import pytest
 
 from kvscope.connector import compat
-from kvscope.connector.lookup_rounds import Round
+from kvscope.connector.lookup_rounds import LookupCounts, Round, summarize
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts
 from kvscope.connector.store_refusals import RefusedStores
@@ -63,6 +64,7 @@ def test_the_fast_path_adds_up_to_the_general_one():
         inner = fast._judge
         fast._judge = lambda *a: taken_general.append(1) or inner(*a)
         suffix = fast.groups[0][0]
+        counts = LookupCounts(suffix)
         keys = [bytes([i + 1]) * 8 + suffix for i in range(5)]
         hit, miss, retry = compat.HIT, compat.MISS, compat.RETRY
         rounds = 0
@@ -83,8 +85,9 @@ def test_the_fast_path_adds_up_to_the_general_one():
             for num_tokens in (None, 0, tpc,  # tpc: one chunk of more found (load_cap)
                                found * tpc - computed if found * tpc > computed else 0,
                                max(n * tpc - computed, 0) or None):
-                fast.judge_plain(start, rid, n * tpc + 7, offload_keys, n, num_tokens,
-                                 computed, *lookups, *answers)
+                fast.judge_plain(rid, n * tpc + 7, offload_keys, n, num_tokens, computed,
+                                 counts.tally(lookups, answers),
+                                 summarize(lookups, answers, start, False))
                 _general(general, lookups, answers, start, rid, n * tpc + 7,
                          ([offload_keys], (n,)), num_tokens, computed)
                 rounds += 1

@@ -1,4 +1,6 @@
-"""The Prometheus shared by the live query checks of this folder (see ``live.py``)."""
+"""The Prometheus shared by the live query checks of this folder (see ``live.py``), and the
+Prometheus replaying the recorded fault campaigns (test_campaign_replay.py and
+test_victoriametrics.py compare against it)."""
 
 from __future__ import annotations
 
@@ -12,4 +14,14 @@ from tests.support.prometheus import require_binaries
 def live_pool(tmp_path_factory):
     require_binaries("prometheus")
     with live.pool(tmp_path_factory.mktemp("live")) as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def campaign_prom():
+    require_binaries()
+    replay = pytest.importorskip("benchmarks.campaign_replay")
+    if not replay.recordings():
+        pytest.skip("no campaign recordings committed")
+    with replay.replayed() as p:
         yield p

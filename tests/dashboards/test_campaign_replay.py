@@ -28,7 +28,6 @@ from kvscope.dashboards import rules as r
 from kvscope.dashboards.artifacts import queries
 from kvscope.exporters import signals as S
 from tests.support import querycheck as qc
-from tests.support.prometheus import require_binaries
 
 replay = pytest.importorskip("benchmarks.campaign_replay")
 
@@ -79,12 +78,8 @@ DIAGNOSED = [p for p in PHASES if EXPECTED[(p["run"], p["name"])][1] is not None
 
 
 @pytest.fixture(scope="module")
-def prom():
-    require_binaries()
-    if not replay.recordings():
-        pytest.skip("no campaign recordings committed")
-    with replay.replayed() as p:
-        yield p
+def prom(campaign_prom):
+    return campaign_prom  # shared with test_victoriametrics.py (conftest.py)
 
 
 def test_every_phase_that_ran_is_judged_or_says_why_not():
@@ -174,26 +169,37 @@ def _diagnose(*args: str, run: str) -> tuple[int, list[str]]:
     p = subprocess.run([sys.executable, "-m", "kvscope.diagnostics.cli", *args, "--json"],
                        capture_output=True, text=True, timeout=120)
     try:
-        doc = json.loads(p.stdout)
-        ids = [v["id"] for v in doc["verdicts"]]
-        reasons = [r for u in doc["unchecked"] for r in u["reasons"]]
+        return judged(p.returncode, json.loads(p.stdout), run)
     except (ValueError, KeyError):
         raise AssertionError(f"kv-diagnose {args}: exit {p.returncode}: {p.stderr[-800:]}") from None
-    if ids[0] == "inconclusive" and p.returncode == 3 and reasons and all(
+
+
+def judged(code: int, doc: dict, run: str) -> tuple[int, list[str]]:
+    """(exit code, verdict ids) of a kv-diagnose --json report, read as the tests judge it."""
+    ids = [v["id"] for v in doc["verdicts"]]
+    reasons = [r for u in doc["unchecked"] for r in u["reasons"]]
+    if ids[0] == "inconclusive" and code == 3 and reasons and all(
             any(v in r for v in ADDED_AFTER_RECORDING.get(run, ())) for r in reasons):
         return 0, ["healthy"]  # quiet, but for values the recording predates (see above)
-    return p.returncode, ids
+    return code, ids
+
+
+def window_args(phase: dict) -> list[str]:
+    """kv-diagnose's window and thresholds for a phase (as an operator asks about it)."""
+    verdict = EXPECTED[(phase["run"], phase["name"])][1]
+    # an operator asks while the incident lasts: a switched fault's window ends when it cleared
+    end = phase.get("fault_off", phase["end"]) if verdict in WHILE_IT_LASTS else phase["end"]
+    window = ["--start", f"{phase['start']:.3f}", "--end", f"{end:.3f}"]
+    # faults held 20 s (windows scaled like CAMPAIGN_CONFIG): stuck after 10 s, not 30 s
+    return window + (["--stuck-after", "10s"] if verdict in WHILE_IT_LASTS else [])
 
 
 @pytest.mark.parametrize("phase", DIAGNOSED, ids=[f"{p['run']}:{p['name']}" for p in DIAGNOSED])
 def test_kv_diagnose_names_the_phase(prom, phase, tmp_path):
     _, verdict = EXPECTED[(phase["run"], phase["name"])]
-    # an operator asks while the incident lasts: a switched fault's window ends when it cleared
-    end = phase.get("fault_off", phase["end"]) if verdict in WHILE_IT_LASTS else phase["end"]
-    window = ["--start", f"{phase['start']:.3f}", "--end", f"{end:.3f}"]
-    # faults held 20 s (windows scaled like CAMPAIGN_CONFIG): stuck after 10 s, not 30 s
-    stuck = ["--stuck-after", "10s"] if verdict in WHILE_IT_LASTS else []
-    code, ids = _diagnose("--prometheus", prom.url, *window, *stuck, run=phase["run"])
+    args = window_args(phase)
+    window, stuck = args[:4], args[4:]
+    code, ids = _diagnose("--prometheus", prom.url, *args, run=phase["run"])
     assert ids[0] == verdict and code == (0 if verdict == "healthy" else 1), ids
     bundle = tmp_path / "phase.kvb"
     rec = subprocess.run([sys.executable, "-m", "kvscope.diagnostics.cli", "record",

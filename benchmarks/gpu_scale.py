@@ -1,0 +1,345 @@
+"""A long prefix restored from disk on the GPU, kvscope on vs off in one process (issue 26).
+
+On the H200 a 131k-token restore made kvscope lose events and looked slower than stock
+(two fresh processes each, 8.3/7.5 s observed vs 7.2/5.2 s stock: nothing resolved). Here
+one process holds one engine with ``ObservedOffloadingConnector`` (tiering: the CPU
+primary tier and an fs tier on disk, ``checksum_policy`` refuse) and alternates
+iterations with kvscope **on** and **off** (kvscope_switch.py: off is vLLM's stock code
+path) in ABBA pairs, as gpu_within_process.py does, so process-to-process spread drops out
+of each pair.
+
+An iteration (``--tokens`` T, one prompt fills the GPU blocks and the primary tier,
+``rows`` >= 8,000): ask prompt k+1 (its prefill evicts prompt k from the GPU blocks and
+from the primary tier; its chunks are stored and cascade to disk; the engine is settled, untimed), then re-ask
+prompt k:
+its prefix is promoted from disk and loaded. Timed: the re-ask (``restore_s``, the
+measure: restore wall time; tokens/s = restored tokens / restore_s). Per iteration also:
+the tokens it restored (vLLM's ``num_cached_tokens``) and loaded from the tiers (vLLM's
+connector's answer), whether its output equals the first
+ask's, the prefill's time, the digests' wall time on both sides (scheduler: promoted rows
+at completion; the rank: the check before each load), kvscope's threads' CPU.
+
+Checked: every re-ask restored the same tokens in both arms, with its first output; over
+the run kvscope's hit counter grew by exactly the tokens restored while on and
+``kvscope_telemetry_errors_total`` stayed 0. Reported: the geometric mean over pairs of
+restore_s(off) / restore_s(on) (= tokens/s on / off) with a t and a bootstrap 95 % CI.
+
+Tiny Llama with dummy weights (4 layers, hidden 256, 2 KV heads: 32 KiB of KV per
+16-token block), built on the spot. Needs the in-process engine
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and a disk directory for the fs tier:
+
+    python3 benchmarks/gpu_scale.py case --tokens 131000 --pairs 12 --fs-root /tmp/fs \\
+        --deadline-s 520 --out R.json
+    python3 benchmarks/gpu_scale.py case ... --checksum-policy off   # kvscope without digests
+    python3 benchmarks/gpu_scale.py summarize R.json [R2.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+import thread_cpu
+from call_clock import CallClock
+from kvscope_switch import KvscopeSwitch, quiet
+from pair_stats import interval, pair_logs
+
+T_START = time.monotonic()
+CHUNK = 16
+KV_BLOCK_BYTES = 32 * 1024  # 4 layers x K,V x 2 heads x 64 x 16 tokens x bf16
+VOCAB = 32_000
+OUT_TOKENS = 4
+SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
+
+
+def write_config(d: str, max_len: int) -> None:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+           "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 64, "vocab_size": VOCAB,
+           "max_position_embeddings": max_len, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 1,
+           "eos_token_id": 2, "hidden_act": "silu"}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def prompt(k: int, tokens: int) -> dict:
+    r = random.Random(7_919 * (k + 11))
+    return {"prompt_token_ids": [r.randrange(3, VOCAB) for _ in range(tokens)]}
+
+
+def geometry(tokens: int, rows: int | None) -> dict:
+    keys = tokens // CHUNK
+    rows = rows or max(8_000, keys + 800)
+    if rows >= 2 * keys:
+        raise SystemExit(f"{rows} rows hold two prompts of {keys} keys: nothing would cascade")
+    return {"tokens": tokens, "keys": keys, "rows": rows, "gpu_blocks": keys + 64,
+            "max_len": tokens + 64}
+
+
+class Answers:
+    """What vLLM's connector answered each lookup round (the tokens a request loads from the
+    tiers: vLLM's truth, not kvscope's), in order. Wrapped on the scheduler's connector and
+    wrapped again at each switch (KvscopeSwitch.clocks: its method changes with the state)."""
+
+    NAME = "get_num_new_matched_tokens"
+
+    def __init__(self, connector) -> None:
+        self.connector = connector
+        self.answers: list = []
+        self._own = None
+        self.rewrap()
+
+    def rewrap(self) -> None:
+        inner = getattr(self.connector, self.NAME)
+        self._own = vars(self.connector).get(self.NAME)
+
+        def answered(request, num_computed):
+            out = inner(request, num_computed)
+            self.answers.append(out[0])
+            return out
+
+        setattr(self.connector, self.NAME, answered)
+
+    def unwrap(self) -> None:
+        if self._own is None:
+            delattr(self.connector, self.NAME)
+        else:
+            setattr(self.connector, self.NAME, self._own)
+
+    def loaded_since(self, mark: int) -> int:
+        """The last tokens-to-load answer since ``mark`` (0: none)."""
+        return next((a for a in reversed(self.answers[mark:]) if a), 0)
+
+
+def scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + json.dumps(dict(sorted(s.labels.items())))
+            out[key] = s.value
+    return out
+
+
+def total(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k.startswith(name + "{"))
+
+
+def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: str,
+             deadline: float | None, out_path: str | None, checksum_policy: str = "refuse"
+             ) -> dict:
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
+    from gpu_scheduler_bound import free_port
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    g = geometry(tokens, rows)
+    d = tempfile.mkdtemp(prefix="kvscope-scale-")
+    write_config(d, g["max_len"])
+    os.makedirs(fs_root, exist_ok=True)
+    port = free_port()
+    ktc = KVTransferConfig(
+        kv_connector="ObservedOffloadingConnector", kv_connector_module_path="kvscope.connector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "cpu_bytes_to_use": g["rows"] * KV_BLOCK_BYTES, "block_size": CHUNK,
+            "spec_name": "TieringOffloadingSpec",
+            "secondary_tiers": [{"type": "fs", "root_dir": fs_root, "n_read_threads": 16,
+                                 "n_write_threads": 16}],
+            "kvscope": {"exporter_port": port, "checksum_policy": checksum_policy}})
+    t0 = time.perf_counter()
+    llm = LLM(model=d, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
+              block_size=CHUNK, num_gpu_blocks_override=g["gpu_blocks"],
+              max_model_len=g["max_len"], max_num_batched_tokens=8192, max_num_seqs=4,
+              gpu_memory_utilization=0.5, enable_prefix_caching=True, enforce_eager=True,
+              kv_transfer_config=ktc, disable_log_stats=False, seed=0)
+    res: dict = {**g, "checksum_policy": checksum_policy, "engine_up_s": round(time.perf_counter() - t0, 1), "pid": os.getpid(),
+                 "cmd": sys.argv}
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    worker = get_kv_transfer_group()
+    switch = KvscopeSwitch(scheduler, [worker])
+    res["lookups_from_scan"] = switch.observer.lookups_from_scan
+    answers = Answers(scheduler.connector)
+    switch.clocks.append(answers)
+    # digests: wall time (they fan out over kvscope's digest threads)
+    digests = {"scheduler": CallClock(time.perf_counter).wrap(switch.observer.rows.digester,
+                                                              "many"),
+               "rank0": CallClock(time.perf_counter).wrap(worker.kvscope_worker._digester,
+                                                          "many")}
+    sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True,
+                        detokenize=False)
+    tiny = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def settle() -> None:
+        """No request, no connector job and no tier job (a cascade or a promotion that
+        finished in the other state would leave kvscope's books open): the tiering
+        manager's own test."""
+        for _ in range(600):
+            if quiet(scheduler) and not switch.manager.has_pending_work():
+                return
+            llm.generate([SETTLE_PROMPT], tiny, use_tqdm=False)
+            time.sleep(0.02)  # the fs tier's threads finish what is in flight
+        raise RuntimeError("engine not settled after 600 settling requests")
+
+    def ask(k: int):
+        return llm.generate([prompt(k, tokens)], sp, use_tqdm=False)[0]
+
+    first_out = {0: list(ask(0).outputs[0].token_ids)}
+    order = [k % 2 == 0 for k in range(warmup)]
+    for j in range(pairs):
+        order += [True, False] if j % 2 == 0 else [False, True]
+    iters: list[dict] = []
+    before = None
+    pair_s: list[float] = []
+    pair_t = time.monotonic()
+    for k, on in enumerate(order):
+        if k >= warmup and (k - warmup) % 2 == 0:
+            now = time.monotonic()
+            if k > warmup:
+                pair_s.append(now - pair_t)
+            pair_t = now
+            if deadline is not None and pair_s and deadline - now < 1.3 * max(pair_s) + 20:
+                res["stopped"] = "deadline"
+                break
+        settle()
+        switch.set(on)
+        if k == warmup:
+            before = scrape(url)
+        d0 = {n: c.seconds for n, c in digests.items()}
+        threads0 = thread_cpu.snapshot()
+        t = time.perf_counter()
+        new = ask(k + 1)
+        t1 = time.perf_counter()
+        # its stores cascaded to disk first: rows pinned by a cascade in flight would leave
+        # the restore fewer free rows (its promotions refused, a wait as long as the disk's
+        # writes) in whichever arm it happened to fall (run A: one re-ask of 27.9 s)
+        settle()
+        t1s = time.perf_counter()
+        mark = len(answers.answers)
+        again = ask(k)
+        t2 = time.perf_counter()
+        threads = thread_cpu.between(threads0, thread_cpu.snapshot())
+        first_out[k + 1] = list(new.outputs[0].token_ids)
+        it = {"k": k, "on": on, "s": round(t2 - t1s, 4), "prefill_s": round(t1 - t, 4),
+              "settle_s": round(t1s - t1, 4),
+              "restored": again.num_cached_tokens or 0,
+              "loaded": answers.loaded_since(mark),
+              "same_output": list(again.outputs[0].token_ids) == first_out.pop(k),
+              "digest_wall_s": {n: round(c.seconds - d0[n], 4) for n, c in digests.items()},
+              "threads": threads}
+        it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
+        print(json.dumps(it), flush=True)
+        if k >= warmup:
+            iters.append(it)
+            if out_path and len(iters) % 2 == 0:
+                _write(out_path, {**res, "iters": iters})
+    settle()
+    switch.set(True)
+    time.sleep(2 * switch.observer.agg.interval_s)  # the aggregator's next refresh: gauges
+    after = scrape(url)
+    on_restored = sum(i["loaded"] for i in iters if i["on"])
+    res.update(iters=iters, checks=checks(iters, before or {}, after, on_restored))
+    if len(iters) >= 2:
+        res["summary"] = summary(iters)
+    if out_path:
+        _write(out_path, res)
+    return res
+
+
+def checks(iters: list[dict], before: dict, after: dict, on_restored: int) -> dict:
+    # per-iteration restored tokens, as (on, off); kvscope's hit counter while on
+    from kvscope.exporters import signals as S
+
+    grew = total(after, S.HIT_TOKENS.name) - total(before, S.HIT_TOKENS.name)
+    return {"restored": sorted({i["restored"] for i in iters}),
+            "loaded": sorted({i["loaded"] for i in iters}),
+            "same_output": all(i["same_output"] for i in iters),
+            "hit_tokens_grew": grew,
+            "loaded_while_on": on_restored,
+            "telemetry_errors": total(after, S.TELEMETRY_ERRORS.name),
+            "pending_transfers_after": total(after, S.PENDING_TRANSFERS.name)}
+
+
+def summary(iters: list[dict]) -> dict:
+    n = len(iters) // 2 * 2
+    iters = iters[:n]
+    on = [i for i in iters if i["on"]]
+    off = [i for i in iters if not i["on"]]
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    dig = [sum(i["digest_wall_s"].values()) / i["s"] for i in on]
+    return {**interval(pair_logs(iters)),
+            "median_restore_s": {"on": med([i["s"] for i in on]),
+                                 "off": med([i["s"] for i in off])},
+            "median_tokens_per_s": {"on": med([i["tokens_per_s"] for i in on]),
+                                    "off": med([i["tokens_per_s"] for i in off])},
+            "digest_share_of_restore_on": {"median": round(med(dig), 4),
+                                           "max": round(max(dig), 4)},
+            "kvscope_threads_cpu_s_on": med([i["threads"]["kvscope"]["cpu_s"] for i in on])}
+
+
+def _write(path: str, obj: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def summarize_files(paths: list[str]) -> dict:
+    by_case: dict[tuple[int, str], list[dict]] = {}
+    for p in paths:
+        with open(p) as f:
+            r = json.load(f)
+        by_case.setdefault((r["tokens"], r.get("checksum_policy", "refuse")), []).append(r)
+    out = {}
+    for (tokens, policy), runs in sorted(by_case.items()):
+        iters = [i for r in runs for i in r["iters"][:len(r["iters"]) // 2 * 2]]
+        out[f"{tokens} {policy}"] = {"processes": len(runs), **summary(iters),
+                                     "checks": [r.get("checks") for r in runs]}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("case")
+    c.add_argument("--tokens", type=int, default=131_000)
+    c.add_argument("--rows", type=int, default=None, help="default: max(8000, keys + 800)")
+    c.add_argument("--pairs", type=int, default=12)
+    c.add_argument("--warmup", type=int, default=2)
+    c.add_argument("--fs-root", required=True, help="a directory on disk (not tmpfs)")
+    c.add_argument("--deadline-s", type=float, default=None,
+                   help="stop between pairs so the run ends this many seconds after start")
+    c.add_argument("--out")
+    c.add_argument("--checksum-policy", default="refuse", choices=["refuse", "observe", "off"])
+    s = sub.add_parser("summarize")
+    s.add_argument("files", nargs="+")
+    a = p.parse_args()
+    if a.cmd == "summarize":
+        print(json.dumps(summarize_files(a.files), indent=1))
+        return 0
+    deadline = T_START + a.deadline_s if a.deadline_s else None
+    res = run_case(a.tokens, a.rows, a.pairs, a.warmup, a.fs_root, deadline, a.out,
+                   a.checksum_policy)
+    print(json.dumps({k: v for k, v in res.items() if k != "iters"}))
+    ok = (res["checks"]["telemetry_errors"] == 0 and res["checks"]["same_output"]
+          and len(res["checks"]["restored"]) == 1
+          and res["checks"]["hit_tokens_grew"] == res["checks"]["loaded_while_on"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
