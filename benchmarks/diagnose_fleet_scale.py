@@ -1,0 +1,168 @@
+"""kv-diagnose at fleet scale: ``--since 7d`` over a 512-rank engine through Prometheus.
+
+Builds a real Prometheus TSDB holding seven days of one engine's kvscope series
+(world size 512; shape and incidents in ``benchmarks/fleet_history.py``) with
+``promtool tsdb create-blocks-from openmetrics`` (one UTC day per input, one block each),
+starts Prometheus on it (127.0.0.1), then times the real command an operator runs,
+
+    kv-diagnose --prometheus URL --since 7d --json
+
+end to end (process start to exit), ``--repeat`` times, and checks every run finds what
+the history was built to show (the capacity ceiling of the last hours and the
+eight-minute stuck transfer days earlier). Not a test.
+
+    python benchmarks/diagnose_fleet_scale.py [--ranks 512] [--days 7] [--interval 60]
+        [--repeat 7] [--workdir DIR (kept; a TSDB already there is reused)]
+        [--out benchmarks/results/diagnose_fleet_scale.json]
+
+The history runs to ``--ahead`` seconds past the build's start, so the runs (minutes
+later) see an engine that is alive up to their own ``now``; samples after ``now`` are
+never read by a query at ``now``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fleet_history import EXPECTED, History, Shape, chunks, write_chunk  # noqa: E402
+
+from kvscope.exporters import signals as S  # noqa: E402
+from tests.support.prometheus import running_prometheus  # noqa: E402
+
+
+def build(work: Path, shape: Shape) -> dict:
+    """Backfill ``shape`` into ``work/data``; returns what it cost."""
+    data = work / "data"
+    history = History(shape)
+    gen_s = promtool_s = 0.0
+    samples = 0
+    pending: subprocess.Popen | None = None  # promtool on the previous day, while the next is written
+    for i, (lo, hi) in enumerate(chunks(shape)):
+        om = work / f"day{i}.om"
+        t0 = time.perf_counter()
+        samples += write_chunk(history, lo, hi, om)
+        gen_s += time.perf_counter() - t0
+        if pending is not None:
+            t0 = time.perf_counter()
+            if pending.wait() != 0:
+                raise SystemExit("promtool failed")
+            promtool_s += time.perf_counter() - t0
+        pending = subprocess.Popen(
+            ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
+             str(om), str(data)], stdout=subprocess.DEVNULL)
+        print(f"chunk {i}: {time.strftime('%F %T', time.gmtime(lo))} .. "
+              f"{time.strftime('%T', time.gmtime(hi))} UTC written", flush=True)
+    t0 = time.perf_counter()
+    if pending is not None and pending.wait() != 0:
+        raise SystemExit("promtool failed")
+    promtool_s += time.perf_counter() - t0
+    for om in work.glob("day*.om"):
+        om.unlink()
+    series = sum(1 for _ in history.series())
+    meta = {"series": series, "samples": samples, "start": shape.start, "end": shape.end,
+            "interval_s": shape.interval, "world_size": shape.world_size,
+            "stuck_from": shape.stuck_from, "ceiling_from": shape.ceiling_from,
+            "generate_s": round(gen_s, 1), "promtool_wait_s": round(promtool_s, 1)}
+    (work / "history.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def reusable(work: Path, args, now: float) -> dict | None:
+    try:
+        meta = json.loads((work / "history.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = (meta["world_size"] == args.ranks and meta["interval_s"] == args.interval
+            and meta["start"] <= now - args.days * 86400 - 600 and meta["end"] >= now + 300)
+    return meta if same else None
+
+
+def run_once(cmd: list[str]) -> tuple[float, int, dict]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    try:
+        doc = json.loads(p.stdout)
+    except ValueError:
+        raise SystemExit(f"no JSON from kv-diagnose (exit {p.returncode}): {p.stderr[-2000:]}") from None
+    return dt, p.returncode, doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=512)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--interval", type=int, default=60, help="seconds between samples")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--ahead", type=float, default=1800.0)
+    ap.add_argument("--workdir")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/diagnose_fleet_scale.json"))
+    a = ap.parse_args()
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="kvdiag-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    meta = reusable(work, a, now)
+    if meta is None:
+        shutil.rmtree(work / "data", ignore_errors=True)
+        # 10 minutes of history before the window: the first point has its lookback
+        shape = Shape(end=float(int(now + a.ahead)), span=a.days * 86400 + a.ahead + 600,
+                      interval=a.interval, world_size=a.ranks)
+        meta = build(work, shape)
+    print(f"history: {meta['series']:,} series, {meta['samples']:,} samples "
+          f"(generate {meta['generate_s']} s, promtool wait {meta['promtool_wait_s']} s)")
+    exe = shutil.which("kv-diagnose", path=str(Path(sys.executable).parent)) or "kv-diagnose"
+    with running_prometheus([], workdir=work, retention="30d", timeout=120) as prom:
+        # the oldest block is open once a query reaches it
+        prom.wait_for(f"{S.SCHEDULER_STEPS.name} offset {int(a.days)}d", timeout=120)
+        cmd = [exe, "--prometheus", prom.url, "--since", f"{a.days:g}d", "--json"]
+        run_once(cmd)  # warm: Prometheus' page cache and postings, Python's bytecode
+        runs = []
+        for _ in range(a.repeat):
+            dt, rc, doc = run_once(cmd)
+            found = [f["id"] for f in doc.get("verdicts", [])]
+            ok = rc == 1 and all(e in found for e in EXPECTED)
+            runs.append({"seconds": round(dt, 3), "exit": rc, "findings": found, "ok": ok})
+            print(f"{dt:.3f} s exit {rc} {found}", flush=True)
+    lat = [r["seconds"] for r in runs]
+    result = {
+        "benchmark": "diagnose_fleet_scale",
+        "command": "python " + shlex.join(["benchmarks/diagnose_fleet_scale.py", *sys.argv[1:]]),
+        "timed_command": shlex.join(["kv-diagnose", "--prometheus", "URL", "--since",
+                                     f"{a.days:g}d", "--json"]),
+        "history": meta,
+        "expected_findings": list(EXPECTED),
+        "median_s": round(statistics.median(lat), 3),
+        "max_s": round(max(lat), 3),
+        "all_verdicts_ok": all(r["ok"] for r in runs),
+        "runs": runs,
+        "machine": {"nproc": os.cpu_count(), "loadavg_after": os.getloadavg(),
+                    "python": platform.python_version(),
+                    "prometheus": subprocess.run(["prometheus", "--version"], capture_output=True,
+                                                 text=True).stdout.splitlines()[0]},
+        "date": time.strftime("%F %T UTC", time.gmtime()),
+    }
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"median {result['median_s']} s, max {result['max_s']} s, verdicts ok: "
+          f"{result['all_verdicts_ok']} -> {a.out}")
+    if not a.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if result["all_verdicts_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
