@@ -1,7 +1,7 @@
 """kv-diagnose at fleet scale: ``--since 7d`` over a 512-rank engine through Prometheus.
 
 Builds a real Prometheus TSDB holding seven days of one engine's kvscope series
-(world size 512; shape and incidents in ``benchmarks/fleet_history.py``) with
+(world size 512; shape and incidents in ``tests/support/fleet_history.py``) with
 ``promtool tsdb create-blocks-from openmetrics`` (one UTC day per input, one block each),
 starts Prometheus on it (127.0.0.1), then times the real command an operator runs,
 
@@ -37,47 +37,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from fleet_history import EXPECTED, History, Shape, chunks, write_chunk  # noqa: E402
 
 from kvscope.exporters import signals as S  # noqa: E402
+from tests.support.backfill import backfill  # noqa: E402
+from tests.support.fleet_history import EXPECTED, History, Shape, chunks, write_chunk  # noqa: E402
 from tests.support.prometheus import running_prometheus  # noqa: E402
 
 
 def build(work: Path, shape: Shape) -> dict:
-    """Backfill ``shape`` into ``work/data``; returns what it cost."""
-    data = work / "data"
+    """Backfill ``shape`` into ``work/data``; returns what it is and what it cost."""
     history = History(shape)
-    gen_s = promtool_s = 0.0
-    samples = 0
-    pending: subprocess.Popen | None = None  # promtool on the previous day, while the next is written
-    for i, (lo, hi) in enumerate(chunks(shape)):
-        om = work / f"day{i}.om"
-        t0 = time.perf_counter()
-        samples += write_chunk(history, lo, hi, om)
-        gen_s += time.perf_counter() - t0
-        if pending is not None:
-            t0 = time.perf_counter()
-            if pending.wait() != 0:
-                raise SystemExit("promtool failed")
-            promtool_s += time.perf_counter() - t0
-        pending = subprocess.Popen(
-            ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
-             str(om), str(data)], stdout=subprocess.DEVNULL)
-        print(f"chunk {i}: {time.strftime('%F %T', time.gmtime(lo))} .. "
-              f"{time.strftime('%T', time.gmtime(hi))} UTC written", flush=True)
     t0 = time.perf_counter()
-    if pending is not None and pending.wait() != 0:
-        raise SystemExit("promtool failed")
-    promtool_s += time.perf_counter() - t0
-    for om in work.glob("day*.om"):
-        om.unlink()
-    series = sum(1 for _ in history.series())
-    meta = {"series": series, "samples": samples, "start": shape.start, "end": shape.end,
-            "interval_s": shape.interval, "world_size": shape.world_size,
-            "stuck_from": shape.stuck_from, "ceiling_from": shape.ceiling_from,
-            "generate_s": round(gen_s, 1), "promtool_wait_s": round(promtool_s, 1)}
+    samples = backfill(chunks(shape), lambda lo, hi, om: write_chunk(history, lo, hi, om),
+                       work / "data", work, lambda line: print(line, flush=True))
+    meta = {"series": sum(1 for _ in history.series()), "samples": samples,
+            "start": shape.start, "end": shape.end, "interval_s": shape.interval,
+            "world_size": shape.world_size, "stuck_from": shape.stuck_from,
+            "ceiling_from": shape.ceiling_from, "build_s": round(time.perf_counter() - t0, 1)}
     (work / "history.json").write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -124,7 +100,7 @@ def main() -> int:
                       interval=a.interval, world_size=a.ranks)
         meta = build(work, shape)
     print(f"history: {meta['series']:,} series, {meta['samples']:,} samples "
-          f"(generate {meta['generate_s']} s, promtool wait {meta['promtool_wait_s']} s)")
+          f"(built in {meta.get('build_s', '?')} s)")
     exe = shutil.which("kv-diagnose", path=str(Path(sys.executable).parent)) or "kv-diagnose"
     with running_prometheus([], workdir=work, retention="30d", timeout=120) as prom:
         # the oldest block is open once a query reaches it

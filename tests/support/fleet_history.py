@@ -185,7 +185,7 @@ class History:
             yield S.REQUESTS.name, {"state": st}, lambda t, s=share: np.floor(s * busy(t))
         yield S.REQUESTS_IN_FLIGHT.name, {}, lambda t: np.floor(1.17 * busy(t))
         yield S.SCHEDULER_STEPS.name, {}, lambda t: np.floor(20.0 * (t - self.t0))
-        yield S.LAST_STEP_TIMESTAMP.name, {}, lambda t: np.floor(t) - 1.0
+        yield S.LAST_STEP_TIMESTAMP.name, {}, lambda t: np.floor(t)
         for w in S.TELEMETRY_ERRORS.label_values["where"]:
             yield S.TELEMETRY_ERRORS.name, {"where": w}, _zero
         yield S.QUARANTINED_KEYS.name, {}, _zero
@@ -231,7 +231,7 @@ class History:
         yield S.ROW_CHECKSUMS.name, {"rank": rank, "outcome": "mismatch"}, _zero
         for r in S.LOADS_REFUSED.label_values["reason"]:
             yield S.LOADS_REFUSED.name, {"rank": rank, "reason": r}, _zero
-        yield S.WORKER_LAST_STEP_TIMESTAMP.name, {"rank": rank}, lambda t: np.floor(t) - 1.0
+        yield S.WORKER_LAST_STEP_TIMESTAMP.name, {"rank": rank}, lambda t: np.floor(t)
 
     def _manager(self):
         grow = self.grow
@@ -259,8 +259,9 @@ def chunks(shape: Shape, seconds: int = 86400) -> Iterator[tuple[float, float]]:
         lo = hi
 
 
-def write_chunk(history: History, lo: float, hi: float, path) -> int:
-    """Samples of every series in [lo, hi) to ``path`` (OpenMetrics); returns the count."""
+def write_chunk(history: History, lo: float, hi: float, path, eof: bool = True) -> int:
+    """Samples of every series in [lo, hi) to ``path`` (OpenMetrics); returns the count.
+    ``eof=False``: leave the file open for more series (end it with ``# EOF``)."""
     sh = history.shape
     first = sh.start + math.ceil((lo - sh.start) / sh.interval) * sh.interval
     t = np.arange(first, hi, sh.interval, dtype=np.float64)
@@ -273,5 +274,6 @@ def write_chunk(history: History, lo: float, hi: float, path) -> int:
             vs = [repr(v) if v != int(v) else str(int(v)) for v in vals.tolist()]
             f.write("".join([f"{head}{v} {s}" for v, s in zip(vs, stamps, strict=True)]))
             n += len(vs)
-        f.write("# EOF\n")
+        if eof:
+            f.write("# EOF\n")
     return n
