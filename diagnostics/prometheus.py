@@ -11,6 +11,7 @@ every source.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -191,9 +192,11 @@ def prometheus_window(
     kept = [0, 0]  # series, samples over every answer so far
     keep = _keeper(kept)
     if long_window.is_long(start, end, step):
-        series, failures, _ = long_window.read(
+        series, failures = long_window.read(
             client, start, end, sel, dict(queries), MAX_POINTS, _series, deadline, keep)
-        return _window(client, start, end, sel, series, failures, long_window.TAIL_S)
+        raw = _window(client, start, end, sel, series, failures, long_window.TAIL_S)
+        return dataclasses.replace(raw, notes=(long_window.note(start, end, MAX_POINTS),
+                                               *raw.notes))
     def fetch(q: tuple[str, str]) -> list[Series]:
         queried, name = q
         if kept[1] > MAX_SAMPLES:  # over the cap already: fetch no more

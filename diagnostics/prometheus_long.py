@@ -56,6 +56,15 @@ def bucket_grid(start: float, end: float, max_points: int) -> tuple[float, float
     return edge - (max_points - 1) * ms / 1000, edge, ms / 1000
 
 
+def note(start: float, end: float, max_points: int) -> str:
+    """The report's note on how the window was read."""
+    bucket = bucket_grid(start, end, max_points)[2]
+    return (f"window of {(end - start) / 3600:.1f} h read summarised: {max_points} buckets of "
+            f"{bucket / 60:.1f} min (each bucket's max, and min for gauges), the last "
+            f"{TAIL_S / 60:.0f} min raw; worker ranks' series at the start, "
+            f"{TAIL_S / 60:.0f} min before the end and the end")
+
+
 def _regex(names) -> str:
     return "|".join(sorted(names))  # metric names hold no regex metacharacters
 
@@ -88,7 +97,7 @@ class LongRead:
         """(what, name as queried or "", PromQL): the queries, each answered on its own."""
         workers = {q for q, n in present.items() if n in WORKER_SERIES}
         others = set(present) - workers
-        first, last, bucket = bucket_grid(self.start, self.end, self.max_points)
+        bucket = bucket_grid(self.start, self.end, self.max_points)[2]
         rng = f"[{round(bucket * 1000)}ms]"
         out = [("start", "", _sel(f'__name__=~"{_regex(present)}"', self.sel))]
         if others:
@@ -157,13 +166,13 @@ def merge(parts: list, names: dict[str, str], bucket: float) -> list[Series]:
 
 
 def read(client, start: float, end: float, sel: str, names: dict[str, str], max_points: int,
-         parse, deadline, keep) -> tuple[list[Series], list[str], int]:
-    """The window's series, the queries that failed (one line each), and how many ran.
+         parse, deadline, keep) -> tuple[list[Series], list[str]]:
+    """The window's series and the queries that failed (one line each).
     ``keep(body, parse_fn)`` counts an answer against the caps and parses it."""
     lr = LongRead(client, start, end, sel, names, max_points, parse)
     present = lr.present()
     if not present:
-        return [], [], 1
+        return [], []
     jobs = lr.jobs(present)
     results = parallel_map(lambda j: keep(lr.fetch(j), lambda b: lr.series(j, b)), jobs, 8,
                            deadline)
@@ -182,4 +191,4 @@ def read(client, start: float, end: float, sel: str, names: dict[str, str], max_
             parts += r
     if first_error is not None and len(failures) == len(jobs):
         raise first_error  # every query failed the same way: the selector, the server
-    return merge(parts, names, bucket_grid(start, end, max_points)[2]), failures, len(jobs)
+    return merge(parts, names, bucket_grid(start, end, max_points)[2]), failures
