@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,15 +71,40 @@ def reusable(work: Path, args, now: float) -> dict | None:
     return meta if same else None
 
 
-def run_once(cmd: list[str]) -> tuple[float, int, dict]:
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    try:
-        doc = json.loads(p.stdout)
-    except ValueError:
-        raise SystemExit(f"no JSON from kv-diagnose (exit {p.returncode}): {p.stderr[-2000:]}") from None
-    return dt, p.returncode, doc
+def prometheus_cpu(url: str) -> float:
+    """Prometheus' own process_cpu_seconds_total (its /metrics)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("process_cpu_seconds_total "):
+                return float(line.split()[1])
+    return math.nan
+
+
+def timed(cmd: list[str], repeat: int, prom_url: str) -> list[dict]:
+    """``cmd`` once to warm up (Prometheus' page cache, Python's bytecode), then ``repeat``
+    timed runs, process start to exit; each with its exit code, findings and the CPU
+    seconds kv-diagnose and Prometheus spent (on a shared machine, wall time is also
+    other people's work; CPU time is this run's)."""
+    runs = []
+    for i in range(repeat + 1):
+        ru0, pc0 = resource.getrusage(resource.RUSAGE_CHILDREN), prometheus_cpu(prom_url)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        ru1, pc1 = resource.getrusage(resource.RUSAGE_CHILDREN), prometheus_cpu(prom_url)
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        try:
+            found = [v["id"] for v in json.loads(p.stdout).get("verdicts", [])]
+        except ValueError:
+            found = []
+        ok = p.returncode == 1 and all(e in found for e in EXPECTED)
+        print(f"{cmd[0]}: {dt:.3f} s exit {p.returncode} {found} {p.stderr.strip()[-200:]}",
+              flush=True)
+        if i:
+            runs.append({"seconds": round(dt, 3), "cpu_s": round(cpu, 3),
+                         "prometheus_cpu_s": round(pc1 - pc0, 2), "exit": p.returncode,
+                         "findings": found, "ok": ok, **({"stderr": p.stderr.strip()[-300:]} if p.stderr else {})})
+    return runs
 
 
 def main() -> int:
@@ -87,6 +115,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--ahead", type=float, default=1800.0)
     ap.add_argument("--workdir")
+    ap.add_argument("--baseline", metavar="KV_DIAGNOSE",
+                    help="also time this kv-diagnose (e.g. another checkout's venv) the same way")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/diagnose_fleet_scale.json"))
     a = ap.parse_args()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kvdiag-fleet-"))
@@ -105,15 +135,10 @@ def main() -> int:
     with running_prometheus([], workdir=work, retention="30d", timeout=120) as prom:
         # the oldest block is open once a query reaches it
         prom.wait_for(f"{S.SCHEDULER_STEPS.name} offset {int(a.days)}d", timeout=120)
-        cmd = [exe, "--prometheus", prom.url, "--since", f"{a.days:g}d", "--json"]
-        run_once(cmd)  # warm: Prometheus' page cache and postings, Python's bytecode
-        runs = []
-        for _ in range(a.repeat):
-            dt, rc, doc = run_once(cmd)
-            found = [f["id"] for f in doc.get("verdicts", [])]
-            ok = rc == 1 and all(e in found for e in EXPECTED)
-            runs.append({"seconds": round(dt, 3), "exit": rc, "findings": found, "ok": ok})
-            print(f"{dt:.3f} s exit {rc} {found}", flush=True)
+        args = ["--prometheus", prom.url, "--since", f"{a.days:g}d", "--json"]
+        load_before = os.getloadavg()
+        runs = timed([exe, *args], a.repeat, prom.url)
+        baseline = timed([a.baseline, *args], a.repeat, prom.url) if a.baseline else None
     lat = [r["seconds"] for r in runs]
     result = {
         "benchmark": "diagnose_fleet_scale",
@@ -124,16 +149,21 @@ def main() -> int:
         "expected_findings": list(EXPECTED),
         "median_s": round(statistics.median(lat), 3),
         "max_s": round(max(lat), 3),
+        "median_cpu_s": round(statistics.median(r["cpu_s"] for r in runs), 3),
+        "median_prometheus_cpu_s": round(statistics.median(r["prometheus_cpu_s"] for r in runs), 2),
         "all_verdicts_ok": all(r["ok"] for r in runs),
         "runs": runs,
-        "machine": {"nproc": os.cpu_count(), "loadavg_after": os.getloadavg(),
+        **({"baseline": {"kv_diagnose": a.baseline, "runs": baseline}} if baseline else {}),
+        "machine": {"nproc": os.cpu_count(), "loadavg_before": load_before,
+                    "loadavg_after": os.getloadavg(),
                     "python": platform.python_version(),
                     "prometheus": subprocess.run(["prometheus", "--version"], capture_output=True,
                                                  text=True).stdout.splitlines()[0]},
         "date": time.strftime("%F %T UTC", time.gmtime()),
     }
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"median {result['median_s']} s, max {result['max_s']} s, verdicts ok: "
+    print(f"median {result['median_s']} s, max {result['max_s']} s (CPU: kv-diagnose "
+          f"{result['median_cpu_s']} s, Prometheus {result['median_prometheus_cpu_s']} s), verdicts ok: "
           f"{result['all_verdicts_ok']} -> {a.out}")
     if not a.workdir:
         shutil.rmtree(work, ignore_errors=True)
