@@ -71,13 +71,37 @@ def reusable(work: Path, args, now: float) -> dict | None:
     return meta if same else None
 
 
-def prometheus_cpu(url: str) -> float:
-    """Prometheus' own process_cpu_seconds_total (its /metrics)."""
+def own_metric(url: str, name: str) -> float:
+    """One unlabelled series of Prometheus' own /metrics."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("process_cpu_seconds_total "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
     return math.nan
+
+
+def prometheus_cpu(url: str) -> float:
+    return own_metric(url, "process_cpu_seconds_total")
+
+
+def wait_compacted(url: str, timeout: float = 1200.0) -> float:
+    """Wait until Prometheus has compacted the backfilled blocks (into 54 h ones: its
+    max block duration is 10% of the retention), as a long-running Prometheus has: its
+    compaction loop runs once a minute, so done = one whole run that compacted nothing.
+    Returns the seconds waited."""
+    t0 = time.monotonic()
+    ticks: list[tuple[float, float]] = []  # (triggered, compactions) at each new trigger
+    while time.monotonic() - t0 < timeout:
+        trig = own_metric(url, "prometheus_tsdb_compactions_triggered_total")
+        done = own_metric(url, "prometheus_tsdb_compactions_total")
+        if not ticks or trig > ticks[-1][0]:
+            ticks.append((trig, done))
+            # the loop runs one compaction at a time: a trigger after one that changed
+            # nothing means that whole run found nothing to compact
+            if len(ticks) >= 3 and ticks[-1][1] == ticks[-2][1]:
+                return time.monotonic() - t0
+        time.sleep(1.0)
+    raise SystemExit(f"Prometheus still compacting after {timeout:.0f} s")
 
 
 def timed(cmd: list[str], repeat: int, prom_url: str) -> list[dict]:
@@ -115,10 +139,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--ahead", type=float, default=1800.0)
     ap.add_argument("--workdir")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="niceness for Prometheus and kv-diagnose (children inherit it); below "
+                         "0 (root) keeps a shared machine's other jobs off the timing")
     ap.add_argument("--baseline", metavar="KV_DIAGNOSE",
                     help="also time this kv-diagnose (e.g. another checkout's venv) the same way")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/diagnose_fleet_scale.json"))
     a = ap.parse_args()
+    if a.nice:
+        os.nice(a.nice)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="kvdiag-fleet-"))
     work.mkdir(parents=True, exist_ok=True)
     now = time.time()
@@ -135,6 +164,8 @@ def main() -> int:
     with running_prometheus([], workdir=work, retention="30d", timeout=120) as prom:
         # the oldest block is open once a query reaches it
         prom.wait_for(f"{S.SCHEDULER_STEPS.name} offset {int(a.days)}d", timeout=120)
+        print("waiting for Prometheus to compact the backfilled blocks ...", flush=True)
+        meta["compaction_wait_s"] = round(wait_compacted(prom.url), 1)
         args = ["--prometheus", prom.url, "--since", f"{a.days:g}d", "--json"]
         load_before = os.getloadavg()
         runs = timed([exe, *args], a.repeat, prom.url)
@@ -154,7 +185,7 @@ def main() -> int:
         "all_verdicts_ok": all(r["ok"] for r in runs),
         "runs": runs,
         **({"baseline": {"kv_diagnose": a.baseline, "runs": baseline}} if baseline else {}),
-        "machine": {"nproc": os.cpu_count(), "loadavg_before": load_before,
+        "machine": {"nproc": os.cpu_count(), "nice": os.nice(0), "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg(),
                     "python": platform.python_version(),
                     "prometheus": subprocess.run(["prometheus", "--version"], capture_output=True,

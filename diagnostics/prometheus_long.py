@@ -39,6 +39,9 @@ TAIL_S = 300.0  # the recent span of a long window: the last five minutes, raw
 TAIL_STEP_S = 15.0
 NAMES_PER_QUERY = 12
 WORKER_SERIES = frozenset(n for m in S.WORKER_METRICS for n in S.exposed_series(m))
+# Read by no check (the per-rank transfer-time histograms: a third of a fleet engine's
+# series): a long window leaves them out; a short one still reads every wanted name.
+UNREAD = frozenset({f"{S.TRANSFER_SECONDS.name}_sum", f"{S.TRANSFER_SECONDS.name}_count"})
 
 
 def is_long(start: float, end: float, step: float) -> bool:
@@ -85,7 +88,8 @@ class LongRead:
     def __init__(self, client, start: float, end: float, sel: str, names: dict[str, str],
                  max_points: int, parse):
         self.client, self.start, self.end, self.sel = client, start, end, sel
-        self.names = names  # name as queried -> name kv-diagnose knows it by
+        # name as queried -> name kv-diagnose knows it by
+        self.names = {q: n for q, n in names.items() if n not in UNREAD}
         self.max_points = max_points
         self.parse = parse  # (queried name, name, result, url) -> Series | None
 
