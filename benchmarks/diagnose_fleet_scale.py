@@ -127,7 +127,8 @@ def timed(cmd: list[str], repeat: int, prom_url: str) -> list[dict]:
         if i:
             runs.append({"seconds": round(dt, 3), "cpu_s": round(cpu, 3),
                          "prometheus_cpu_s": round(pc1 - pc0, 2), "exit": p.returncode,
-                         "findings": found, "ok": ok, **({"stderr": p.stderr.strip()[-300:]} if p.stderr else {})})
+                         "findings": found, "ok": ok,
+                         **({"stderr": p.stderr.strip()[-300:]} if p.stderr else {})})
     return runs
 
 
@@ -194,8 +195,8 @@ def main() -> int:
     }
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"median {result['median_s']} s, max {result['max_s']} s (CPU: kv-diagnose "
-          f"{result['median_cpu_s']} s, Prometheus {result['median_prometheus_cpu_s']} s), verdicts ok: "
-          f"{result['all_verdicts_ok']} -> {a.out}")
+          f"{result['median_cpu_s']} s, Prometheus {result['median_prometheus_cpu_s']} s), "
+          f"verdicts ok: {result['all_verdicts_ok']} -> {a.out}")
     if not a.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if result["all_verdicts_ok"] else 1

@@ -133,7 +133,8 @@ class PrometheusClient:
     def parse_instant(self, body: bytes) -> list:
         data = self._data("/api/v1/query", body)
         if data.get("resultType") not in (None, "vector"):
-            raise DiagnoseError(f"{self.base}: unexpected result type {str(data.get('resultType'))[:40]!r}")
+            kind = str(data.get("resultType"))[:40]
+            raise DiagnoseError(f"{self.base}: unexpected result type {kind!r}")
         result = data.get("result", [])
         if not isinstance(result, list):
             raise DiagnoseError(f"{self.base}: unexpected answer (result is not a list)")
@@ -197,6 +198,7 @@ def prometheus_window(
         raw = _window(client, start, end, sel, series, failures, long_window.TAIL_S)
         return dataclasses.replace(raw, notes=(long_window.note(start, end, MAX_POINTS),
                                                *raw.notes))
+
     def fetch(q: tuple[str, str]) -> list[Series]:
         queried, name = q
         if kept[1] > MAX_SAMPLES:  # over the cap already: fetch no more

@@ -19,8 +19,8 @@ whose step would exceed :data:`RAW_STEP_MAX_S` is read as:
 
 Which names exist in the window comes from the label-values index first (one cheap call):
 nothing is queried for a name the window lacks. Bucket maxima and minima of
-:data:`NAMES_PER_QUERY` names go in one query: about ten round trips in all, in parallel. At most ``1 + 2 * MAX_POINTS + tail``
-points per series (:func:`points_bound`).
+:data:`NAMES_PER_QUERY` names go in one query: about ten round trips in all, in parallel.
+At most ``1 + 2 * MAX_POINTS + tail`` points per series (:func:`points_bound`).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ class Shape:
     interval: int = 60
     world_size: int = 512
     instance: str = "fleet-engine-0:8000"
-    stuck_at: float = 0.0  # when the stuck transfer starts; 0: 3.4 days before the end (at most half the span)
+    # when the stuck transfer starts; 0: 3.4 days before the end (at most half the span)
+    stuck_at: float = 0.0
 
     @property
     def start(self) -> float:
