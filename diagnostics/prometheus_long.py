@@ -156,7 +156,9 @@ _WHAT = {"start": "values at the window's start", "tail": "last minutes' values"
 
 
 def _name_of(r) -> str:
-    return str((r.get("metric") or {}).get("__name__", "")) if isinstance(r, dict) else ""
+    """A series' name from its labels; "" for a malformed one (skipped, as unknown)."""
+    m = r.get("metric") if isinstance(r, dict) else None
+    return str(m.get("__name__", "")) if isinstance(m, dict) else ""
 
 
 def merge(parts: list, names: dict[str, str], bucket: float) -> list[Series]:
