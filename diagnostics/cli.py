@@ -35,11 +35,12 @@ from .options import (
     refuse_inapplicable,
     window,
 )
-from .plot import check_plot_path
 from .prometheus import prometheus_window
 from .report import EXIT_CANNOT, EXIT_INTERRUPTED, Report, format_text, safe
-from .scrape import scrape_window
 from .thresholds import Thresholds
+
+# Imported where used: the scrape source (prometheus-client's parser) and the plot
+# (its panels) cost a fleet-scale --prometheus run a tenth of its latency budget.
 
 PROG = "kv-diagnose"
 __all__ = ["main", "parse_duration", "parse_time"]
@@ -106,6 +107,8 @@ def load_source(args, now: float | None = None) -> RawWindow:
     timeout = positive_duration(args.timeout or f"{DEFAULT_TIMEOUT_S:g}s", "--timeout")
     deadline = Deadline(positive_duration(args.deadline or f"{DEFAULT_DEADLINE_S:g}s", "--deadline"))
     if args.scrape:
+        from .scrape import scrape_window
+
         interval = positive_duration(args.interval or "1s", "--interval", MAX_INTERVAL_S)
         return scrape_window(args.scrape, interval, timeout, deadline=deadline)
     start, end, notes = window(args, now)
@@ -165,6 +168,8 @@ def _run(argv: list[str]) -> int:
         if args.each_engine:
             raise DiagnoseError("--plot draws one engine's window: leave out --each-engine "
                                 "and pick the engine with --selector or --scrape")
+        from .plot import check_plot_path
+
         check_plot_path(args.plot)  # before any waiting: a typo must not cost the run
     raw = load_source(args)
     if args.each_engine:
@@ -236,6 +241,8 @@ def diagnose_scrape(
     thresholds: Thresholds | None = None,
 ) -> Report:
     """Scrape ``urls`` twice ``interval`` seconds apart and diagnose (raises DiagnoseError)."""
+    from .scrape import scrape_window
+
     return diagnose_raw(scrape_window(list(urls), interval, timeout), thresholds)
 
 

@@ -1,14 +1,17 @@
 """Source (a): PromQL over a window through the Prometheus HTTP API.
 
-Only ``/api/v1/query_range`` (and ``/api/v1/query`` to probe) is used, so it
-works unchanged against Thanos and Mimir. Every series kv-diagnose needs is read
-raw (no server-side aggregation): evidence building is the same code for every
-source, and one query per metric name keeps a 24 h, 64-rank window small
-(a few hundred points per series).
+Only ``/api/v1/query_range``, ``/api/v1/query`` and (long windows)
+``/api/v1/label/__name__/values`` are used, so it works unchanged against Thanos and
+Mimir. A window of up to four hours is read raw, one query per metric name, at most
+:data:`MAX_POINTS` points per series. A longer one is summarised server-side so that no
+peak, dip or reset hides between points and Prometheus does not decode every rank's
+history (:mod:`.prometheus_long`). Either way evidence building is the same code for
+every source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -16,6 +19,7 @@ import threading
 import urllib.parse
 
 from . import http
+from . import prometheus_long as long_window
 from .evidence import WANTED_SERIES
 from .limits import (
     DEFAULT_TIMEOUT_S,
@@ -122,6 +126,37 @@ class PrometheusClient:
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
         return self.parse_range(self.fetch_range(expr, start, end, step))
 
+    def fetch_instant(self, expr: str, at: float) -> bytes:
+        params = {"query": expr, "time": f"{at:.3f}", "timeout": f"{self.timeout:g}s"}
+        return self._get("/api/v1/query", params)
+
+    def parse_instant(self, body: bytes) -> list:
+        data = self._data("/api/v1/query", body)
+        if data.get("resultType") not in (None, "vector"):
+            kind = str(data.get("resultType"))[:40]
+            raise DiagnoseError(f"{self.base}: unexpected result type {kind!r}")
+        result = data.get("result", [])
+        if not isinstance(result, list):
+            raise DiagnoseError(f"{self.base}: unexpected answer (result is not a list)")
+        # an instant vector's one point, in a range answer's shape
+        return [{**r, "values": [r.get("value")]} if isinstance(r, dict) else r for r in result]
+
+    def label_values(self, label: str, match: str, start: float, end: float) -> list[str]:
+        """Values of ``label`` on the series matching ``match`` in [start, end] (the index)."""
+        body = self._get(f"/api/v1/label/{label}/values",
+                         {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):
+            raise DiagnoseError(f"{self.base} does not look like a Prometheus API") from None
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            err = doc.get("error", "unknown error") if isinstance(doc, dict) else "unexpected reply"
+            raise DiagnoseError(f"Prometheus rejected the query: {str(err)[:200]}")
+        data = doc.get("data")
+        if not isinstance(data, list):
+            raise DiagnoseError(f"{self.base}: unexpected answer from the label values API")
+        return [str(v) for v in data]
+
 
 def _series(queried: str, name: str, r, url: str) -> Series | None:
     if not isinstance(r, dict) or not isinstance(r.get("metric", {}), dict):
@@ -155,27 +190,22 @@ def prometheus_window(
     # (name as queried, name kv-diagnose knows it by)
     queries = [(n, n) for n in sorted(names)]
     queries += [(e, n) for n in sorted(names) if (e := escaped_name(n))]
-    # Each answer is parsed and turned into compact Series in its worker, one at a
-    # time (a lock): at most one JSON document is alive at once, so memory is
-    # the bodies in flight plus what is kept, never eight parsed documents.
-    parse_lock = threading.Lock()
     kept = [0, 0]  # series, samples over every answer so far
+    keep = _keeper(kept)
+    if long_window.is_long(start, end, step):
+        series, failures = long_window.read(
+            client, start, end, sel, dict(queries), MAX_POINTS, _series, deadline, keep)
+        raw = _window(client, start, end, sel, series, failures, long_window.TAIL_S)
+        return dataclasses.replace(raw, notes=(long_window.note(start, end, MAX_POINTS),
+                                               *raw.notes))
 
     def fetch(q: tuple[str, str]) -> list[Series]:
         queried, name = q
         if kept[1] > MAX_SAMPLES:  # over the cap already: fetch no more
             raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
         body = client.fetch_range(query_for(queried, sel), start, end, step)
-        with parse_lock:
-            # Counted before parsing builds them: '[' opens each sample pair.
-            kept[1] += body.count(b"[")
-            if kept[1] > MAX_SAMPLES + MAX_SERIES:
-                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
-            out = [s for r in client.parse_range(body) if (s := _series(queried, name, r, url))]
-            kept[0] += len(out)
-            if kept[0] > MAX_SERIES:
-                raise too_many("series", MAX_SERIES, "narrow it with --selector")
-            return out
+        return keep(body, lambda b: [s for r in client.parse_range(b)
+                                     if (s := _series(queried, name, r, url))])
 
     results = parallel_map(fetch, queries, 8, deadline)
     fatal = next((r for r in results if isinstance(r, LimitExceeded)), None)
@@ -202,6 +232,35 @@ def prometheus_window(
             series.append(s)
     if first_error is not None and len(failures) == len(queries):
         raise first_error  # every query failed the same way: the selector, the server
+    return _window(client, start, end, sel, series, failures,
+                   max(2 * step, min(300.0, (end - start) / 5)))
+
+
+def _keeper(kept: list[int]):
+    """``keep(body, parse)``: count an answer against the caps, then parse it.
+
+    Each answer is parsed and turned into compact Series in its worker, one at a
+    time (a lock): at most one JSON document is alive at once, so memory is the
+    bodies in flight plus what is kept, never eight parsed documents.
+    """
+    parse_lock = threading.Lock()
+
+    def keep(body: bytes, parse):
+        with parse_lock:
+            # Counted before parsing builds them: '[' opens each sample pair.
+            kept[1] += body.count(b"[")
+            if kept[1] > MAX_SAMPLES + MAX_SERIES:
+                raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
+            out = parse(body)
+            kept[0] += len(out)
+            if kept[0] > MAX_SERIES:
+                raise too_many("series", MAX_SERIES, "narrow it with --selector")
+            return out
+    return keep
+
+
+def _window(client: PrometheusClient, start: float, end: float, sel: str, series,
+            failures: list[str], recent_span: float) -> RawWindow:
     src = SourceInfo(
         kind="prometheus",
         location=client.base,
@@ -209,7 +268,7 @@ def prometheus_window(
         end=end,
         now=end,
         lifetime=False,
-        recent_span=max(2 * step, min(300.0, (end - start) / 5)),
+        recent_span=recent_span,
         selector=("{" + sel + "}") if sel else "",
     )
     # Notes, not failures: a query that failed is no sign of the engine's health;

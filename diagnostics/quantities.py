@@ -88,12 +88,14 @@ def aggregate(
     counter = is_counter(series[0].name)
     fs = first_seen or {}
     parts = [_series_quantity(s, src, counter, fs.get(s.target)) for s in series]
-    times = sorted({t for s in series for t, _ in s.samples})
-    combine: Callable[[Iterable[float]], float] = {"sum": sum, "min": min}.get(how, max)
-    columns = [_step_values(s.samples, times) for s in series]
-    timeline = tuple(
-        (t, float(combine(vals))) for t, vals in zip(times, zip(*columns, strict=True), strict=True)
-    )
+    if len(series) == 1:  # one rank's, one label value's: its samples are the timeline
+        timeline = tuple((t, float(v)) for t, v in series[0].samples)
+    else:
+        times = sorted({t for s in series for t, _ in s.samples})
+        combine: Callable[[Iterable[float]], float] = {"sum": sum, "min": min}.get(how, max)
+        columns = [_step_values(s.samples, times) for s in series]
+        timeline = tuple((t, float(combine(vals)))
+                         for t, vals in zip(times, zip(*columns, strict=True), strict=True))
     values = [v for _, v in timeline]
     if how == "sum":
         first, last, inc, rec = (float(sum(p[i] for p in parts)) for i in range(4))

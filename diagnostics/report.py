@@ -12,17 +12,17 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from kvscope.exporters import signals as S
 
 from .evidence import Evidence, TargetInfo
 from .model import Finding, SourceInfo, Unchecked
 from .thresholds import Thresholds
+
+if TYPE_CHECKING:  # rich is imported where a report is rendered: --json never needs it
+    from rich.console import Console
+    from rich.text import Text
 
 SCHEMA_VERSION = 1
 EXIT_HEALTHY, EXIT_INCIDENT, EXIT_CANNOT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
@@ -221,15 +221,22 @@ def _source_line(src: SourceInfo) -> str:
 
 def _line(console: Console, text: str, first: str = "", rest: str = "", style: str = "") -> None:
     """One wrapped line, printed verbatim: no markup, no emoji codes, controls escaped."""
+    from rich.text import Text
+
     wrapped = _wrap(safe(text), console.width, first, rest) if (first or rest) else safe(text)
     console.print(Text(wrapped, style=style), soft_wrap=True)
 
 
 def _cell(text: str) -> Text:
+    from rich.text import Text
+
     return Text(safe(text))
 
 
 def render(report: Report, console: Console) -> None:
+    from rich import box
+    from rich.table import Table
+
     src = report.source
     _line(console, f"======== kv-diagnose: {_iso(src.now)} ========", style="bold")
     _line(console, _source_line(src), "Source: ", "  ")
@@ -298,6 +305,8 @@ def _wrap(text: str, width: int, first: str, rest: str) -> str:
 
 def format_text(report: Report, width: int = 100) -> str:
     """The human report as plain text (no colour), deterministic for a given report."""
+    from rich.console import Console
+
     buf = io.StringIO()
     console = Console(
         file=buf, width=width, color_system=None, force_terminal=False, no_color=True,

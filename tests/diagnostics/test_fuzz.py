@@ -159,6 +159,21 @@ def test_any_prometheus_answer_is_a_report_or_one_error(prom_url, body):
     judged(raw)
 
 
+@settings(CAMPAIGN, max_examples=30)  # ten requests an example
+@given(body=prom_answer())
+def test_any_prometheus_answer_to_a_long_window_is_a_report_or_one_error(prom_url, body):
+    """A day: read summarised (label-values index, instants, bucket queries), every
+    endpoint answering the same hostile body."""
+    _Prom.body = body
+    try:
+        raw = prometheus_window(prom_url, 1.7e9 - 86400 + 600, 1.7e9 + 600, "", 5.0,
+                                deadline=Deadline(30))
+    except DiagnoseError as e:
+        assert "\n" not in str(e)
+        return
+    judged(raw)
+
+
 # ---- bundles ----------------------------------------------------------------------
 def _fixture_doc(name: str) -> dict:
     return json.loads(gzip.decompress((FIXTURES / f"{name}.kvb").read_bytes()))

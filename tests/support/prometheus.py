@@ -209,6 +209,7 @@ def running_prometheus(
     timeout: float = 30.0,
     wait_targets: bool = True,
     metric_relabel_configs: Sequence[dict] = (),
+    retention: str = "1d",
 ) -> Iterator[Prometheus]:
     """Start ``prometheus`` on 127.0.0.1:<free port>, yield a client, stop it on exit.
 
@@ -218,7 +219,7 @@ def running_prometheus(
     (a fresh temporary directory by default, removed afterwards). With ``wait_targets=False``
     it returns as soon as Prometheus is ready (for targets that come up later: call
     ``prom.wait_targets_up(n)`` then). ``metric_relabel_configs`` apply to every target (see
-    ``RESTORE_VLLM_COLONS``).
+    ``RESTORE_VLLM_COLONS``). ``retention``: keep a backfilled history older than a day.
     """
     binary = shutil.which("prometheus")
     if binary is None:
@@ -243,7 +244,7 @@ def running_prometheus(
                 [binary, f"--config.file={root / 'prometheus.yml'}",
                  f"--storage.tsdb.path={root / 'data'}",
                  f"--web.listen-address={HOST}:{port}",
-                 "--storage.tsdb.retention.time=1d", "--log.level=info"],
+                 f"--storage.tsdb.retention.time={retention}", "--log.level=info"],
                 stdout=log, stderr=subprocess.STDOUT, cwd=root,
             )
             log.close()
