@@ -18,6 +18,7 @@ from opentelemetry.trace import Tracer
 from kvscope.connector import compat
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.prefix_scan import ScanCursor
 from kvscope.connector.tier_probe import WRITTEN_JOBS
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
@@ -55,6 +56,9 @@ class TierTaps:
         self.log = log
         self.rows = rows
         self.row_bytes = row_bytes
+        # Open while a tapped tiering scan runs (prefix_scan.tiered_scan_tap): what each
+        # promotion did is also noted there, at the lookup in progress
+        self.cursor = ScanCursor()
         self.primary = compat.primary_tier(manager)
         self.tiers = compat.secondary_tiers(manager)
         self.promotions: dict[int, TierJob] = {}  # scheduler thread (digests at completion)
@@ -86,7 +90,7 @@ class TierTaps:
         original = getattr(primary, "prepare_write", None)
         if original is None or getattr(original, compat.WRAPPED_MARK, False) or not self.tiers:
             return
-        rec, log, rows, guard = self.rec, self.log, self.rows, self._guard
+        rec, log, rows, guard, cursor = self.rec, self.log, self.rows, self._guard, self.cursor
 
         def prepare_write(keys, req_context, *a, **kw):
             out = original(keys, req_context, *a, **kw)
@@ -94,10 +98,16 @@ class TierTaps:
                 if out is None:
                     rec.inc(signals.PROMOTIONS, _NO_ROW, len(keys))
                     log.add_refusal(len(keys))
+                    if cursor.it is not None:
+                        cursor.refused.append((cursor.position(), len(keys)))
                 else:
                     rec.inc(signals.PROMOTIONS, _STARTED, len(out.keys_to_store))
                     if out.evicted_keys:
                         log.add_evictions(out.evicted_keys)
+                    if cursor.it is not None:
+                        cursor.promoted.extend(out.keys_to_store)
+                        if out.evicted_keys:
+                            cursor.evicted.append((cursor.position(), out.evicted_keys))
                     rows.forget(out.evicted_keys)
                     rows.forget(out.keys_to_store)
             return out
