@@ -9,10 +9,19 @@ is n HITs and a MISS (unless the scan reached the end): two list extends in C. A
 deferred answer (None: some key was pending) reads each key's result from the CPU tier's cache
 policy (compat.scan_reader), as the lookups did, up to the first key it lacks.
 
+With a secondary tier (vLLM's tiering manager over its CPU tier and fs tiers:
+compat.tiered_scan_reader) :func:`tiered_scan_tap` hands vLLM's scan an iterator over its
+keys, so how many it consumed is the iterator's length hint afterwards, and reads a
+deferred scan's lookups from the tiers' state right after it (C-level passes over the
+primary rows); what a lookup's promotion did (rows written, rows evicted, refused) is noted
+by the primary tier's ``prepare_write`` tap in a :class:`ScanCursor`, at the lookup in
+progress. A 131k-token restore is ~8,190 keys re-scanned every step it is deferred.
+
 The per-key tap cost a Python frame per key looked up (~6,200 per iteration in the
 H200 benchmark: 96 re-asks of 64 chunks); this costs one per round.
-``tests/connector/test_prefix_scan.py`` checks, scan by scan on every CPU scenario, that
-it writes what the per-key tap records.
+``tests/connector/test_prefix_scan.py`` checks, scan by scan on every scenario (CPU tier
+alone and tiering, settled and racing tiers) and a long deferred restore, that it writes
+what the per-key tap records (keys, results, refusals, evictions).
 """
 
 from __future__ import annotations
