@@ -221,7 +221,10 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
         places = ref_cnts
         if promoted and promoted_answer is retry:  # rows this scan's promotions wrote: -2
             places = list(map(operator.sub, ref_cnts, map(set(promoted).__contains__, keys)))
-        results = list(map(by_ref_cnt.get, places, repeat(hit, m)))
+        if places.count(-1) == m:  # every row being written (a held restore's rounds)
+            results = [pending] * m
+        else:
+            results = list(map(by_ref_cnt.get, places, repeat(hit, m)))
         if evicted:  # found (ready) and evicted by a later promotion of this scan: a HIT
             at = dict(zip(keys, range(m)))
             for i, gone in evicted:

@@ -271,11 +271,11 @@ def test_a_long_restore_reads_its_lookups_from_the_scan():
         assert e.connector._kvscope_observer.lookups_from_scan
 
 
-@pytest.mark.parametrize("name", ["truncated", "healthy", "capacity-ceiling", "concurrency",
-                                  "stale-rows", "store-never-fits"])
+@pytest.mark.parametrize("name", ["truncated", "healthy", "capacity-ceiling", "stale-rows",
+                                  "store-never-fits"])
 def test_the_series_of_a_tiering_scenario_are_the_same_either_way(name):
     """Tiers settled every step: two runs do the same (racing tiers time each run anew, as
-    the livelock's background stepping times its steps). stale-rows quarantines keys: its
+    the livelock's background stepping and concurrency's threads time theirs). stale-rows quarantines keys: its
     scans are recorded per key meanwhile (ManagerProxy.per_key). The count of steps is
     left out: the fs tier's threads time how many steps a drain takes, per-key tap or not."""
     got = {}
