@@ -31,7 +31,9 @@ class ManagerProxy:
 
     ``per_key_lookups`` False: ``lookup`` is the real manager's, untapped; the prefix
     scan's tap writes the lookups instead (prefix_scan.py: vLLM's CPU manager alone,
-    where no key is quarantined, since only promoted rows are checked).
+    where no key is quarantined, since only promoted rows are checked; or vLLM's tiering
+    manager, where the scan's tap puts the per-key tap back for a scan while a key is
+    quarantined: :meth:`per_key`).
     """
 
     def __init__(self, inner: Any, observer: SchedulerObserver,
@@ -40,11 +42,18 @@ class ManagerProxy:
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_obs", observer)
         object.__setattr__(self, compat.WRAPPED_MARK, True)
-        object.__setattr__(self, "lookup", _lookup_tap(inner.lookup, observer.log,
-                                                       observer.rows.quarantine)
-                           if per_key_lookups else inner.lookup)
+        tap = _lookup_tap(inner.lookup, observer.log, observer.rows.quarantine)
+        object.__setattr__(self, "_lookups", (inner.lookup, tap))
+        object.__setattr__(self, "lookup", tap if per_key_lookups else inner.lookup)
         object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, observer.rows))
         object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, observer))
+
+    def per_key(self, on: bool) -> None:
+        """The per-key tap in place (True) or vLLM's own ``lookup`` (False): a tiering
+        scan's tap records a scan per key while some key is quarantined
+        (prefix_scan.tiered_scan_tap)."""
+        plain, tap = self._lookups
+        object.__setattr__(self, "lookup", tap if on else plain)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:

@@ -9,10 +9,19 @@ is n HITs and a MISS (unless the scan reached the end): two list extends in C. A
 deferred answer (None: some key was pending) reads each key's result from the CPU tier's cache
 policy (compat.scan_reader), as the lookups did, up to the first key it lacks.
 
+With a secondary tier (vLLM's tiering manager over its CPU tier and fs tiers:
+compat.tiered_scan_reader) :func:`tiered_scan_tap` hands vLLM's scan an iterator over its
+keys, so how many it consumed is the iterator's length hint afterwards, and reads a
+deferred scan's lookups from the tiers' state right after it (C-level passes over the
+primary rows); what a lookup's promotion did (rows written, rows evicted, refused) is noted
+by the primary tier's ``prepare_write`` tap in a :class:`ScanCursor`, at the lookup in
+progress. A 131k-token restore is ~8,190 keys re-scanned every step it is deferred.
+
 The per-key tap cost a Python frame per key looked up (~6,200 per iteration in the
 H200 benchmark: 96 re-asks of 64 chunks); this costs one per round.
-``tests/connector/test_prefix_scan.py`` checks, scan by scan on every CPU scenario, that
-it writes what the per-key tap records.
+``tests/connector/test_prefix_scan.py`` checks, scan by scan on every scenario (CPU tier
+alone and tiering, settled and racing tiers) and a long deferred restore, that it writes
+what the per-key tap records (keys, results, refusals, evictions).
 """
 
 from __future__ import annotations
@@ -64,6 +73,93 @@ def scan_tap(inner_scan: Callable[..., Any], log: LookupLog, result_of: Callable
     return scan
 
 
+class ScanCursor:
+    """Where a tapped tiering scan is (scheduler thread): open (``it``: the iterator vLLM's
+    scan consumes) only while :func:`tiered_scan_tap` runs one. The primary tier's
+    ``prepare_write`` tap (tier_taps.py) notes here what the lookup in progress did: the
+    keys its promotion wrote rows for, the keys it evicted, a refused promotion."""
+
+    __slots__ = ("it", "n", "promoted", "evicted", "refused")
+
+    def __init__(self) -> None:
+        self.it: Any = None
+        self.n = 0
+        self.promoted: list[bytes] = []
+        self.evicted: list[tuple[int, Any]] = []  # (index in the scan, keys)
+        self.refused: list[tuple[int, int]] = []  # (index in the scan, keys)
+
+    def position(self) -> int:
+        """The index, in the scan's keys, of the lookup in progress (C-level)."""
+        return self.n - self.it.__length_hint__() - 1
+
+
+def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
+                    read: compat.TieredReader, cursor: ScanCursor,
+                    quarantine: dict[bytes, None], per_key: Callable[[bool], None],
+                    error: Callable[[ErrorSite, BaseException], None]) -> Callable[..., Any]:
+    """The scan's stand-in with a secondary tier (compat.tiered_scan_reader): vLLM's scan
+    handed an iterator over its keys (how many it consumed: ``len(keys)`` less the
+    iterator's length hint, no frame per key), then its lookups written into ``log``: an
+    answer of ``n`` as :func:`scan_tap` writes it, a deferred one read from the tiers' state
+    (``read``). The rare events the primary tier's tap recorded during the scan (refused
+    promotions, evictions) are given the index of the lookup they happened in, as the
+    per-key tap's are. While a key is quarantined (kvscope answers MISS for it, per key)
+    ``per_key(True)`` puts the per-key tap in place for that scan, ``per_key(False)``
+    removes it after."""
+    keys_out, results_out = log.keys, log.results
+    add_keys, add_results, add_result = keys_out.extend, results_out.extend, results_out.append
+    refusals_out, evictions_out = log.refusals, log.evictions
+    hit, miss = compat.HIT, compat.MISS
+    promoted, evicted, refused = cursor.promoted, cursor.evicted, cursor.refused
+
+    def scan(keys, req_context, *rest):
+        if quarantine or type(keys) is not list:  # rare: each lookup recorded by the proxy
+            per_key(True)
+            try:
+                return inner_scan(keys, req_context, *rest)
+            finally:
+                per_key(False)
+        total = len(keys)
+        r0, e0 = len(refusals_out), len(evictions_out)
+        it = cursor.it = iter(keys)
+        cursor.n = total
+        try:
+            n = inner_scan(it, req_context, *rest)
+        finally:
+            cursor.it = None
+        k0 = len(results_out)
+        try:
+            m = total - it.__length_hint__()
+            if n is not None:  # n HITs, then the MISS that stopped it (if it stopped)
+                add_keys(keys[:m] if m < total else keys)
+                add_results([hit] * n)
+                if m > n:
+                    add_result(miss)
+            else:
+                consumed = keys[:m] if m < total else keys
+                results = read(consumed, req_context, m < total, promoted, evicted, refused)
+                add_keys(consumed)
+                add_results(results)
+            if refused or evicted:  # recorded at the scan's start: at their lookups instead
+                del refusals_out[r0:]
+                refusals_out.extend((k0 + i, c) for i, c in refused)
+                if log.start >= 0:
+                    del evictions_out[e0:]
+                    evictions_out.extend((k0 + i, gone) for i, gone in evicted)
+        except Exception as exc:  # this scan's lookups are lost, the slots stay paired
+            del keys_out[k0:], results_out[k0:]
+            error(ErrorSite.LOOKUP, exc)
+        finally:
+            if promoted or evicted or refused:
+                promoted.clear()
+                evicted.clear()
+                refused.clear()
+        return n
+
+    setattr(scan, compat.WRAPPED_MARK, True)
+    return scan
+
+
 def install(connector_scheduler: Any, log: LookupLog, result_of: Callable[[bytes], Any],
             error: Callable[[ErrorSite, BaseException], None]) -> bool:
     """Tap the connector scheduler's scan (an instance attribute shadowing vLLM's method);
@@ -72,4 +168,17 @@ def install(connector_scheduler: Any, log: LookupLog, result_of: Callable[[bytes
     if getattr(inner, compat.WRAPPED_MARK, False):
         return False
     setattr(connector_scheduler, SCAN_METHOD, scan_tap(inner, log, result_of, error))
+    return True
+
+
+def install_tiered(connector_scheduler: Any, log: LookupLog, read: compat.TieredReader,
+                   cursor: ScanCursor, quarantine: dict[bytes, None],
+                   per_key: Callable[[bool], None],
+                   error: Callable[[ErrorSite, BaseException], None]) -> bool:
+    """:func:`install` with a secondary tier (:func:`tiered_scan_tap`)."""
+    inner = getattr(connector_scheduler, SCAN_METHOD)
+    if getattr(inner, compat.WRAPPED_MARK, False):
+        return False
+    setattr(connector_scheduler, SCAN_METHOD,
+            tiered_scan_tap(inner, log, read, cursor, quarantine, per_key, error))
     return True

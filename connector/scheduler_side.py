@@ -21,7 +21,7 @@ and never reaches vLLM. The rooms:
 * ``tier_probe``: its own daemon thread: recently written tier data still there?
 
 On vLLM's scheduler thread kvscope only records: the round's lookups (list appends per key
-looked up, or two list extends per prefix scan: ``prefix_scan``), one journal event per
+looked up, or a few list extends per prefix scan: ``prefix_scan``), one journal event per
 round, request event, store job and step. Everything else holds the aggregator's lock
 (``self.agg.lock``) and runs on the aggregator thread, or on the caller's thread for a
 synchronous drain (:meth:`SchedulerObserver.refresh`).
@@ -147,13 +147,23 @@ class SchedulerObserver:
         self._on_finished = self.requests.on_finished
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
         if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
-            result_of = None if per_key_lookups else compat.scan_reader(connector_scheduler,
-                                                                        inner)
+            # vLLM's CPU manager alone: the scan's answer and the tier's policy; with a
+            # secondary tier: the scan's answer and the tiers' state (prefix_scan.py)
+            result_of = read = None
+            if not per_key_lookups:
+                result_of = compat.scan_reader(connector_scheduler, inner)
+                if result_of is None:
+                    read = compat.tiered_scan_reader(connector_scheduler, inner)
             if result_of is not None:
                 prefix_scan.install(connector_scheduler, self.log, result_of, recorder.error)
             # its taps bind the above
-            connector_scheduler.manager = ManagerProxy(inner, self,
-                                                       per_key_lookups=result_of is None)
+            proxy = ManagerProxy(inner, self,
+                                 per_key_lookups=result_of is None and read is None)
+            connector_scheduler.manager = proxy
+            if read is not None:
+                prefix_scan.install_tiered(connector_scheduler, self.log, read,
+                                           self.taps.cursor, self.rows.quarantine,
+                                           proxy.per_key, recorder.error)
         self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
                                                  None), compat.WRAPPED_MARK, False)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}

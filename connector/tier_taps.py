@@ -18,6 +18,7 @@ from opentelemetry.trace import Tracer
 from kvscope.connector import compat
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.prefix_scan import ScanCursor
 from kvscope.connector.tier_probe import WRITTEN_JOBS
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
@@ -59,6 +60,9 @@ class TierTaps:
         self.log = log
         self.rows = rows
         self.row_bytes = row_bytes
+        # Open while a tapped tiering scan runs (prefix_scan.tiered_scan_tap): what each
+        # promotion did is also noted there, at the lookup in progress
+        self.cursor = ScanCursor()
         self.primary = compat.primary_tier(manager)
         self.tiers = compat.secondary_tiers(manager)
         self.promotions: dict[int, TierJob] = {}  # scheduler thread (digests at completion)
@@ -94,7 +98,7 @@ class TierTaps:
         original = getattr(primary, "prepare_write", None)
         if original is None or getattr(original, compat.WRAPPED_MARK, False) or not self.tiers:
             return
-        rec, log, counts = self.rec, self.log, self._promotions_started
+        rec, log, counts, cursor = self.rec, self.log, self._promotions_started, self.cursor
         expected, quarantine, forget = self.rows.expected, self.rows.quarantine, self.rows.forget
 
         # Once per promoted key (vLLM promotes key by key during a lookup: thousands per
@@ -106,11 +110,17 @@ class TierTaps:
                 if out is None:
                     counts[1] += len(keys)
                     log.add_refusal(len(keys))
+                    if cursor.it is not None:
+                        cursor.refused.append((cursor.position(), len(keys)))
                 else:
                     counts[0] += len(out.keys_to_store)
                     evicted = out.evicted_keys
                     if evicted:
                         log.add_evictions(evicted)
+                    if cursor.it is not None:  # a tiering scan in progress (prefix_scan.py)
+                        cursor.promoted.extend(out.keys_to_store)
+                        if evicted:
+                            cursor.evicted.append((cursor.position(), evicted))
                     if expected or quarantine:  # digests: forget rewritten rows' ones
                         forget(evicted)
                         forget(out.keys_to_store)

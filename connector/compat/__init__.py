@@ -39,7 +39,12 @@ from typing import Any
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
 
 from kvscope.connector.compat import renames
-from kvscope.connector.compat.prefix_scan import SCAN_METHOD, scan_reader
+from kvscope.connector.compat.prefix_scan import (
+    SCAN_METHOD,
+    TieredReader,
+    scan_reader,
+    tiered_scan_reader,
+)
 from kvscope.connector.compat.tiers import (
     held_prefix,
     primary_holds,
@@ -54,9 +59,9 @@ from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
 __all__ = [
-    "SCAN_METHOD", "VLLM_VERSION", "held_prefix", "primary_holds", "primary_tier",
+    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "held_prefix", "primary_holds", "primary_tier",
     "scan_reader", "secondary_file_identity", "secondary_holds", "secondary_tiers", "tier_home",
-    "tier_type",
+    "tier_type", "tiered_scan_reader",
 ]
 
 MISS = VLookupResult.MISS

@@ -16,13 +16,19 @@ The scan reads every lookup of a round only when nothing else looks keys up:
 one KV group, full attention (no sliding-window scan), no secondary tier (a tiering
 lookup may start a promotion: its results are not the policy's), no 0.33 partial-tail
 lookup (models with a recurrent group), and vLLM's own CPU manager (its ``lookup``
-not overridden), on a release whose scan was read (0.26 .. 0.33). Anywhere else the
-manager proxy records each key (manager_proxy.py).
+not overridden), on a release whose scan was read (0.26 .. 0.33).
+
+With a secondary tier (vLLM's tiering manager over its CPU primary tier and fs tiers),
+:func:`tiered_scan_reader` reads a deferred scan's lookups from the tiers' state right
+after it (see there); anywhere else the manager proxy records each key (manager_proxy.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Collection, Sequence
+from itertools import repeat
+from types import SimpleNamespace
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult
@@ -38,27 +44,33 @@ def _cpu_manager_lookup() -> Any:
     return CPUOffloadingManager.lookup
 
 
+def _scan_tells_lookups(connector_scheduler: Any) -> bool:
+    """A supported release, the scan method there, one full-attention KV group, no 0.33
+    partial tail: every lookup of a round is one of the prefix scan's."""
+    low, high = (versions.release(v) for v in versions.SUPPORTED)
+    if not low <= versions.release(versions.VLLM_VERSION) <= high:
+        return False
+    if not callable(getattr(connector_scheduler, SCAN_METHOD, None)):
+        return False
+    config = getattr(connector_scheduler, "config", None)
+    groups = getattr(config, "kv_group_configs", None) or ()
+    if len(groups) != 1:
+        return False
+    group = groups[0]
+    if getattr(group, "sliding_window_size_in_chunks", None) is not None:
+        return False
+    if not (getattr(group, "tokens_per_chunk", 0) or 0) > 0:
+        return False
+    return not getattr(config, "supports_partial_tail", False)
+
+
 def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any] | None:
     """When a round's lookups can be read from the prefix scan (see the module's doc): a
     function of a key, what the CPU manager's ``lookup`` answers for it now, read from its
     cache policy without changing anything; else None. Only on the releases whose scan
     was read and tested (``versions.SUPPORTED``): another keeps the per-key tap, whatever
     its scan now answers."""
-    low, high = (versions.release(v) for v in versions.SUPPORTED)
-    if not low <= versions.release(versions.VLLM_VERSION) <= high:
-        return None
-    if not callable(getattr(connector_scheduler, SCAN_METHOD, None)):
-        return None
-    config = getattr(connector_scheduler, "config", None)
-    groups = getattr(config, "kv_group_configs", None) or ()
-    if len(groups) != 1:
-        return None
-    group = groups[0]
-    if getattr(group, "sliding_window_size_in_chunks", None) is not None:
-        return None
-    if not (getattr(group, "tokens_per_chunk", 0) or 0) > 0:
-        return None
-    if getattr(config, "supports_partial_tail", False):
+    if not _scan_tells_lookups(connector_scheduler):
         return None
     if secondary_tiers(manager):
         return None
@@ -81,3 +93,150 @@ def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any
         return hit if getattr(row, "is_ready", True) else pending
 
     return result_of
+
+
+# ---- with a secondary tier ---------------------------------------------------------------
+# A primary row's place in the reconstruction, by its ref_cnt: >= 0 ready (HIT), -1 being
+# written (pending), and this sentinel's -2 for a key the primary tier lacks
+_ABSENT_ROW = SimpleNamespace(ref_cnt=-2)
+_ABSENT = -2
+_REF_CNT = operator.attrgetter("ref_cnt")
+# The releases whose tiering lookups were read and tested: what a promotion this lookup
+# started answers (0.26: RETRY; 0.33: HIT_PENDING, the row being written)
+_PROMOTED_ANSWER = {(0, 26): LookupResult.RETRY, (0, 33): LookupResult.HIT_PENDING}
+
+TieredReader = Callable[[Sequence[bytes], Any, bool, Collection[bytes],
+                         Sequence[tuple[int, Any]], Sequence[tuple[int, int]]], list]
+
+
+def _rows_reader(policy: Any) -> Callable[[Sequence[bytes]], list] | None:
+    """The primary tier's rows of some keys (``_ABSENT_ROW`` where none), read from its
+    cache policy: vLLM's LRU policy's dict in C (``dict.get`` over ``map``), else its
+    ``get`` per key."""
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    get = getattr(policy, "get", None)
+    if not callable(get):
+        return None
+    if type(policy).get is LRUCachePolicy.get:
+        name = next((n for n in ("chunks", "blocks")
+                     if isinstance(vars(policy).get(n), dict)), None)
+        if name is not None:  # read each time: a reset may bind a new dict
+            return lambda keys: list(map(getattr(policy, name).get, keys,
+                                         repeat(_ABSENT_ROW, len(keys))))
+    return lambda keys: [row if (row := get(k)) is not None else _ABSENT_ROW for k in keys]
+
+
+def _fs_tier_states(tiers: list[Any]) -> list[dict] | None:
+    """Each secondary tier's async existence checks (key -> state, ``result`` True, False
+    or None: not answered yet), where each is vLLM's fs tier answering from them
+    (``FileSystemTierManager.lookup`` over ``AsyncLookupManager.lookup``, neither
+    overridden); else None."""
+    try:
+        from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+        from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+    except ImportError:
+        return None
+    states = []
+    for tier in tiers:
+        lookups = getattr(tier, "_lookup_manager", None)
+        state = getattr(lookups, "_lookup_state", None)
+        if (type(tier).lookup is not FileSystemTierManager.lookup or "lookup" in vars(tier)
+                or type(lookups).lookup is not AsyncLookupManager.lookup
+                or "lookup" in vars(lookups) or not isinstance(state, dict)):
+            return None
+        states.append(state)
+    return states
+
+
+def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader | None:
+    """Where a deferred prefix scan's lookups can be read from vLLM's tiering manager right
+    after the scan (still inside vLLM's call): a function of the keys the scan consumed, the
+    request's context, whether the scan stopped before the end of its keys, the keys the
+    primary tier's promotions of this scan wrote rows for (``prepare_write``), the
+    ``(index, keys)`` its promotions evicted and the ``(index, keys)`` refused, that returns
+    the results ``TieringOffloadingManager.lookup`` gave them; else None.
+
+    Each lookup asks the primary tier (HIT: a ready row; HIT_PENDING: a row being written),
+    then, for a key the primary lacks, each secondary tier: HIT starts a promotion (a
+    primary row being written: RETRY on 0.26, HIT_PENDING on 0.33; no row: MISS), RETRY
+    (its existence check not answered), MISS. The scan stops at the first MISS. Nothing but
+    the lookups changes those states during the scan (0.33 holds the manager's lock for the
+    whole schedule; vLLM polls finished jobs before the first primary lookup of a step), so:
+    a ready row was a HIT, a row being written a HIT_PENDING or the promotion's answer
+    (written this scan), an absent key a RETRY (its secondary tiers had not answered yet),
+    except the key that stopped the scan (MISS), a key found and then evicted by a later
+    promotion of the scan (HIT), and the last of the keys when the scan reached it: its
+    answer is the secondary tiers' (their existence checks' results, 0.33's held promotions
+    and each request's tier filter). Only vLLM's own tiering manager, CPU primary tier and
+    fs tiers, on the releases read (0.26, 0.33)."""
+    promoted_answer = _PROMOTED_ANSWER.get(versions.release()[:2])
+    if promoted_answer is None or not _scan_tells_lookups(connector_scheduler):
+        return None
+    tiers = secondary_tiers(manager)
+    if not tiers:
+        return None
+    try:
+        from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+        stock = _cpu_manager_lookup()
+    except ImportError:
+        return None
+    primary = getattr(manager, "primary_tier", None)
+    if (type(manager).lookup is not TieringOffloadingManager.lookup
+            or "lookup" in vars(manager) or primary is None
+            or type(primary).lookup is not stock or "lookup" in vars(primary)):
+        return None
+    rows_of = _rows_reader(getattr(primary, "_policy", None))
+    states = _fs_tier_states(tiers)
+    if rows_of is None or states is None:
+        return None
+    hit, pending, retry, miss = (LookupResult.HIT, LookupResult.HIT_PENDING,
+                                 LookupResult.RETRY, LookupResult.MISS)
+    by_ref_cnt = {-1: pending, _ABSENT: retry}  # else (ready) HIT
+    tier_states = list(zip(tiers, states))
+
+    def last_absent(key: bytes, req_context: Any, refused: bool) -> Any:
+        """The answer to the scan's last key, which the primary tier lacks."""
+        if refused or getattr(manager, "_promotions_held", False):  # 0.33's hold: MISS
+            return miss
+        tier_filter = getattr(req_context, "load_tier_filter", None)  # 0.33
+        any_retry = False
+        for tier, state in tier_states:
+            if tier_filter is not None and not tier_filter.allows(tier.medium, tier.locality):
+                continue
+            found = getattr(state.get(key), "result", None)
+            if found is True:  # a promotion: its row (not absent) or refused (MISS)
+                return miss
+            if found is None:
+                any_retry = True
+        return retry if any_retry else miss
+
+    def read(keys: Sequence[bytes], req_context: Any, stopped: bool,
+             promoted: Collection[bytes], evicted: Sequence[tuple[int, Any]],
+             refused: Sequence[tuple[int, int]]) -> list:
+        m = len(keys)
+        if not m:
+            return []
+        ref_cnts = list(map(_REF_CNT, rows_of(keys)))
+        places = ref_cnts
+        if promoted and promoted_answer is retry:  # rows this scan's promotions wrote: -2
+            places = list(map(operator.sub, ref_cnts, map(set(promoted).__contains__, keys)))
+        if places.count(-1) == m:  # every row being written (a held restore's rounds)
+            results = [pending] * m
+        else:
+            results = list(map(by_ref_cnt.get, places, repeat(hit, m)))
+        if evicted:  # found (ready) and evicted by a later promotion of this scan: a HIT
+            at = dict(zip(keys, range(m)))
+            for i, gone in evicted:
+                for key in gone:
+                    j = at.get(key)
+                    if j is not None and j < i and ref_cnts[j] == _ABSENT:
+                        results[j] = hit
+        if stopped:
+            results[-1] = miss
+        elif ref_cnts[-1] == _ABSENT:
+            results[-1] = last_absent(keys[-1], req_context,
+                                      any(i == m - 1 for i, _ in refused))
+        return results
+
+    return read

@@ -50,24 +50,44 @@ def checked_scans(monkeypatch):
         kwargs["per_key_lookups"] = True
         original(self, *args, **kwargs)
         cs = self.cs
-        result_of = compat.scan_reader(cs, self.primary)
-        if result_of is None:
-            return
+        inner = cs.manager._inner
         shadow = LookupLog()
         errors: list = []
-        tapped = prefix_scan.scan_tap(getattr(cs, compat.SCAN_METHOD), shadow, result_of,
-                                      lambda site, exc: errors.append(exc))
+        scan, error = getattr(cs, compat.SCAN_METHOD), lambda site, exc: errors.append(exc)
+        result_of = compat.scan_reader(cs, inner)
+        read = compat.tiered_scan_reader(cs, inner) if result_of is None else None
+        if result_of is not None:
+            tapped = prefix_scan.scan_tap(scan, shadow, result_of, error)
+        elif read is not None:  # the per-key tap stays in place: no switch (per_key)
+            tapped = prefix_scan.tiered_scan_tap(scan, shadow, read, self.taps.cursor,
+                                                 self.rows.quarantine, lambda on: None, error)
+        else:
+            return
         log = self.log
 
         def checking(keys, req_context, *rest):
-            k0 = len(log.keys)
+            k0, r0, e0 = len(log.keys), len(log.refusals), len(log.evictions)
+            quarantined = bool(self.rows.quarantine)
+            shadow.start = 0 if log.start >= 0 else -1
             n = tapped(keys, req_context, *rest)
             assert not errors, errors
+            if quarantined and read is not None:  # recorded by the per-key tap alone
+                assert not shadow.keys
+                seen["quarantined: per key"] += 1
+                return n
             assert shadow.keys == log.keys[k0:], (n, len(keys))
             assert shadow.results == log.results[k0:], (n, shadow.results, log.results[k0:])
+            assert shadow.refusals == [(i - k0, c) for i, c in log.refusals[r0:]]
+            assert shadow.evictions == [(i - k0, ks) for i, ks in log.evictions[e0:]]
             seen[_kind(shadow.results)] += 1
-            shadow.keys.clear()
-            shadow.results.clear()
+            if shadow.refusals:
+                seen["refused a promotion"] += 1
+            if shadow.evictions:
+                seen["evicted"] += 1
+            if compat.RETRY in shadow.results:
+                seen["retry"] += 1
+            for slot in (shadow.keys, shadow.results, shadow.refusals, shadow.evictions):
+                slot.clear()
             return n
 
         setattr(cs, compat.SCAN_METHOD, checking)
@@ -134,12 +154,14 @@ def test_scans_of_a_mixed_workload(checked_scans):
         assert checked_scans[kind] > 0, checked_scans
 
 
-def _series(recorder) -> tuple:
-    """Every series but those in seconds (clock readings: ages, timestamps, durations)."""
+def _series(recorder, *left_out) -> tuple:
+    """Every series but those in seconds (clock readings: ages, timestamps, durations) and
+    the metrics ``left_out``."""
     snap = recorder.snapshot()
 
     def kept(items):
-        return {k: v for k, v in items if not k[0].name.endswith("_seconds")}
+        return {k: v for k, v in items
+                if not k[0].name.endswith("_seconds") and k[0] not in left_out}
 
     return (kept(snap.counters.items()), kept(snap.gauges.items()),
             kept((k, (h.count, h.counts)) for k, h in snap.histograms.items()))
@@ -186,3 +208,110 @@ def test_a_release_whose_scan_was_not_read_keeps_the_per_key_tap(monkeypatch):
         assert compat.scan_reader(obs.cs, obs.primary) is not None
         monkeypatch.setattr(versions, "VLLM_VERSION", "0.34.0")
         assert compat.scan_reader(obs.cs, obs.primary) is None
+
+
+# vLLM's tiering manager over the CPU tier and the fs tier, one full-attention KV group: the
+# tiering scan tap (prefix_scan.tiered_scan_tap), the fs tier's I/O settled every step or not
+ONE_GROUP_TIERING = {"tiering": True, "kv_groups": 1}
+
+
+def _catalogued() -> list[str]:
+    return [name for name, s in CATALOG.items() if not s.variant]
+
+
+@pytest.mark.parametrize("settle", [True, False], ids=["settled", "racing"])
+@pytest.mark.parametrize("name", _catalogued())
+def test_each_scan_of_a_tiering_scenario_reads_what_the_lookups_answered(name, settle,
+                                                                          checked_scans):
+    with run_scenario(name, exporter_port=None, settle_tiers=settle, **ONE_GROUP_TIERING):
+        pass
+    assert sum(checked_scans.values()) > 0, f"{name}: no scan was checked"
+
+
+def _long_restore(keys: int, held: int, **options) -> tuple[CPUEngine, list]:
+    """A prompt of ``keys`` chunks stored, pushed out of the GPU and the CPU tier by another,
+    then asked again: restored from the fs tier, its promotions held ``held`` steps (as many
+    deferred rounds of every key). The engine, drained (close it), and the rounds' answers."""
+    r = random.Random(keys)
+    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(2)]
+    cfg = replace(EngineConfig(rows=keys + keys // 10, num_gpu_blocks=keys + 200,
+                               max_num_batched_tokens=4096, max_num_seqs=4,
+                               max_model_len=keys * 16 + 64, promotion_delay_steps=held,
+                               kvscope_options=options), **ONE_GROUP_TIERING)
+    e = CPUEngine(cfg)
+    e.generate(prompts[0], 2, max_steps=1_000)
+    e.generate(prompts[1], 2, max_steps=1_000)  # evicts it from the GPU and the CPU tier
+    e.drain(max_steps=1_000)
+    answers, ask = [], e.connector.get_num_new_matched_tokens
+
+    def counted(request, num_computed):
+        out = ask(request, num_computed)
+        answers.append(out[0])
+        return out
+
+    e.connector.get_num_new_matched_tokens = counted
+    e.generate(prompts[0], 2, max_steps=1_000)
+    e.drain(max_steps=1_000)
+    return e, answers
+
+
+def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
+    """Thousands of keys, deferred round after round while their promotions are held: the
+    first round starts them (RETRY on 0.26, HIT_PENDING on 0.33), the next ones find them
+    being written, the last finds them ready."""
+    e, answers = _long_restore(2_000, held=6)
+    with e:
+        assert e.connector._kvscope_observer.lookups_from_scan is False  # checked per key
+    assert answers.count(None) >= 5 and answers[-1] > 0, answers
+    assert checked_scans["pending"] >= 5, checked_scans
+
+
+def test_a_long_restore_reads_its_lookups_from_the_scan():
+    with _long_restore(600, held=3)[0] as e:
+        assert e.connector._kvscope_observer.lookups_from_scan
+
+
+@pytest.mark.parametrize("name", ["truncated", "healthy", "capacity-ceiling", "stale-rows",
+                                  "store-never-fits"])
+def test_the_series_of_a_tiering_scenario_are_the_same_either_way(name):
+    """Tiers settled every step: two runs do the same (racing tiers time each run anew, as
+    the livelock's background stepping and concurrency's threads time theirs). stale-rows quarantines keys: its
+    scans are recorded per key meanwhile (ManagerProxy.per_key). The count of steps is
+    left out: the fs tier's threads time how many steps a drain takes, per-key tap or not."""
+    got = {}
+    for per_key in (True, False):
+        with run_scenario(name, exporter_port=None,
+                          kvscope_options={"per_key_lookups": per_key},
+                          **ONE_GROUP_TIERING) as run:
+            obs = run.engine.connector._kvscope_observer
+            assert obs.lookups_from_scan is not per_key
+            got[per_key] = [_series(r, S.SCHEDULER_STEPS) for r in run.recorders]
+    assert _differences(got[True], got[False]) == []
+
+
+def test_the_series_of_a_long_restore_are_the_same_either_way():
+    got = {}
+    for per_key in (True, False):
+        e, answers = _long_restore(1_000, held=4, per_key_lookups=per_key)
+        with e:
+            assert e.connector._kvscope_observer.lookups_from_scan is not per_key
+            got[per_key] = (_series(e.connector.kvscope_recorder), answers)
+    assert got[True] == got[False]
+    assert got[True][1].count(None) >= 3
+
+
+def test_two_kv_groups_with_tiering_keep_the_per_key_tap():
+    with CPUEngine(replace(EngineConfig(rows=12), tiering=True, kv_groups=2)) as e:
+        obs = e.connector._kvscope_observer
+        assert compat.tiered_scan_reader(obs.cs, obs.cs.manager._inner) is None
+        assert not obs.lookups_from_scan
+
+
+def _differences(a: list, b: list) -> list:
+    """(metric, labels, a's value, b's) of each series that differs, per recorder."""
+    out = []
+    for ra, rb in zip(a, b, strict=True):
+        for da, db in zip(ra, rb):
+            out += [(k[0].name, k[1], da.get(k), db.get(k)) for k in sorted(
+                set(da) | set(db), key=repr) if da.get(k) != db.get(k)]
+    return out
