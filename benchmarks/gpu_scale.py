@@ -46,6 +46,7 @@ import time
 
 import thread_cpu
 from call_clock import CallClock
+from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import interval, pair_logs
 
@@ -146,6 +147,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
+    from kvscope.connector.compat import SCAN_METHOD
+
     g = geometry(tokens, rows)
     d = tempfile.mkdtemp(prefix="kvscope-scale-")
     write_config(d, g["max_len"])
@@ -174,6 +177,12 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
     answers = Answers(scheduler.connector)
     switch.clocks.append(answers)
+    # the engine thread's CPU per connector call (which call kvscope's time is in), and
+    # inside the prefix scan (vLLM's per-key lookups, with kvscope's tap when on)
+    per_call = {**clocks_per_call(scheduler.connector, SCHEDULER_CALLS, "s."),
+                **clocks_per_call(worker, WORKER_CALLS, "w."),
+                "scan": CallClock().wrap(switch.cs, SCAN_METHOD)}
+    switch.clocks += list(per_call.values())
     # digests: wall time (they fan out over kvscope's digest threads)
     digests = {"scheduler": CallClock(time.perf_counter).wrap(switch.observer.rows.digester,
                                                               "many"),
@@ -220,6 +229,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         if k == warmup:
             before = scrape(url)
         d0 = {n: c.seconds for n, c in digests.items()}
+        calls0 = {n: c.seconds for n, c in per_call.items()}
         threads0 = thread_cpu.snapshot()
         t = time.perf_counter()
         new = ask(k + 1)
@@ -240,6 +250,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
               "loaded": answers.loaded_since(mark),
               "same_output": list(again.outputs[0].token_ids) == first_out.pop(k),
               "digest_wall_s": {n: round(c.seconds - d0[n], 4) for n, c in digests.items()},
+              "calls_cpu_s": {n: round(c.seconds - calls0[n], 4) for n, c in per_call.items()},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
