@@ -24,13 +24,9 @@ class DelayedPromotions:
         self._submit = pool.enqueue_load
         self._steps = steps
         self._held: list[list[Any]] = []  # [steps left, args, kwargs], submission order
-        # reads the fs tier asked for (enqueue_load's n_tasks: one file per key), in total:
-        # the engine's truth of how many keys were promoted from disk
-        self.reads = 0
         pool.enqueue_load = self._hold
 
     def _hold(self, *args: Any, **kwargs: Any) -> None:
-        self.reads += kwargs["n_tasks"] if "n_tasks" in kwargs else args[1]
         self._held.append([self._steps, args, kwargs])
 
     def tick(self) -> None:
