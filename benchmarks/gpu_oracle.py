@@ -205,7 +205,14 @@ def run_phase(phase: geo.Phase, out_path: str) -> None:
               load_format="dummy", seed=0)
     up = round(time.monotonic() - t0, 1)
     drv = Driver(llm)
-    url = f"http://127.0.0.1:{port}/metrics"
+    # the scheduler's and rank 0's series on one endpoint (each role has a recorder of its
+    # own, as kvscope.sim.oracle serves a CPU engine's): the per-rank checks need the rank's
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    from kvscope.exporters.prometheus import start_exporter
+
+    url = start_exporter([drv.sched.connector.kvscope_recorder,
+                          get_kv_transfer_group().kvscope_recorder], 0).url
     for g in phase.geometries:
         t = time.monotonic()
         try:
