@@ -7,7 +7,7 @@
 One engine (kvscope.sim.cpu_engine: vLLM's Scheduler, kvscope's connector, the tiering
 manager with its fs tier in a directory on disk, CPU copies for the GPU's DMA) runs the
 cycles of ``soak_phases`` (long shared prefixes, floods, re-asks restored from disk, a row
-ceiling) until ``--duration-s`` has passed, ending at a cycle's end, then drains. Between
+ceiling) until ``--duration-s`` has passed, ending at the end of a phase, then drains. Between
 two steps, once ``--sample-interval-s`` has passed since the last sample, it samples
 (``soak_probe``): the process's RSS, the aggregator's journal length (now and its largest
 since the last sample), the series kvscope's endpoints export, kvscope_telemetry_errors_total,
@@ -112,13 +112,13 @@ def run(args: argparse.Namespace) -> dict:
             traffic = Traffic(e, plan, on_step=maybe_sample)
             phase_start = time.monotonic()
             try:
-                for name, fact in traffic.phases():
+                for fact in traffic.phases():
                     now = time.monotonic()
                     fact.update(t_s=round(now - started, 1), wall_s=round(now - phase_start, 2))
                     out.write({"kind": "phase", **fact})
                     tally.add(fact)
                     maybe_sample()
-                    if name == "ceiling" and now - started >= args.duration_s:
+                    if now - started >= args.duration_s:
                         break
                     phase_start = time.monotonic()
             except Exception:  # the engine stopped serving: reported, the checks fail
@@ -140,17 +140,19 @@ def run(args: argparse.Namespace) -> dict:
                                   "last_failure": scraper.last_failure}
     finally:
         out.close()
+    summary["ended_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
+    try:
+        return soak_report.finish(summary, tally, out, args)
+    finally:  # after the results are written: ~1.5 M files after an hour take minutes
         if not args.keep_fs:
             shutil.rmtree(fs_root, ignore_errors=True)
-    summary["ended_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
-    return soak_report.finish(summary, tally, out, args)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=("full", "short"), default="full")
     p.add_argument("--duration-s", type=float, default=3720.0,
-                   help="traffic for this long, then the cycle in progress ends")
+                   help="traffic for this long, then the phase in progress ends")
     p.add_argument("--sample-interval-s", type=float, default=60.0)
     p.add_argument("--scrape-interval-s", type=float, default=15.0)
     p.add_argument("--warmup-fraction", type=float, default=0.1)

@@ -174,8 +174,8 @@ class Traffic:
     PHASES = ("shared", "flood", "reask", "ceiling")
 
     def phases(self):
-        """Yield (name, engine truth) phase after phase, cycle after cycle, for ever."""
+        """Yield each phase's engine truth, phase after phase, cycle after cycle, for ever."""
         while True:
             for name in self.PHASES:
-                yield name, {"cycle": self.cycle, "phase": name, **getattr(self, name)()}
+                yield {"cycle": self.cycle, "phase": name, **getattr(self, name)()}
             self.cycle += 1
