@@ -1,0 +1,268 @@
+"""kvscope at 32k-131k-token prompts with tiering: scheduler step time, observed vs stock.
+
+    python benchmarks/scale_overhead.py [--lengths 32768 65536 131072] [--rounds 3]
+        [--min-rows 8000] [--batch 8192] [--out F.jsonl]
+    python benchmarks/scale_overhead.py --profile PREFIX [--lengths 131072]
+
+Per prefix length, on vLLM's real scheduler on CPU (kvscope.sim.cpu_engine) with a
+TieringOffloadingSpec + fs tier on disk (scale_workload.py: sizes and engine truth): ask
+the long prompt, flood it out of the GPU blocks and the primary tier, ask it again
+(restored from disk). A round is one stock and one observed engine, fresh, stepped in
+lockstep (scheduler_overhead.lockstep: step by step, rotating which goes first, so both
+see the same machine at each moment), phase by phase, each phase ending with its stores
+drained. Per phase (ask, flood, restore; whole = all three):
+
+* ``ratio``: observed / stock thread CPU inside Scheduler.schedule + update_from_output
+  (scheduler_overhead's step-time ratio), and ``added_s``, the scheduler thread's CPU
+  kvscope added (observed - stock);
+* ``kvscope_s``: CPU of kvscope's threads (aggregator, tier probe, digests: thread_cpu.py,
+  the kernel's per-thread accounting) plus the synchronous refresh that applies what the
+  phase left in the journal (on the engine thread, outside the scheduler's calls);
+* ``keys``: keys the prefix scans looked up (scale_workload.KeyCount; stock, observed),
+  and per key: ``added_us_per_key``, ``kvscope_us_per_key``;
+* ``journal_peak``: the most journal items waiting after any observed step.
+
+A round's line also has kvscope_telemetry_errors_total (per ``where``), engine truth of the
+re-ask (keys in the primary tier and on disk before it, tokens restored from disk vs
+expected, same output as the first ask), and the machine's load average (2 shared cores).
+The last line per length: medians over rounds. ``--profile PREFIX``: one observed engine
+alone per length, cProfile (thread CPU clock) of its scheduler calls and of its aggregator
+thread's refreshes over all three phases, as text: PREFIX_<tokens>_engine.txt and
+PREFIX_<tokens>_aggregator.txt. Results: benchmarks/results/scale_overhead_*.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import scale_workload as w  # this directory
+import thread_cpu
+from scheduler_overhead import (
+    OBSERVED,
+    STOCK,
+    _final_refresh,
+    _profile_aggregator,
+    _profile_scheduler_calls,
+    _write_profile,
+    _write_stats,
+    lockstep,
+)
+
+PHASES = ("ask", "flood", "restore")
+# kvscope's modules in the aggregator profile's cumulative listing
+AGG_OURS = "scheduler_side|aggregator|round_verdicts|coverage|request_states|step_gauges|" \
+           "recorder|lookup_rounds|tier_taps|vllm_stats|round_spans|integrity"
+
+
+class Pair:
+    """Engines stepped together (the observed one last), with what a phase reads of them."""
+
+    def __init__(self, engines: list) -> None:
+        self.engines = engines
+        self.obs = engines[-1]
+        self.observer = getattr(self.obs.connector, "_kvscope_observer", None)  # stock: None
+        self.keys = [w.KeyCount(e) for e in engines]
+        self.peak = 0
+        self._calls = 0
+
+    def _journal_len(self) -> int:
+        journal = getattr(getattr(self.observer, "agg", None), "journal", None)
+        return len(journal) if journal is not None else -1
+
+    def _after_step(self, i: int) -> None:
+        if i == len(self.engines) - 1:
+            self.peak = max(self.peak, self._journal_len())
+
+    def ask(self, prompts: list[list[int]]) -> list[list[str]]:
+        """Ask ``prompts`` on every engine, step until done, then until nothing is pending."""
+        rids = [[e.add_request(p, w.OUT) for p in prompts] for e in self.engines]
+        self.step(rids)
+        return rids
+
+    def step(self, rids: list[list[str]]) -> None:
+        # which engine steps first alternates from one call to the next too (lockstep
+        # rotates within a call, starting with its first): the drain is a step or two
+        order = list(range(len(self.engines)))[::-1 if self._calls % 2 else 1]
+        self._calls += 1
+        engines = [self.engines[i] for i in order]
+
+        def after(j: int) -> None:
+            self._after_step(order[j])
+
+        lockstep([(engines[j], rids[i]) for j, i in enumerate(order)], after_step=after)
+        lockstep([(e, []) for e in engines], after_step=after,
+                 busy=lambda j: engines[j].scheduler.has_requests())
+
+    def measure(self, run) -> dict:
+        """Run ``run()`` (a phase) and what it cost on each engine."""
+        self.obs.refresh()  # what earlier phases left is theirs
+        s0 = [e.scheduler_seconds for e in self.engines]
+        n0 = [e.steps for e in self.engines]
+        k0 = [k.keys for k in self.keys]
+        self.peak = self._journal_len()
+        snap0, t0 = thread_cpu.snapshot(), time.perf_counter()
+        run()
+        final = _final_refresh(self.obs)  # waits for a refresh the thread is in
+        wall, snap1 = time.perf_counter() - t0, thread_cpu.snapshot()
+        return {"scheduler_s": [e.scheduler_seconds - s for e, s in zip(self.engines, s0)],
+                "steps": [e.steps - n for e, n in zip(self.engines, n0)],
+                "keys": [k.keys - n for k, n in zip(self.keys, k0)],
+                "kvscope_threads_s": thread_cpu.between(snap0, snap1)["kvscope"]["cpu_s"],
+                "final_refresh_s": final, "journal_peak": self.peak, "wall_s": wall}
+
+
+def _phases(pair: Pair, s: w.Sizes) -> tuple[dict, dict]:
+    """The three phases on ``pair``; (cost per phase, engine truth of the re-ask)."""
+    from kvscope.sim.cpu_engine import prompt
+
+    target = prompt(1, s.tokens)
+    cost, truth, first = {}, {}, []
+    cost["ask"] = pair.measure(lambda: first.append(pair.ask([target])))
+    cost["flood"] = pair.measure(
+        lambda: [pair.ask([prompt(100 + i, n)]) for i, n in enumerate(s.flood)])
+    again = [[e.add_request(target, w.OUT)] for e in pair.engines]
+    held = [w.held_keys(e, r[0]) for e, r in zip(pair.engines, again)]
+    cost["restore"] = pair.measure(lambda: pair.step(again))
+    done = [e.finished[r[0]] for e, r in zip(pair.engines, again)]
+    before = [e.finished[r[0]] for e, r in zip(pair.engines, first[0])]
+    expected = [w.expected_restore(d) for _, d in held]
+    truth = {"primary_keys_before": [p for p, _ in held], "disk_keys_before": [d for _, d in held],
+             "restored_tokens": [d.num_external_tokens for d in done],
+             "expected_tokens": expected,
+             "same_output": [d.output == b.output for d, b in zip(done, before)]}
+    truth["restore_ok"] = all(p == 0 and d == s.keys for p, d in held) and \
+        truth["restored_tokens"] == expected and all(truth["same_output"])
+    return cost, truth
+
+
+def _derived(c: dict) -> dict:
+    stock_s, obs_s = c["scheduler_s"]
+    kv = c["kvscope_threads_s"] + c["final_refresh_s"]
+    keys = c["keys"][-1]
+    return {**c, "ratio": round(obs_s / stock_s, 4), "added_s": round(obs_s - stock_s, 4),
+            "kvscope_s": round(kv, 4),
+            "added_us_per_key": round(1e6 * (obs_s - stock_s) / keys, 3) if keys else None,
+            "kvscope_us_per_key": round(1e6 * kv / keys, 3) if keys else None}
+
+
+def run_round(s: w.Sizes, batch: int) -> dict:
+    load0 = os.getloadavg()
+    with w.engine(STOCK, s, batch) as stock, w.engine(OBSERVED, s, batch) as obs:
+        fs = w.fs_type(obs.fs_root)
+        if fs in ("tmpfs", "ramfs"):
+            raise SystemExit(f"the fs tier's root {obs.fs_root} is on {fs}, not a disk: "
+                             "point TMPDIR at a disk")
+        pair = Pair([stock, obs])
+        cost, truth = _phases(pair, s)
+        errors = w.telemetry_errors(obs)
+    whole = {k: [sum(cost[p][k][i] for p in PHASES) for i in range(2)]
+             for k in ("scheduler_s", "steps", "keys")}
+    whole.update({k: sum(cost[p][k] for p in PHASES)
+                  for k in ("kvscope_threads_s", "final_refresh_s", "wall_s")})
+    whole["journal_peak"] = max(cost[p]["journal_peak"] for p in PHASES)
+    phases = {p: _derived(c) for p, c in [*cost.items(), ("whole", whole)]}
+    return {"tokens": s.tokens, "keys": s.keys, "rows": s.rows, "gpu_blocks": s.gpu_blocks,
+            "flood_prompts": list(s.flood), "fs_type": fs, "phases": phases, **truth,
+            "telemetry_errors": errors, "telemetry_errors_total": sum(errors.values()),
+            "loadavg_start": [round(x, 2) for x in load0],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+
+
+def summary(rounds: list[dict]) -> dict:
+    def med(phase: str, key: str):
+        vals = [r["phases"][phase][key] for r in rounds]
+        return None if None in vals else round(statistics.median(vals), 4)
+
+    return {"summary": True, "tokens": rounds[0]["tokens"], "keys": rounds[0]["keys"],
+            "rounds": len(rounds),
+            **{f"{p}_{k}": med(p, k) for p in ("restore", "whole")
+               for k in ("ratio", "added_s", "kvscope_s", "added_us_per_key",
+                         "kvscope_us_per_key")},
+            "restore_keys": [r["phases"]["restore"]["keys"] for r in rounds],
+            "journal_peak_max": max(r["phases"]["whole"]["journal_peak"] for r in rounds),
+            "telemetry_errors_max": max(r["telemetry_errors_total"] for r in rounds),
+            "restore_ok_all": all(r["restore_ok"] for r in rounds),
+            "loadavg_1m": [r["loadavg_start"][0] for r in rounds]}
+
+
+def profile(s: w.Sizes, batch: int, prefix: str) -> dict:
+    """One observed engine alone: its scheduler calls' and aggregator thread's profiles."""
+    tmp = tempfile.mkdtemp(prefix="scale-profile-")
+    try:
+        with w.engine(OBSERVED, s, batch) as obs:
+            _profile_scheduler_calls(obs.scheduler, "")
+            agg = _profile_aggregator(obs)
+            cost, truth = _phases(Pair([obs]), s)
+            _write_profile(obs.scheduler, os.path.join(tmp, "engine"))
+            _write_stats(agg, os.path.join(tmp, "aggregator"), AGG_OURS)
+            errors = w.telemetry_errors(obs)
+        out = {}
+        for part in ("engine", "aggregator"):
+            out[part] = f"{prefix}_{s.tokens}_{part}.txt"
+            shutil.move(os.path.join(tmp, part + ".txt"), out[part])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"profile": out, "tokens": s.tokens,
+            "scheduler_s": {p: round(c["scheduler_s"][0], 4) for p, c in cost.items()},
+            "keys": {p: c["keys"][0] for p, c in cost.items()},
+            "restore_ok": truth["primary_keys_before"] == [0]
+            and truth["restored_tokens"] == truth["expected_tokens"],
+            "telemetry_errors": errors, "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _header(argv: list[str]) -> dict:
+    import vllm
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"command": " ".join(["python", "benchmarks/scale_overhead.py", *argv]),
+            "commit": commit, "vllm": vllm.__version__, "cpus": os.cpu_count(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--min-rows", type=int, default=8000, help="primary rows, at least")
+    p.add_argument("--batch", type=int, default=8192, help="max_num_batched_tokens")
+    p.add_argument("--out", help="append the JSON lines to this file too")
+    p.add_argument("--profile", metavar="PREFIX",
+                   help="profiles (text) to PREFIX_<tokens>_{engine,aggregator}.txt instead")
+    a = p.parse_args(argv)
+    out = open(a.out, "a") if a.out else None
+
+    def emit(d: dict) -> None:
+        line = json.dumps(d)
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    emit(_header(argv))
+    for tokens in a.lengths:
+        s = w.sizes(tokens, a.min_rows)
+        if a.profile:
+            emit(profile(s, a.batch, a.profile))
+            continue
+        rounds = []
+        for _ in range(a.rounds):
+            rounds.append(run_round(s, a.batch))
+            emit(rounds[-1])
+        emit(summary(rounds))
+
+
+if __name__ == "__main__":
+    main()
