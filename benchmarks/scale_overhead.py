@@ -226,8 +226,8 @@ def _header(argv: list[str]) -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    return {"command": " ".join(["python", "benchmarks/scale_overhead.py", *argv]),
-            "commit": commit, "vllm": vllm.__version__, "cpus": os.cpu_count(),
+    return {"command": " ".join(["python", sys.argv[0], *argv]),
+            "cwd": os.path.relpath(os.getcwd(), os.path.dirname(here)), "commit": commit, "vllm": vllm.__version__, "cpus": os.cpu_count(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
