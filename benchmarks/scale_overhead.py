@@ -34,6 +34,7 @@ PREFIX_<tokens>_aggregator.txt. Results: benchmarks/results/scale_overhead_*.jso
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import scale_workload as w  # this directory
 import thread_cpu
+from scheduler_gc_diag import GCClock, _label_scheduler
 from scheduler_overhead import (
     OBSERVED,
     STOCK,
@@ -74,6 +76,21 @@ class Pair:
         self.keys = [w.KeyCount(e) for e in engines]
         self.peak = 0
         self._calls = 0
+        # collections timed where they ran: inside engine i's timed scheduler calls
+        # (label str(i)) or on a thread by its name (close() unhooks it)
+        self.gc = GCClock()
+        for i, e in enumerate(engines):
+            _label_scheduler(e, str(i), self.gc, [0, 0])
+        gc.callbacks.append(self.gc)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self.gc)
+
+    def _gc_s(self) -> tuple[list[float], float]:
+        """GC seconds so far: inside each engine's timed calls; on kvscope's threads."""
+        on_kvscope = sum(s for (where, _), (_, s) in self.gc.spent.items()
+                         if where.startswith("kvscope"))
+        return [self.gc.in_engine(str(i)) for i in range(len(self.engines))], on_kvscope
 
     def _journal_len(self) -> int:
         journal = getattr(getattr(self.observer, "agg", None), "journal", None)
@@ -110,11 +127,14 @@ class Pair:
         n0 = [e.steps for e in self.engines]
         k0 = [k.keys for k in self.keys]
         self.peak = self._journal_len()
+        gc0, gck0 = self._gc_s()
         snap0, t0 = thread_cpu.snapshot(), time.perf_counter()
         run()
         final = _final_refresh(self.obs)  # waits for a refresh the thread is in
         wall, snap1 = time.perf_counter() - t0, thread_cpu.snapshot()
+        gc1, gck1 = self._gc_s()
         return {"scheduler_s": [e.scheduler_seconds - s for e, s in zip(self.engines, s0)],
+                "gc_s": [b - a for a, b in zip(gc0, gc1)], "gc_kvscope_threads_s": gck1 - gck0,
                 "steps": [e.steps - n for e, n in zip(self.engines, n0)],
                 "keys": [k.keys - n for k, n in zip(self.keys, k0)],
                 "kvscope_threads_s": thread_cpu.between(snap0, snap1)["kvscope"]["cpu_s"],
@@ -149,7 +169,10 @@ def _derived(c: dict) -> dict:
     stock_s, obs_s = c["scheduler_s"]
     kv = c["kvscope_threads_s"] + c["final_refresh_s"]
     keys = c["keys"][-1]
+    (stock_gc, obs_gc) = c["gc_s"]
     return {**c, "ratio": round(obs_s / stock_s, 4), "added_s": round(obs_s - stock_s, 4),
+            # each engine's timed calls less the collections that ran inside them
+            "ratio_without_gc": round((obs_s - obs_gc) / (stock_s - stock_gc), 4),
             "kvscope_s": round(kv, 4),
             "added_us_per_key": round(1e6 * (obs_s - stock_s) / keys, 3) if keys else None,
             "kvscope_us_per_key": round(1e6 * kv / keys, 3) if keys else None}
@@ -163,12 +186,15 @@ def run_round(s: w.Sizes, batch: int) -> dict:
             raise SystemExit(f"the fs tier's root {obs.fs_root} is on {fs}, not a disk: "
                              "point TMPDIR at a disk")
         pair = Pair([stock, obs])
-        cost, truth = _phases(pair, s)
+        try:
+            cost, truth = _phases(pair, s)
+        finally:
+            pair.close()
         errors = w.telemetry_errors(obs)
     whole = {k: [sum(cost[p][k][i] for p in PHASES) for i in range(2)]
-             for k in ("scheduler_s", "steps", "keys")}
-    whole.update({k: sum(cost[p][k] for p in PHASES)
-                  for k in ("kvscope_threads_s", "final_refresh_s", "wall_s")})
+             for k in ("scheduler_s", "gc_s", "steps", "keys")}
+    whole.update({k: sum(cost[p][k] for p in PHASES) for k in (
+        "kvscope_threads_s", "gc_kvscope_threads_s", "final_refresh_s", "wall_s")})
     whole["journal_peak"] = max(cost[p]["journal_peak"] for p in PHASES)
     phases = {p: _derived(c) for p, c in [*cost.items(), ("whole", whole)]}
     return {"tokens": s.tokens, "keys": s.keys, "rows": s.rows, "gpu_blocks": s.gpu_blocks,
@@ -186,8 +212,8 @@ def summary(rounds: list[dict]) -> dict:
     return {"summary": True, "tokens": rounds[0]["tokens"], "keys": rounds[0]["keys"],
             "rounds": len(rounds),
             **{f"{p}_{k}": med(p, k) for p in ("restore", "whole")
-               for k in ("ratio", "added_s", "kvscope_s", "added_us_per_key",
-                         "kvscope_us_per_key")},
+               for k in ("ratio", "ratio_without_gc", "added_s", "kvscope_s",
+                         "added_us_per_key", "kvscope_us_per_key")},
             "restore_keys": [r["phases"]["restore"]["keys"] for r in rounds],
             "journal_peak_max": max(r["phases"]["whole"]["journal_peak"] for r in rounds),
             "telemetry_errors_max": max(r["telemetry_errors_total"] for r in rounds),
@@ -202,7 +228,11 @@ def profile(s: w.Sizes, batch: int, prefix: str) -> dict:
         with w.engine(OBSERVED, s, batch) as obs:
             _profile_scheduler_calls(obs.scheduler, "")
             agg = _profile_aggregator(obs)
-            cost, truth = _phases(Pair([obs]), s)
+            pair = Pair([obs])
+            try:
+                cost, truth = _phases(pair, s)
+            finally:
+                pair.close()
             _write_profile(obs.scheduler, os.path.join(tmp, "engine"))
             _write_stats(agg, os.path.join(tmp, "aggregator"), AGG_OURS)
             errors = w.telemetry_errors(obs)
