@@ -1,13 +1,14 @@
 """kvscope at 32k-131k-token prompts with tiering: scheduler step time, observed vs stock.
 
     python benchmarks/scale_overhead.py [--lengths 32768 65536 131072] [--rounds 3]
-        [--min-rows 8000] [--batch 8192] [--out F.jsonl]
+        [--min-rows 8000] [--batch 8192] [--promotion-delay 16] [--out F.jsonl]
     python benchmarks/scale_overhead.py --profile PREFIX [--lengths 131072]
 
 Per prefix length, on vLLM's real scheduler on CPU (kvscope.sim.cpu_engine) with a
 TieringOffloadingSpec + fs tier on disk (scale_workload.py: sizes and engine truth): ask
 the long prompt, flood it out of the GPU blocks and the primary tier, ask it again
-(restored from disk). A round is one stock and one observed engine, fresh, stepped in
+(restored from disk; each promotion in flight ``--promotion-delay`` steps, a disk slower
+than a forward, so the re-ask's lookup round repeats over the whole prompt). A round is one stock and one observed engine, fresh, stepped in
 lockstep (scheduler_overhead.lockstep: step by step, rotating which goes first, so both
 see the same machine at each moment), phase by phase, each phase ending with its stores
 drained. Per phase (ask, flood, restore; whole = all three):
@@ -178,9 +179,9 @@ def _derived(c: dict) -> dict:
             "kvscope_us_per_key": round(1e6 * kv / keys, 3) if keys else None}
 
 
-def run_round(s: w.Sizes, batch: int) -> dict:
+def run_round(s: w.Sizes, batch: int, delay: int = 0) -> dict:
     load0 = os.getloadavg()
-    with w.engine(STOCK, s, batch) as stock, w.engine(OBSERVED, s, batch) as obs:
+    with w.engine(STOCK, s, batch, delay) as stock, w.engine(OBSERVED, s, batch, delay) as obs:
         fs = w.fs_type(obs.fs_root)
         if fs in ("tmpfs", "ramfs"):
             raise SystemExit(f"the fs tier's root {obs.fs_root} is on {fs}, not a disk: "
@@ -198,7 +199,7 @@ def run_round(s: w.Sizes, batch: int) -> dict:
     whole["journal_peak"] = max(cost[p]["journal_peak"] for p in PHASES)
     phases = {p: _derived(c) for p, c in [*cost.items(), ("whole", whole)]}
     return {"tokens": s.tokens, "keys": s.keys, "rows": s.rows, "gpu_blocks": s.gpu_blocks,
-            "flood_prompts": list(s.flood), "fs_type": fs, "phases": phases, **truth,
+            "flood_prompts": list(s.flood), "promotion_delay_steps": delay, "fs_type": fs, "phases": phases, **truth,
             "telemetry_errors": errors, "telemetry_errors_total": sum(errors.values()),
             "loadavg_start": [round(x, 2) for x in load0],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
@@ -221,11 +222,11 @@ def summary(rounds: list[dict]) -> dict:
             "loadavg_1m": [r["loadavg_start"][0] for r in rounds]}
 
 
-def profile(s: w.Sizes, batch: int, prefix: str) -> dict:
+def profile(s: w.Sizes, batch: int, prefix: str, delay: int = 0) -> dict:
     """One observed engine alone: its scheduler calls' and aggregator thread's profiles."""
     tmp = tempfile.mkdtemp(prefix="scale-profile-")
     try:
-        with w.engine(OBSERVED, s, batch) as obs:
+        with w.engine(OBSERVED, s, batch, delay) as obs:
             _profile_scheduler_calls(obs.scheduler, "")
             agg = _profile_aggregator(obs)
             pair = Pair([obs])
@@ -268,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--min-rows", type=int, default=8000, help="primary rows, at least")
     p.add_argument("--batch", type=int, default=8192, help="max_num_batched_tokens")
+    p.add_argument("--promotion-delay", type=int, default=16, metavar="STEPS",
+                   help="steps each promotion from disk stays in flight (a disk slower "
+                        "than a forward: the re-ask's lookups repeat meanwhile)")
     p.add_argument("--out", help="append the JSON lines to this file too")
     p.add_argument("--profile", metavar="PREFIX",
                    help="profiles (text) to PREFIX_<tokens>_{engine,aggregator}.txt instead")
@@ -285,11 +289,11 @@ def main(argv: list[str] | None = None) -> None:
     for tokens in a.lengths:
         s = w.sizes(tokens, a.min_rows)
         if a.profile:
-            emit(profile(s, a.batch, a.profile))
+            emit(profile(s, a.batch, a.profile, a.promotion_delay))
             continue
         rounds = []
         for _ in range(a.rounds):
-            rounds.append(run_round(s, a.batch))
+            rounds.append(run_round(s, a.batch, a.promotion_delay))
             emit(rounds[-1])
         emit(summary(rounds))
 

@@ -42,13 +42,18 @@ def sizes(tokens: int, min_rows: int) -> Sizes:
     return Sizes(tokens, keys, rows, gpu, (-(-flood_keys // n) * BLOCK,) * n)
 
 
-def engine(connector: str, s: Sizes, batch: int, options: dict | None = None):
+def engine(connector: str, s: Sizes, batch: int, delay_steps: int = 0,
+           options: dict | None = None):
+    """``delay_steps``: each promotion (disk -> primary) stays in flight that many steps
+    after the one that started it (kvscope.sim.promotion_delay: a disk slower than a
+    forward), so the re-ask's lookup is deferred, and repeated, that many times."""
     from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 
     return CPUEngine(EngineConfig(
         rows=s.rows, tiering=True, world_size=1, kv_groups=1, num_gpu_blocks=s.gpu_blocks,
         max_num_batched_tokens=batch, max_num_seqs=4, max_model_len=s.tokens + 4 * BLOCK,
-        connector=connector, step_time_s=0.0, kvscope_options=dict(options or {})))
+        connector=connector, step_time_s=0.0, promotion_delay_steps=delay_steps,
+        kvscope_options=dict(options or {})))
 
 
 def fs_type(path: str) -> str:
