@@ -129,13 +129,20 @@ class Pair:
         k0 = [k.keys for k in self.keys]
         self.peak = self._journal_len()
         gc0, gck0 = self._gc_s()
+        was = {k: tuple(v) for k, v in self.gc.spent.items()}
         snap0, t0 = thread_cpu.snapshot(), time.perf_counter()
         run()
         final = _final_refresh(self.obs)  # waits for a refresh the thread is in
         wall, snap1 = time.perf_counter() - t0, thread_cpu.snapshot()
         gc1, gck1 = self._gc_s()
+        collections = {f"{where}/gen{g}": [n - was.get((where, g), (0, 0.0))[0],
+                                           round(t - was.get((where, g), (0, 0.0))[1], 4)]
+                       for (where, g), (n, t) in sorted(self.gc.spent.items())
+                       if n > was.get((where, g), (0, 0.0))[0]}
         return {"scheduler_s": [e.scheduler_seconds - s for e, s in zip(self.engines, s0)],
                 "gc_s": [b - a for a, b in zip(gc0, gc1)], "gc_kvscope_threads_s": gck1 - gck0,
+                # per where (engine index, thread name) and generation: [count, seconds]
+                "collections": collections,
                 "steps": [e.steps - n for e, n in zip(self.engines, n0)],
                 "keys": [k.keys - n for k, n in zip(self.keys, k0)],
                 "kvscope_threads_s": thread_cpu.between(snap0, snap1)["kvscope"]["cpu_s"],
