@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -146,7 +147,20 @@ class Pair:
                 "steps": [e.steps - n for e, n in zip(self.engines, n0)],
                 "keys": [k.keys - n for k, n in zip(self.keys, k0)],
                 "kvscope_threads_s": thread_cpu.between(snap0, snap1)["kvscope"]["cpu_s"],
+                "kvscope_threads_by_name": _by_name(snap0, snap1),
                 "final_refresh_s": final, "journal_peak": self.peak, "wall_s": wall}
+
+
+def _by_name(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds of kvscope's threads between two thread_cpu snapshots, per thread name
+    (the digest pool's threads summed)."""
+    names = {t.native_id: t.name.split("_")[0] for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid, (kind, run, _) in after.items():
+        if kind == "kvscope":
+            name = names.get(tid, "kvscope-?")
+            out[name] = out.get(name, 0.0) + (run - before.get(tid, (kind, 0, 0))[1]) / 1e9
+    return {n: round(v, 4) for n, v in sorted(out.items())}
 
 
 def _phases(pair: Pair, s: w.Sizes) -> tuple[dict, dict]:
