@@ -8,19 +8,23 @@ Per prefix length, on vLLM's real scheduler on CPU (kvscope.sim.cpu_engine) with
 TieringOffloadingSpec + fs tier on disk (scale_workload.py: sizes and engine truth): ask
 the long prompt, flood it out of the GPU blocks and the primary tier, ask it again
 (restored from disk; each promotion in flight ``--promotion-delay`` steps, a disk slower
-than a forward, so the re-ask's lookup round repeats over the whole prompt). A round is one stock and one observed engine, fresh, stepped in
-lockstep (scheduler_overhead.lockstep: step by step, rotating which goes first, so both
-see the same machine at each moment), phase by phase, each phase ending with its stores
-drained. Per phase (ask, flood, restore; whole = all three):
+than a forward, so the re-ask's lookup round repeats over the whole prompt). A round is
+one stock and one observed engine, fresh, stepped in lockstep (scale_pair.Pair: step by
+step, rotating which goes first, so both see the same machine at each moment), phase by
+phase, each phase ending with its stores drained. Per phase (ask, flood, restore; whole =
+all three):
 
 * ``ratio``: observed / stock thread CPU inside Scheduler.schedule + update_from_output
   (scheduler_overhead's step-time ratio), and ``added_s``, the scheduler thread's CPU
-  kvscope added (observed - stock);
+  kvscope added (observed - stock); ``..._without_gc``: less the collections that ran
+  inside each engine's calls (``collections``: per engine index or thread, generation): a
+  full one (~0.5 s, both engines' heap) lands in whichever engine triggers it;
 * ``kvscope_s``: CPU of kvscope's threads (aggregator, tier probe, digests: thread_cpu.py,
-  the kernel's per-thread accounting) plus the synchronous refresh that applies what the
-  phase left in the journal (on the engine thread, outside the scheduler's calls);
+  the kernel's per-thread accounting; ``kvscope_threads_by_name``) plus the synchronous
+  refresh that applies what the phase left in the journal (engine thread, outside the
+  scheduler's calls);
 * ``keys``: keys the prefix scans looked up (scale_workload.KeyCount; stock, observed),
-  and per key: ``added_us_per_key``, ``kvscope_us_per_key``;
+  and per key: ``added_us_per_key`` (``_without_gc``), ``kvscope_us_per_key``;
 * ``journal_peak``: the most journal items waiting after any observed step.
 
 A round's line also has kvscope_telemetry_errors_total (per ``where``), engine truth of the
@@ -35,7 +39,6 @@ PREFIX_<tokens>_aggregator.txt. Results: benchmarks/results/scale_overhead_*.jso
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -43,124 +46,25 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import scale_workload as w  # this directory
-import thread_cpu
-from scheduler_gc_diag import GCClock, _label_scheduler
+from scale_pair import Pair
 from scheduler_overhead import (
     OBSERVED,
     STOCK,
-    _final_refresh,
     _profile_aggregator,
     _profile_scheduler_calls,
     _write_profile,
     _write_stats,
-    lockstep,
 )
 
 PHASES = ("ask", "flood", "restore")
 # kvscope's modules in the aggregator profile's cumulative listing
 AGG_OURS = "scheduler_side|aggregator|round_verdicts|coverage|request_states|step_gauges|" \
            "recorder|lookup_rounds|tier_taps|vllm_stats|round_spans|integrity"
-
-
-class Pair:
-    """Engines stepped together (the observed one last), with what a phase reads of them."""
-
-    def __init__(self, engines: list) -> None:
-        self.engines = engines
-        self.obs = engines[-1]
-        self.observer = getattr(self.obs.connector, "_kvscope_observer", None)  # stock: None
-        self.keys = [w.KeyCount(e) for e in engines]
-        self.peak = 0
-        self._calls = 0
-        # collections timed where they ran: inside engine i's timed scheduler calls
-        # (label str(i)) or on a thread by its name (close() unhooks it)
-        self.gc = GCClock()
-        for i, e in enumerate(engines):
-            _label_scheduler(e, str(i), self.gc, [0, 0])
-        gc.callbacks.append(self.gc)
-
-    def close(self) -> None:
-        gc.callbacks.remove(self.gc)
-
-    def _gc_s(self) -> tuple[list[float], float]:
-        """GC seconds so far: inside each engine's timed calls; on kvscope's threads."""
-        on_kvscope = sum(s for (where, _), (_, s) in self.gc.spent.items()
-                         if where.startswith("kvscope"))
-        return [self.gc.in_engine(str(i)) for i in range(len(self.engines))], on_kvscope
-
-    def _journal_len(self) -> int:
-        journal = getattr(getattr(self.observer, "agg", None), "journal", None)
-        return len(journal) if journal is not None else -1
-
-    def _after_step(self, i: int) -> None:
-        if i == len(self.engines) - 1:
-            self.peak = max(self.peak, self._journal_len())
-
-    def ask(self, prompts: list[list[int]]) -> list[list[str]]:
-        """Ask ``prompts`` on every engine, step until done, then until nothing is pending."""
-        rids = [[e.add_request(p, w.OUT) for p in prompts] for e in self.engines]
-        self.step(rids)
-        return rids
-
-    def step(self, rids: list[list[str]]) -> None:
-        # which engine steps first alternates from one call to the next too (lockstep
-        # rotates within a call, starting with its first): the drain is a step or two
-        order = list(range(len(self.engines)))[::-1 if self._calls % 2 else 1]
-        self._calls += 1
-        engines = [self.engines[i] for i in order]
-
-        def after(j: int) -> None:
-            self._after_step(order[j])
-
-        lockstep([(engines[j], rids[i]) for j, i in enumerate(order)], after_step=after)
-        lockstep([(e, []) for e in engines], after_step=after,
-                 busy=lambda j: engines[j].scheduler.has_requests())
-
-    def measure(self, run) -> dict:
-        """Run ``run()`` (a phase) and what it cost on each engine."""
-        self.obs.refresh()  # what earlier phases left is theirs
-        s0 = [e.scheduler_seconds for e in self.engines]
-        n0 = [e.steps for e in self.engines]
-        k0 = [k.keys for k in self.keys]
-        self.peak = self._journal_len()
-        gc0, gck0 = self._gc_s()
-        was = {k: tuple(v) for k, v in self.gc.spent.items()}
-        snap0, t0 = thread_cpu.snapshot(), time.perf_counter()
-        run()
-        final = _final_refresh(self.obs)  # waits for a refresh the thread is in
-        wall, snap1 = time.perf_counter() - t0, thread_cpu.snapshot()
-        gc1, gck1 = self._gc_s()
-        collections = {f"{where}/gen{g}": [n - was.get((where, g), (0, 0.0))[0],
-                                           round(t - was.get((where, g), (0, 0.0))[1], 4)]
-                       for (where, g), (n, t) in sorted(self.gc.spent.items())
-                       if n > was.get((where, g), (0, 0.0))[0]}
-        return {"scheduler_s": [e.scheduler_seconds - s for e, s in zip(self.engines, s0)],
-                "gc_s": [b - a for a, b in zip(gc0, gc1)], "gc_kvscope_threads_s": gck1 - gck0,
-                # per where (engine index, thread name) and generation: [count, seconds]
-                "collections": collections,
-                "steps": [e.steps - n for e, n in zip(self.engines, n0)],
-                "keys": [k.keys - n for k, n in zip(self.keys, k0)],
-                "kvscope_threads_s": thread_cpu.between(snap0, snap1)["kvscope"]["cpu_s"],
-                "kvscope_threads_by_name": _by_name(snap0, snap1),
-                "final_refresh_s": final, "journal_peak": self.peak, "wall_s": wall}
-
-
-def _by_name(before: dict, after: dict) -> dict[str, float]:
-    """CPU seconds of kvscope's threads between two thread_cpu snapshots, per thread name
-    (the digest pool's threads summed)."""
-    names = {t.native_id: t.name.split("_")[0] for t in threading.enumerate()}
-    out: dict[str, float] = {}
-    for tid, (kind, run, _) in after.items():
-        if kind == "kvscope":
-            name = names.get(tid, "kvscope-?")
-            out[name] = out.get(name, 0.0) + (run - before.get(tid, (kind, 0, 0))[1]) / 1e9
-    return {n: round(v, 4) for n, v in sorted(out.items())}
 
 
 def _phases(pair: Pair, s: w.Sizes) -> tuple[dict, dict]:
@@ -224,7 +128,8 @@ def run_round(s: w.Sizes, batch: int, delay: int = 0) -> dict:
     whole["journal_peak"] = max(cost[p]["journal_peak"] for p in PHASES)
     phases = {p: _derived(c) for p, c in [*cost.items(), ("whole", whole)]}
     return {"tokens": s.tokens, "keys": s.keys, "rows": s.rows, "gpu_blocks": s.gpu_blocks,
-            "flood_prompts": list(s.flood), "promotion_delay_steps": delay, "fs_type": fs, "phases": phases, **truth,
+            "flood_prompts": list(s.flood), "promotion_delay_steps": delay, "fs_type": fs,
+            "phases": phases, **truth,
             "telemetry_errors": errors, "telemetry_errors_total": sum(errors.values()),
             "loadavg_start": [round(x, 2) for x in load0],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
@@ -284,7 +189,8 @@ def _header(argv: list[str]) -> dict:
     commit = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     return {"command": " ".join(["python", sys.argv[0], *argv]),
-            "cwd": os.path.relpath(os.getcwd(), os.path.dirname(here)), "commit": commit, "vllm": vllm.__version__, "cpus": os.cpu_count(),
+            "cwd": os.path.relpath(os.getcwd(), os.path.dirname(here)), "commit": commit,
+            "vllm": vllm.__version__, "cpus": os.cpu_count(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
