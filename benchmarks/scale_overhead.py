@@ -23,8 +23,9 @@ all three):
   the kernel's per-thread accounting; ``kvscope_threads_by_name``) plus the synchronous
   refresh that applies what the phase left in the journal (engine thread, outside the
   scheduler's calls);
-* ``keys``: keys the prefix scans looked up (scale_workload.KeyCount; stock, observed),
-  and per key: ``added_us_per_key`` (``_without_gc``), ``kvscope_us_per_key``;
+* ``keys``: keys the prefix scans looked up (scale_workload.KeyCount; stock, observed: None
+  where kvscope taps the scan), and per key of the stock engine's: ``added_us_per_key``
+  (``_without_gc``), ``kvscope_us_per_key``;
 * ``journal_peak``: the most journal items waiting after any observed step.
 
 A round's line also has kvscope_telemetry_errors_total (per ``where``), engine truth of the
@@ -94,7 +95,7 @@ def _phases(pair: Pair, s: w.Sizes) -> tuple[dict, dict]:
 def _derived(c: dict) -> dict:
     stock_s, obs_s = c["scheduler_s"]
     kv = c["kvscope_threads_s"] + c["final_refresh_s"]
-    keys = c["keys"][-1]
+    keys = c["keys"][0]  # the stock engine's: vLLM's scan untapped (scale_workload.KeyCount)
     # each engine's timed calls less the collections that ran inside them: a full one
     # (~0.5 s here, the heap of both engines) lands in whichever engine triggers it
     (stock_gc, obs_gc) = c["gc_s"]
@@ -122,7 +123,9 @@ def run_round(s: w.Sizes, batch: int, delay: int = 0) -> dict:
             pair.close()
         errors = w.telemetry_errors(obs)
     whole = {k: [sum(cost[p][k][i] for p in PHASES) for i in range(2)]
-             for k in ("scheduler_s", "gc_s", "steps", "keys")}
+             for k in ("scheduler_s", "gc_s", "steps")}
+    whole["keys"] = [None if None in ks else sum(ks)
+                     for ks in ([cost[p]["keys"][i] for p in PHASES] for i in range(2))]
     whole.update({k: sum(cost[p][k] for p in PHASES) for k in (
         "kvscope_threads_s", "gc_kvscope_threads_s", "final_refresh_s", "wall_s")})
     whole["journal_peak"] = max(cost[p]["journal_peak"] for p in PHASES)

@@ -98,7 +98,7 @@ class Pair:
                 # per where (engine index, thread name) and generation: [count, seconds]
                 "collections": collections,
                 "steps": [e.steps - n for e, n in zip(self.engines, n0)],
-                "keys": [k.keys - n for k, n in zip(self.keys, k0)],
+                "keys": [None if n is None else k.keys - n for k, n in zip(self.keys, k0)],
                 "kvscope_threads_s": thread_cpu.between(snap0, snap1)["kvscope"]["cpu_s"],
                 "kvscope_threads_by_name": _by_name(snap0, snap1),
                 "final_refresh_s": final, "journal_peak": self.peak, "wall_s": wall}

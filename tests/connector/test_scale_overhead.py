@@ -38,9 +38,11 @@ def test_round_restores_from_disk(bench):
     assert r["same_output"] == [True, True] and r["restore_ok"]
     assert r["telemetry_errors_total"] == 0
     restore = r["phases"]["restore"]
-    # both engines looked up the same keys: the whole prompt in each round deferred while
-    # the promotions were held, and in the round that hit
-    assert restore["keys"][0] == restore["keys"][1] >= 3 * s.keys
+    # the whole prompt looked up in each round deferred while the promotions were held, and
+    # in the round that hit; the observed engine the same keys, where they can be counted
+    # (not where kvscope taps the scan: None)
+    assert restore["keys"][0] >= 3 * s.keys
+    assert restore["keys"][1] in (None, restore["keys"][0])
     assert r["phases"]["whole"]["steps"] == [sum(r["phases"][p]["steps"][i]
                                                  for p in so.PHASES) for i in (0, 1)]
 
