@@ -87,18 +87,24 @@ def _final_refresh(e) -> float:
 
 
 def lockstep(todo: list, clock: Callable[[], float] = time.perf_counter,
-             after_step: Callable[[int], None] | None = None) -> list[float]:
+             after_step: Callable[[int], None] | None = None,
+             busy: Callable[[int], bool] | None = None) -> list[float]:
     """Step engines in turn until each one's requests are done, rotating which goes first
     (step k starts with engine k mod n), so all see the same machine at each moment: on a
     shared box, drift between whole runs is larger than the effects measured. ``todo``:
     (engine, request ids) pairs; returns each engine's ``clock`` time inside ``step()``;
-    ``after_step(i)`` runs after engine i's step, outside the timing."""
+    ``after_step(i)`` runs after engine i's step, outside the timing; ``busy(i)``, if
+    given, says instead whether engine i needs another step (a drain: stores pending)."""
+    if busy is None:
+        def busy(i: int) -> bool:
+            e, rids = todo[i]
+            return any(r not in e.finished for r in rids)
     spent = [0.0] * len(todo)
     n, step = len(todo), 0
-    while any(r not in e.finished for e, rids in todo for r in rids):
+    while any(busy(i) for i in range(n)):
         for i in [*range(step % n, n), *range(step % n)]:
             e, rids = todo[i]
-            if any(r not in e.finished for r in rids):
+            if busy(i):
                 t0 = clock()
                 e.step()
                 spent[i] += clock() - t0
