@@ -123,18 +123,26 @@ class TierProbe:
 
     def _take_written(self) -> dict[str, int]:
         """Newly written keys into the samples, with their file's identity; returns the keys
-        found lost on the way, per tier (gone already, or replaced since it was sampled)."""
+        found lost on the way, per tier (gone already, or replaced since it was sampled).
+        Only each tier's newest ``sample_keys`` keys are looked at: the older ones would
+        leave the sample at once, and a long prefix's cascades write thousands of keys an
+        intake (a file-system call each, on a thread that shares the GIL with vLLM's)."""
         lost: dict[str, int] = {}
+        newest: dict[str, list] = {}
         popleft = self.written.popleft
         while True:
             try:
                 name, keys = popleft()  # the taps append on the aggregator thread meanwhile
             except IndexError:
-                return lost
-            sample, tier = self.samples.get(name), self.tiers.get(name)
-            if sample is None:
-                continue
-            for key in keys:
+                break
+            if name in self.samples:
+                taken = newest.setdefault(name, [])
+                taken.extend(keys)
+                if len(taken) > 2 * self.sample_keys:
+                    del taken[:-self.sample_keys]
+        for name, keys in newest.items():
+            sample, tier = self.samples[name], self.tiers.get(name)
+            for key in keys[-self.sample_keys:]:
                 now = compat.secondary_file_identity(tier, key)
                 if (sample[key] != now) if key in sample else now is None:
                     lost[name] = lost.get(name, 0) + 1
@@ -145,6 +153,7 @@ class TierProbe:
                     sample.move_to_end(key)
             while len(sample) > self.sample_keys:
                 sample.popitem(last=False)
+        return lost
 
     def _check(self, name: str, tier: Any, lost_on_intake: int) -> None:
         labels = (name,)
