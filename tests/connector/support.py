@@ -36,3 +36,17 @@ class Exposition:
 
     def has(self, name: str) -> bool:
         return name in self.samples
+
+
+def rounds_answered(engine) -> list:
+    """What vLLM's scheduler gets back from each lookup round from here on (None:
+    deferred), wrapped on the engine's connector: vLLM's truth, not kvscope's counters."""
+    answers, ask = [], engine.connector.get_num_new_matched_tokens
+
+    def counted(request, num_computed):
+        out = ask(request, num_computed)
+        answers.append(out[0])
+        return out
+
+    engine.connector.get_num_new_matched_tokens = counted
+    return answers

@@ -24,7 +24,7 @@ from kvscope.connector import compat
 from kvscope.exporters import signals as S
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 from kvscope.sim.oracle_truth import request_keys
-from tests.connector.support import Exposition
+from tests.connector.support import Exposition, rounds_answered
 
 pytestmark = pytest.mark.vllm
 
@@ -44,19 +44,6 @@ UNFINISHED = (S.REQUESTS, S.REQUESTS_IN_FLIGHT, S.PENDING_TRANSFERS, S.OLDEST_PE
 def _prompt(seed: int) -> list[int]:
     r = random.Random(seed)
     return [r.randrange(1, 30_000) for _ in range(TOKENS)]
-
-
-def _rounds_answered(e: CPUEngine) -> list:
-    """What vLLM's scheduler got back from each lookup round (None: deferred)."""
-    answers, ask = [], e.connector.get_num_new_matched_tokens
-
-    def counted(request, num_computed):
-        out = ask(request, num_computed)
-        answers.append(out[0])
-        return out
-
-    e.connector.get_num_new_matched_tokens = counted
-    return answers
 
 
 def _promotions_submitted(e: CPUEngine) -> list[int]:
@@ -94,7 +81,7 @@ def test_a_131k_token_prefix_restored_from_disk_loses_no_event():
         submitted = _promotions_submitted(e)
         before = Exposition.scrape(e.connector.kvscope_exporter.url)
         rank0_before = Exposition.scrape(e.ranks[0].connector.kvscope_exporter.url)
-        answers = _rounds_answered(e)
+        answers = rounds_answered(e)
         peak = [0]
 
         def journal_peak(engine: CPUEngine) -> None:

@@ -24,6 +24,7 @@ from kvscope.exporters import signals as S
 from kvscope.sim.catalog import CATALOG
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.sim.scenario_run import run_scenario
+from tests.connector.support import rounds_answered
 
 pytestmark = pytest.mark.vllm
 
@@ -242,14 +243,7 @@ def _long_restore(keys: int, held: int, **options) -> tuple[CPUEngine, list]:
     e.generate(prompts[0], 2, max_steps=1_000)
     e.generate(prompts[1], 2, max_steps=1_000)  # evicts it from the GPU and the CPU tier
     e.drain(max_steps=1_000)
-    answers, ask = [], e.connector.get_num_new_matched_tokens
-
-    def counted(request, num_computed):
-        out = ask(request, num_computed)
-        answers.append(out[0])
-        return out
-
-    e.connector.get_num_new_matched_tokens = counted
+    answers = rounds_answered(e)
     e.generate(prompts[0], 2, max_steps=1_000)
     e.drain(max_steps=1_000)
     return e, answers

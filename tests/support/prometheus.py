@@ -249,7 +249,7 @@ def running_prometheus(
             )
             log.close()
             prom = Prometheus(f"http://{HOST}:{port}", log_path)
-            if _wait_ready(prom, proc, timeout):
+            if wait_http_ready(f"{prom.url}/-/ready", proc, timeout):
                 break
             proc.wait(timeout=10)
             if "address already in use" not in log_path.read_text(errors="replace"):
@@ -260,24 +260,20 @@ def running_prometheus(
             prom.wait_targets_up(len(targets), timeout)
         yield prom
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop(proc)
         if owned:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _wait_ready(prom: Prometheus, proc: subprocess.Popen, timeout: float) -> bool:
+def wait_http_ready(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Poll ``url`` until it answers 200 (True), the process exits or ``timeout`` passes
+    (False; the process is then terminated). Prometheus's and VictoriaMetrics' start."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
+            with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
                     return True
         except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -285,3 +281,14 @@ def _wait_ready(prom: Prometheus, proc: subprocess.Popen, timeout: float) -> boo
         time.sleep(0.05)
     proc.terminate()
     return False
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """Terminate a server the tests started (killed if it does not exit in 10 s)."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

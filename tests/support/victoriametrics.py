@@ -26,14 +26,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .prometheus import HOST, Prometheus, PrometheusStartError, free_port
+from .prometheus import HOST, Prometheus, PrometheusStartError, free_port, stop, wait_http_ready
 
 __all__ = ["VictoriaMetrics", "openmetrics_to_text", "require_binaries",
            "running_victoriametrics"]
@@ -134,7 +133,7 @@ def running_victoriametrics(workdir: str | Path | None = None,
                     stdout=log, stderr=subprocess.STDOUT, cwd=root,
                 )
             vm = VictoriaMetrics(f"http://{HOST}:{port}", log_path)
-            if _wait_ready(vm, proc, timeout):
+            if wait_http_ready(f"{vm.url}/health", proc, timeout):
                 break
             proc.wait(timeout=10)
             if "address already in use" not in log_path.read_text(errors="replace"):
@@ -144,28 +143,6 @@ def running_victoriametrics(workdir: str | Path | None = None,
             raise PrometheusStartError("no free port after 3 attempts")
         yield vm
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop(proc)
         if owned:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _wait_ready(vm: VictoriaMetrics, proc: subprocess.Popen, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(f"{vm.url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.05)
-    proc.terminate()
-    return False
