@@ -213,9 +213,9 @@ class Round:
 
     @classmethod
     def plain(cls, keys: list[bytes], results: list[Any], start: int) -> Round:
-        """A round without rare events (no quarantined key, refused promotion or eviction:
-        the connector's hook hands its lookups over, scheduler_hooks.py): ``[start:]`` of
-        the lookups handed over."""
+        """A round without rare events (no quarantined key, refused promotion or eviction),
+        whole: ``[start:]`` of the lookups handed over. The hook judges such rounds from
+        :func:`summarize` instead; this is the reference the tests hold the summary to."""
         rnd = cls.__new__(cls)
         rnd.started_ns = 0
         rnd.results = results[start:] if start else results
