@@ -71,6 +71,23 @@ def group_outcomes(cfg: Config):
     )
 
 
+def restore_stopped_by_group(cfg: Config):
+    return c.timeseries(
+        "Short restores by the KV group that stopped them",
+        "Lookup rounds per second that offered less than the request's loadable prefix, by the "
+        "KV group whose scan stopped the offer and why: row_ceiling (that group's promotion "
+        "found no free primary row), group_veto (that group missed while the others held "
+        "more: on hybrid models usually the sliding-window group), not_stored / store_refused "
+        "(that group's stored prefix ends there; store_refused: its store job was refused for "
+        "lack of a primary row, so the prefix was stored in part). Which group it is decides "
+        "the fix: more rows, a smaller step, or that group's block size.",
+        [(f"sum by ({s.L_KV_GROUP}, {s.L_REASON}) "
+          f"({Recorded(cfg).restore_stopped_rounds_rate}{c.rsel()})",
+          f"group {{{{{s.L_KV_GROUP}}}}} {{{{{s.L_REASON}}}}}")],
+        unit="ops",
+    )
+
+
 def hit_ratio_per_tier(cfg: Config):
     r = Recorded(cfg)
     total = f"sum({r.lookups_rate}{c.rsel()})"
@@ -240,6 +257,7 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_panel(restore_coverage(cfg))
         .with_panel(lookup_verdicts(cfg))
         .with_panel(group_outcomes(cfg))
+        .with_panel(restore_stopped_by_group(cfg))
         .with_panel(hit_ratio_per_tier(cfg))
         .with_panel(hit_tokens(cfg))
         .with_row(db.Row("Transfers"))

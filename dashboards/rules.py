@@ -98,6 +98,11 @@ class Recorded:
         return self._n(s.L_REASON, s.RESTORE_SHORT_TOKENS.base, f"rate{self._w()}")
 
     @property
+    def restore_stopped_rounds_rate(self) -> str:
+        return self._n(f"{s.L_KV_GROUP}_{s.L_REASON}", s.RESTORE_STOPPED_ROUNDS.base,
+                       f"rate{self._w()}")
+
+    @property
     def transfer_bytes_rate(self) -> str:
         return self._n(f"{s.L_RANK}_{s.L_DIRECTION}", s.TRANSFER_BYTES.base, f"rate{self._w()}")
 
@@ -144,6 +149,9 @@ def recording_rules(cfg: Config = DEFAULT) -> list[dict]:
         {"record": r.restore_short_tokens_rate,
          "expr": (f"sum by ({by}, {s.L_REASON}) "
                   f"(rate({s.RESTORE_SHORT_TOKENS.name}{sel()}[{w}]))")},
+        {"record": r.restore_stopped_rounds_rate,
+         "expr": (f"sum by ({by}, {s.L_KV_GROUP}, {s.L_REASON}) "
+                  f"(rate({s.RESTORE_STOPPED_ROUNDS.name}{sel()}[{w}]))")},
         {"record": r.transfer_bytes_rate,
          "expr": (f"sum by ({by}, {s.L_RANK}, {s.L_DIRECTION}) "
                   f"(rate({s.TRANSFER_BYTES.name}{sel()}[{w}]))")},
