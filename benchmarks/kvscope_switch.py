@@ -41,7 +41,8 @@ from typing import Any
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 # What kvscope's tier taps set on a tier instance (connector/tier_taps.py)
-TAPPED = ("submit_load", "submit_store", "get_finished_jobs", "prepare_write")
+TAPPED = ("submit_load", "submit_store", "get_finished_jobs", "prepare_write", "prepare_store",
+          "complete_store", "complete_write", "reset_cache")
 
 
 class NotQuiet(RuntimeError):
@@ -128,6 +129,8 @@ class KvscopeSwitch:
                     setattr(tier, name, tap.__wrapped__)
                 else:
                     delattr(tier, name)  # the class's method again
+        if on:  # the primary tier changed rows unseen while off: no kept scan is current
+            self.observer.taps.changes.reset()
         for cw, proxy, inner in self.workers:
             cw.worker = proxy if on else inner
         for conn, ours, stock in self.classes:

@@ -46,7 +46,7 @@ class LookupLog:
     round's (emptied when a round begins and ends)."""
 
     __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "start",
-                 "_started_ns")
+                 "_started_ns", "compact", "counted")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
@@ -57,6 +57,11 @@ class LookupLog:
         self.evictions: list[tuple[int, Any]] = []
         self.start = -1  # index where the open round began; -1: no round open
         self._started_ns = 0
+        # True while a plain round's call runs (scheduler_hooks.py): a deferred scan may then
+        # leave its lookups counted (``counted``: HIT, HIT_PENDING, RETRY, MISS counts, the
+        # keys consumed, the last key), not written key by key (prefix_scan.py)
+        self.compact = False
+        self.counted: tuple | None = None
 
     # ---- rare paths (called by the proxy / the primary-tier tap) --------------------
     def add_quarantined(self, key: bytes) -> None:
@@ -113,6 +118,9 @@ class LookupCounts:
         only = only_suffix
         self._single = None if only is None else tuple(
             ((only, id(v)), v) for v in (_HIT, _MISS, _RETRY, _HIT_PENDING))
+        # in LookupLog.counted's order
+        self._counted_pairs = None if only is None else tuple(
+            (only, id(v)) for v in (_HIT, _HIT_PENDING, _RETRY, _MISS))
 
     def tally(self, keys: list[bytes], results: list[Any]) -> dict[tuple[bytes, int], int]:
         """(group suffix, id of the result) -> lookups, of these lookups. One KV group:
@@ -123,6 +131,10 @@ class LookupCounts:
             count = results.count
             return {pair: n for pair, v in single if (n := count(v))}
         return Counter(zip(map(_SUFFIX, keys), map(id, results)))
+
+    def tally_counted(self, counted: tuple) -> dict[tuple[bytes, int], int]:
+        """:meth:`tally` of a scan left counted (``LookupLog.counted``: one KV group)."""
+        return {pair: n for pair, n in zip(self._counted_pairs, counted) if n}
 
     def add(self, counts: dict[tuple[bytes, int], int]) -> None:
         """Aggregator: one round's :meth:`tally`."""
@@ -168,6 +180,21 @@ def summarize(keys: list[bytes], results: list[Any], start: int,
         key = keys[i]
         out.setdefault(key[-compat.GROUP_SUFFIX_BYTES:], (key, _ABSENT))
     facts.group_misses = out
+    return facts
+
+
+def summarize_counted(counted: tuple) -> RoundFacts:
+    """:func:`summarize` of a round whose one scan was left counted (``LookupLog.counted``:
+    HIT, HIT_PENDING, RETRY, MISS, keys consumed, the last key; a MISS is the last key)."""
+    facts = RoundFacts()
+    _, pending, retry, misses, facts.n, last = counted
+    facts.misses, facts.pending_keys = misses, pending + retry
+    if misses:
+        facts.miss_key = last
+        facts.group_misses = {last[-compat.GROUP_SUFFIX_BYTES:]: (last, _ABSENT)}
+    else:
+        facts.miss_key = None
+        facts.group_misses = {}
     return facts
 
 

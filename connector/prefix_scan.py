@@ -32,6 +32,7 @@ from typing import Any
 from kvscope.connector import compat
 from kvscope.connector.compat.prefix_scan import SCAN_METHOD
 from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.scan_cache import DeferredScans, count
 from kvscope.exporters.signals import ErrorSite
 
 
@@ -94,9 +95,10 @@ class ScanCursor:
 
 
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
-                    read: compat.TieredReader, cursor: ScanCursor,
+                    reader: compat.TieredReader, cursor: ScanCursor,
                     quarantine: dict[bytes, None], per_key: Callable[[bool], None],
-                    error: Callable[[ErrorSite, BaseException], None]) -> Callable[..., Any]:
+                    error: Callable[[ErrorSite, BaseException], None],
+                    scans: DeferredScans | None = None) -> Callable[..., Any]:
     """The scan's stand-in with a secondary tier (compat.tiered_scan_reader): vLLM's scan
     handed an iterator over its keys (how many it consumed: ``len(keys)`` less the
     iterator's length hint, no frame per key), then its lookups written into ``log``: an
@@ -105,8 +107,16 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     promotions, evictions) are given the index of the lookup they happened in, as the
     per-key tap's are. While a key is quarantined (kvscope answers MISS for it, per key)
     ``per_key(True)`` puts the per-key tap in place for that scan, ``per_key(False)``
-    removes it after."""
+    removes it after.
+
+    With ``scans`` (scan_cache.py), a deferred scan of a plain round (``log.compact``) with
+    no refused promotion or eviction is counted from the request's kept row states instead
+    (``log.counted``): the cost is per row changed since its last scan, not per key."""
     keys_out, results_out = log.keys, log.results
+    read, places_of, last_answer = reader.read, None, reader.last_answer
+    promoted_retry = reader.promoted_retry
+    if scans is not None:
+        places_of = scans.places
     add_keys, add_results, add_result = keys_out.extend, results_out.extend, results_out.append
     refusals_out, evictions_out = log.refusals, log.evictions
     hit, miss = compat.HIT, compat.MISS
@@ -135,6 +145,12 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 add_results([hit] * n)
                 if m > n:
                     add_result(miss)
+            elif (places_of is not None and log.compact and m and not (evicted or refused)
+                  and k0 == log.start and not (log.refusals or log.evictions)):
+                last = keys[m - 1]
+                log.counted = (*count(places_of(keys, req_context), m,
+                                      len(promoted) if promoted_retry else 0, m < total,
+                                      lambda: last_answer(last, req_context)), m, last)
             else:
                 consumed = keys[:m] if m < total else keys
                 results = read(consumed, req_context, m < total, promoted, evicted, refused)
@@ -171,14 +187,15 @@ def install(connector_scheduler: Any, log: LookupLog, result_of: Callable[[bytes
     return True
 
 
-def install_tiered(connector_scheduler: Any, log: LookupLog, read: compat.TieredReader,
+def install_tiered(connector_scheduler: Any, log: LookupLog, reader: compat.TieredReader,
                    cursor: ScanCursor, quarantine: dict[bytes, None],
                    per_key: Callable[[bool], None],
-                   error: Callable[[ErrorSite, BaseException], None]) -> bool:
+                   error: Callable[[ErrorSite, BaseException], None],
+                   scans: DeferredScans | None = None) -> bool:
     """:func:`install` with a secondary tier (:func:`tiered_scan_tap`)."""
     inner = getattr(connector_scheduler, SCAN_METHOD)
     if getattr(inner, compat.WRAPPED_MARK, False):
         return False
     setattr(connector_scheduler, SCAN_METHOD,
-            tiered_scan_tap(inner, log, read, cursor, quarantine, per_key, error))
+            tiered_scan_tap(inner, log, reader, cursor, quarantine, per_key, error, scans))
     return True

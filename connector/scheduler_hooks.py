@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.lookup_rounds import summarize
+from kvscope.connector.lookup_rounds import summarize, summarize_counted
 from kvscope.connector.scheduler_side import SchedulerObserver
 from kvscope.exporters.signals import ErrorSite
 
@@ -64,6 +64,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions
     judge_plain, capture = obs._judge_plain, obs._offload_prefix
     tally, several = obs.lookups.tally, obs.lookups.only_suffix is None
+    tally_counted = obs.lookups.tally_counted
     on_new, after_alloc, on_finished = obs._on_new, obs._after_alloc, obs._on_finished
     skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
     live = obs._live  # a set kept for the observer's life, or None (install)
@@ -81,7 +82,12 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             log.begin()
         else:
             log.start = len(results)
-        result = ask(request, num_computed_tokens)
+        log.compact = True  # a deferred scan may leave its lookups counted (prefix_scan.py)
+        try:
+            result = ask(request, num_computed_tokens)
+        finally:
+            log.compact = False
+        counted, log.counted = log.counted, None
         try:
             if quarantined or refusals or evictions:  # a rare event: judged now
                 obs.end_round(request, result[0], num_computed_tokens)
@@ -98,9 +104,13 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                 offload = lengths = None
             else:
                 offload, lengths = capture(rid)
+            if counted is None:
+                counts, facts = tally(keys, results), summarize(keys, results, log.start,
+                                                               several)
+            else:  # a deferred scan counted from its rows' states (scan_cache.py)
+                counts, facts = tally_counted(counted), summarize_counted(counted)
             journal_extend((judge_plain, 8, rid, request.num_tokens, offload, lengths,
-                            num_tokens, num_computed_tokens, tally(keys, results),
-                            summarize(keys, results, log.start, several)))
+                            num_tokens, num_computed_tokens, counts, facts))
             del keys[:], results[:]
             log.start = -1
         except Exception as exc:

@@ -45,6 +45,7 @@ from kvscope.connector.lookup_rounds import LookupCounts, LookupLog
 from kvscope.connector.manager_proxy import ManagerProxy
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts, offload_of
+from kvscope.connector.scan_cache import DeferredScans
 from kvscope.connector.step_gauges import StepGauges
 from kvscope.connector.store_refusals import RefusedStores
 from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S, TierProbe
@@ -161,9 +162,13 @@ class SchedulerObserver:
                                  per_key_lookups=result_of is None and read is None)
             connector_scheduler.manager = proxy
             if read is not None:
+                # a request's deferred scans counted per change (scan_cache.py), where
+                # the tier taps log every primary call that changes rows
+                scans = (DeferredScans(self.taps.changes, read.places)
+                         if self.taps.changes_logged else None)
                 prefix_scan.install_tiered(connector_scheduler, self.log, read,
                                            self.taps.cursor, self.rows.quarantine,
-                                           proxy.per_key, recorder.error)
+                                           proxy.per_key, recorder.error, scans)
         self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
                                                  None), compat.WRAPPED_MARK, False)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}

@@ -19,6 +19,7 @@ from kvscope.connector import compat
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.connector.prefix_scan import ScanCursor
+from kvscope.connector.scan_cache import PrimaryChanges
 from kvscope.connector.tier_probe import WRITTEN_JOBS
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
@@ -63,6 +64,9 @@ class TierTaps:
         # Open while a tapped tiering scan runs (prefix_scan.tiered_scan_tap): what each
         # promotion did is also noted there, at the lookup in progress
         self.cursor = ScanCursor()
+        # The keys whose primary rows each call of the primary tier changed (scan_cache.py)
+        self.changes = PrimaryChanges()
+        self.changes_logged = False  # every primary call that changes rows tapped
         self.primary = compat.primary_tier(manager)
         self.tiers = compat.secondary_tiers(manager)
         self.promotions: dict[int, TierJob] = {}  # scheduler thread (digests at completion)
@@ -100,6 +104,7 @@ class TierTaps:
             return
         rec, log, counts, cursor = self.rec, self.log, self._promotions_started, self.cursor
         expected, quarantine, forget = self.rows.expected, self.rows.quarantine, self.rows.forget
+        changed = self.changes.keys.extend  # bounded by the per-job taps (_tap_row_changes)
 
         # Once per promoted key (vLLM promotes key by key during a lookup: thousands per
         # long restore): counts kept here (only this thread writes them; flush() hands the
@@ -114,8 +119,10 @@ class TierTaps:
                         cursor.refused.append((cursor.position(), len(keys)))
                 else:
                     counts[0] += len(out.keys_to_store)
+                    changed(out.keys_to_store)
                     evicted = out.evicted_keys
                     if evicted:
+                        changed(evicted)
                         log.add_evictions(evicted)
                     if cursor.it is not None:  # a tiering scan in progress (prefix_scan.py)
                         cursor.promoted.extend(out.keys_to_store)
@@ -133,6 +140,59 @@ class TierTaps:
         # what a tap's remover puts back (benchmarks/kvscope_switch.py)
         prepare_write.__wrapped__ = original
         primary.prepare_write = prepare_write
+        self._tap_row_changes(primary)
+
+    def _tap_row_changes(self, primary: Any) -> None:
+        """The primary tier's other calls that change rows (per job): a store's rows
+        allocated and evicted, finished writes (ready, or removed on failure), a reset."""
+        changes, rec = self.changes, self.rec
+        add = changes.add
+
+        def tapped(name: str, make: Any) -> bool:
+            original = getattr(primary, name, None)
+            if original is None or getattr(original, compat.WRAPPED_MARK, False):
+                return False
+            tap = make(original)
+            setattr(tap, compat.WRAPPED_MARK, True)
+            tap.__wrapped__ = original  # what a tap's remover puts back (kvscope_switch)
+            setattr(primary, name, tap)
+            return True
+
+        def store(original):
+            def prepare_store(keys, req_context, *a, **kw):
+                out = original(keys, req_context, *a, **kw)
+                if out is not None:
+                    try:
+                        add(out.keys_to_store)
+                        if out.evicted_keys:
+                            add(out.evicted_keys)
+                    except Exception as exc:
+                        rec.error(ErrorSite.TIER, exc)
+                return out
+            return prepare_store
+
+        def complete(original):
+            def complete_store(keys, *a, **kw):
+                try:
+                    if type(keys) is not list:  # an iterator would be spent here
+                        keys = list(keys)
+                    add(keys)  # before: a failed write's rows are removed
+                except Exception as exc:
+                    rec.error(ErrorSite.TIER, exc)
+                return original(keys, *a, **kw)
+            return complete_store
+
+        def reset(original):
+            def reset_cache(*a, **kw):
+                changes.reset()
+                return original(*a, **kw)
+            return reset_cache
+
+        # every one of them ours, or the change log would miss changes (scan_cache.py)
+        self.changes_logged = all([tapped("prepare_store", store),
+                                   tapped("complete_store", complete),
+                                   tapped("complete_write", complete),
+                                   tapped("reset_cache", reset)])
 
     def _tap_tier(self, tier: Any) -> None:
         if getattr(tier, compat.WRAPPED_MARK, False):

@@ -29,7 +29,7 @@ import operator
 from collections.abc import Callable, Collection, Sequence
 from itertools import repeat
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm.v1.kv_offload.base import LookupResult
 
@@ -105,8 +105,20 @@ _REF_CNT = operator.attrgetter("ref_cnt")
 # started answers (0.26: RETRY; 0.33: HIT_PENDING, the row being written)
 _PROMOTED_ANSWER = {(0, 26): LookupResult.RETRY, (0, 33): LookupResult.HIT_PENDING}
 
-TieredReader = Callable[[Sequence[bytes], Any, bool, Collection[bytes],
-                         Sequence[tuple[int, Any]], Sequence[tuple[int, int]]], list]
+
+
+class TieredReader(NamedTuple):
+    """What :func:`tiered_scan_reader` gives: ``read`` a deferred scan's results (see
+    there); ``places`` the primary rows' places of some keys (ref_cnt: >= 0 ready, -1
+    being written, -2 absent); ``last_answer(key, req_context)`` what the scan's last key,
+    which the primary tier lacks, was answered (no refused promotion); ``promoted_retry``:
+    a promotion a lookup started answers RETRY (0.26), not HIT_PENDING (0.33)."""
+
+    read: Callable[[Sequence[bytes], Any, bool, Collection[bytes],
+                    Sequence[tuple[int, Any]], Sequence[tuple[int, int]]], list]
+    places: Callable[[Sequence[bytes]], list]
+    last_answer: Callable[[bytes, Any], Any]
+    promoted_retry: bool
 
 
 def _rows_reader(policy: Any) -> Callable[[Sequence[bytes]], list] | None:
@@ -155,7 +167,8 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
     request's context, whether the scan stopped before the end of its keys, the keys the
     primary tier's promotions of this scan wrote rows for (``prepare_write``), the
     ``(index, keys)`` its promotions evicted and the ``(index, keys)`` refused, that returns
-    the results ``TieringOffloadingManager.lookup`` gave them; else None.
+    the results ``TieringOffloadingManager.lookup`` gave them (``TieredReader.read``, with
+    the parts it is made of: scan_cache.py counts a request's scans from them); else None.
 
     Each lookup asks the primary tier (HIT: a ready row; HIT_PENDING: a row being written),
     then, for a key the primary lacks, each secondary tier: HIT starts a promotion (a
@@ -239,4 +252,8 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
                                       any(i == m - 1 for i, _ in refused))
         return results
 
-    return read
+    def places(keys: Sequence[bytes]) -> list:
+        return list(map(_REF_CNT, rows_of(keys)))
+
+    return TieredReader(read, places, lambda key, ctx: last_absent(key, ctx, False),
+                        promoted_answer is retry)
