@@ -189,6 +189,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
             return
         with self.kvscope_recorder.guard(ErrorSite.MANAGER):
             observer.bind_block_pool(gpu_block_pool)
+            faults.install_block_leak(self, gpu_block_pool)  # test-only, off
 
     # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
     def get_kv_connector_stats(self):
