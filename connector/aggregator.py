@@ -14,7 +14,9 @@ at once. A daemon thread wakes every
 1 s; chosen on the H200, benchmarks/README.md) and,
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
 events in the order they were recorded (round judging and coverage, request states,
-store jobs), then the flush into the recorder, the gauges and vLLM's stats object.
+store jobs), then the flush into the recorder, the gauges and vLLM's stats object. A
+wake-up that finds no event only samples the host's memory when due (every 5 s:
+``host_memory.py``), so that it is watched while the engine idles too.
 On a GPU server that work overlaps the forward pass, where the engine thread waits
 with the GIL released.
 
@@ -71,7 +73,10 @@ def journal_events(items: list) -> int:
 
 class Aggregator:
     def __init__(self, *, recorder: Recorder, refresh: Callable[[], None],
-                 interval_s: float = INTERVAL_S) -> None:
+                 interval_s: float = INTERVAL_S,
+                 quiet: Callable[[], None] | None = None) -> None:
+        """``quiet``: called on a wake-up that finds no event (the engine idles or waits):
+        cheap periodic work that must go on while nothing happens (the host's memory)."""
         self.rec = recorder
         self.journal: list = []  # flat: handler, k, k args; handler, k, ...
         # Held by whoever aggregates (this thread, a synchronous drain): kvscope's
@@ -81,6 +86,7 @@ class Aggregator:
         self.limit = JOURNAL_LIMIT
         self.cpu_s = 0.0  # this thread's CPU time (time.thread_time), for the benchmark
         self._refresh = refresh
+        self._quiet = quiet
         # Held until close() releases it: the thread waits with one C-level timed acquire
         # (a threading.Event's wait is Python code around it: ~1.5x the CPU per wake-up,
         # 20 wake-ups a second) and is woken at once by close()
@@ -107,10 +113,11 @@ class Aggregator:
         stopped = self._stop.acquire
         # interval_s read at each wake-up: a benchmark may change it while the engine runs
         while not stopped(timeout=self.interval_s):
-            if not self.journal:
-                continue
             try:
-                self._refresh()
+                if self.journal:
+                    self._refresh()
+                elif self._quiet is not None:
+                    self._quiet()
             except Exception as exc:  # refresh guards its parts; this is the last line
                 self.rec.error(ErrorSite.AGGREGATOR, exc)
             self.cpu_s = time.thread_time()

@@ -32,6 +32,10 @@ Faults (``rank``: the one rank the fault hits):
   request leaves kvscope's live set) and the aggregator's handler (the request keeps its
   state): counted in ``kvscope_telemetry_errors_total`` (``rank`` is not read).
 
+* ``leak_blocks`` - every request that finishes leaves one reference on each of its GPU
+  blocks in vLLM's block pool that nothing releases (a connector that pins a request's
+  blocks and never unpins them): the engine idles holding them (``rank`` is not read).
+
 Structural fault (fixed at start-up, not switchable): :class:`OwnRegionTieringSpec`
 (``spec_name`` ``OwnRegionTieringSpec``, ``spec_module_path`` this module) lets the
 ranks in ``kv_connector_extra_config["kvscope_test_own_region_ranks"]`` map an offload
@@ -41,7 +45,7 @@ The fs tier's directory removed and its disk full need no hook: the driver
 removes the directory or fills the tier's small tmpfs.
 
 Hooks wrap instances (instance-attribute shadowing, as kvscope's own taps do);
-the four call sites are in ``observed.py``.
+the call sites are in ``observed.py``.
 """
 
 from __future__ import annotations
@@ -71,8 +75,9 @@ STALL_WRITES = "stall_writes"
 WITHHOLD_STORE = "withhold_store"
 LOSE_ROUNDS = "lose_rounds"
 LOSE_FINISHES = "lose_finishes"
+LEAK_BLOCKS = "leak_blocks"
 SWITCHABLE = (FLIP_PROMOTED, DROP_PROMOTION, STALL_READS, STALL_WRITES, WITHHOLD_STORE,
-              LOSE_ROUNDS, LOSE_FINISHES)
+              LOSE_ROUNDS, LOSE_FINISHES, LEAK_BLOCKS)
 
 
 def write_fault(path: str, fault: str | None, rank: int = 1) -> None:
@@ -219,6 +224,30 @@ class _LosingSet(set):
         if self.switch.active(LOSE_FINISHES):
             raise RuntimeError("kvscope test fault lose_finishes: a request's end was lost")
         super().discard(rid)
+
+
+# ---- scheduler side: GPU blocks leak -----------------------------------------------------------
+def install_block_leak(connector: Any, pool: Any) -> None:
+    """After kvscope's hooks, once vLLM bound its GPU block pool: while ``leak_blocks`` is
+    on, a finishing request's blocks each get one more reference in the pool (vLLM's own
+    ``touch``, as a prefix hit takes one) before vLLM frees the request's own: they never
+    return to the free queue."""
+    switch = _switch()
+    if switch is None:
+        return
+    blocks = pool.blocks  # vLLM's KVCacheBlock of each block id
+
+    def leaking(finish: Any, several_groups: bool) -> Any:
+        def request_finished(request, block_ids):
+            if switch.active(LEAK_BLOCKS):
+                ids = [b for group in block_ids for b in group] if several_groups \
+                    else list(block_ids)
+                pool.touch([blocks[b] for b in ids if not blocks[b].is_null])
+            return finish(request, block_ids)
+        return request_finished
+
+    connector.request_finished = leaking(connector.request_finished, False)
+    connector.request_finished_all_groups = leaking(connector.request_finished_all_groups, True)
 
 
 # ---- scheduler side: a rank's slot of promoted rows goes wrong ------------------------------

@@ -177,6 +177,19 @@ class ObservedOffloadingConnector(OffloadingConnector):
     # build_connector_meta, update_connector_output, request_finished(_all_groups) and
     # the scheduler side's get_kv_connector_stats: closures set on the instance once the
     # observer exists (scheduler_hooks.py: one Python frame of kvscope per vLLM call).
+    # bind_gpu_block_pool: a method (once, when the scheduler is built).
+
+    def bind_gpu_block_pool(self, gpu_block_pool):
+        """vLLM's scheduler binds its GPU block pool once it exists (0.33 through
+        ``bind_kv_cache_manager``: ``compat.block_pool``): kvscope reads the blocks in use
+        (``kvscope_gpu_blocks``, ``kvscope_idle_gpu_blocks_in_use``)."""
+        super().bind_gpu_block_pool(gpu_block_pool)
+        observer = self._kvscope_observer
+        if observer is None:
+            return
+        with self.kvscope_recorder.guard(ErrorSite.MANAGER):
+            observer.bind_block_pool(gpu_block_pool)
+            faults.install_block_leak(self, gpu_block_pool)  # test-only, off
 
     # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
     def get_kv_connector_stats(self):

@@ -9,7 +9,8 @@ is a closure over what it needs, bound once when the scheduler-side observer is
 built, set as an instance attribute that shadows the class's method (vLLM calls
 ``self.connector.<name>(...)``): one Python frame of kvscope per vLLM call, the
 common case of the recording inline. The rare cases (a round with a quarantined
-key, a refused promotion or an eviction; tracing; an idle step) call the observer
+key, a refused promotion or an eviction; tracing; an idle step; the end of a step that
+left no request: ``SchedulerObserver.settle``) call the observer
 (scheduler_side.py), which holds the general code.
 
 Each hook forwards the call unchanged to the stock connector's method (the parent's
@@ -171,9 +172,13 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
         return update(connector_output)
 
     ready, take, stock_stats = obs.ready_stats, obs.take_stats, parent.get_kv_connector_stats
+    settle = obs.settle
 
     def get_kv_connector_stats():
+        # vLLM calls this at the end of every step, after it freed what the step finished
         stats = stock_stats()
+        if live is not None and not live:  # no request left: did the engine settle?
+            settle()
         if not ready:  # nothing the aggregator prepared since the last call (most steps)
             return stats
         try:

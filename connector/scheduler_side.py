@@ -17,7 +17,8 @@ and never reaches vLLM. The rooms:
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
 * ``integrity``: promoted-row digests, checked loads, quarantine;
 * ``request_states``: queued / deferred / loading / running, counted incrementally;
-* ``step_gauges``: snapshot gauges and the info gauges;
+* ``step_gauges``: snapshot gauges (vLLM's GPU block pool and the host's memory among them)
+  and the info gauges;
 * ``tier_probe``: its own daemon thread: recently written tier data still there?
 
 On vLLM's scheduler thread kvscope only records: the round's lookups (list appends per key
@@ -102,7 +103,7 @@ class SchedulerObserver:
         self.requests = RequestStates([t * per_chunk for t in compat.group_tokens_per_block(spec)
                                        if t])
         self.agg = Aggregator(recorder=recorder, refresh=self.refresh,
-                              interval_s=flush_interval_s)
+                              interval_s=flush_interval_s, quiet=self.quiet)
         self.journal = self.agg.journal
         self.taps = TierTaps(recorder=recorder, tracer=tracer, manager=inner, log=self.log,
                              rows=self.rows,
@@ -172,6 +173,11 @@ class SchedulerObserver:
         self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
                                                  None), compat.WRAPPED_MARK, False)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}
+        # vLLM's GPU block pool once the scheduler binds it (bind_block_pool): the reader of
+        # its blocks in use, and what the latest settled step left in use (settle)
+        self._blocks_in_use: Callable[[], int] | None = None
+        self._settled_blocks = 0
+        self._job_map = compat.connector_job_map(connector_scheduler)
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
         self._stats_guard = recorder.guard(ErrorSite.STATS)
@@ -264,6 +270,53 @@ class SchedulerObserver:
     def on_connector_output(self, output: Any) -> None:
         self.rows.on_connector_output(output, self._live_jobs)
 
+    # ---- settled at idle: vLLM's GPU block pool ----------------------------------------------
+    def bind_block_pool(self, pool: Any) -> None:
+        """vLLM's scheduler hands its connector the GPU block pool once it exists (the
+        connector's ``bind_gpu_block_pool``: ``compat.block_pool``). The gauges read it from
+        then on, and the end of every step that leaves the engine settled (:meth:`settle`)."""
+        got = compat.gpu_blocks_in_use(pool)
+        if got is None:
+            return
+        total, in_use = got
+        with self.agg.lock:
+            self.gauges.bind_block_pool(total, in_use)
+            self._blocks_in_use = in_use
+            self._settled_blocks = in_use()
+            self.rec.set(signals.IDLE_GPU_BLOCKS, (), self._settled_blocks)
+
+    def settle(self) -> None:
+        """Scheduler thread, the end of a step (vLLM's stats hook, after it freed what the
+        step finished) that left no request known to the connector: unless a load or store
+        job is in flight, the blocks vLLM's pool still holds are held by no request
+        (``kvscope_idle_gpu_blocks_in_use``; 0 on a healthy engine). O(1); a change is
+        aggregated at once and handed to vLLM's stats path in this very hook, since an idle
+        engine may not step again."""
+        in_use = self._blocks_in_use
+        if in_use is None or self._job_map:
+            return
+        try:
+            n = in_use()
+            if n != self._settled_blocks:
+                self._settled_blocks = n
+                self.rec.set(signals.IDLE_GPU_BLOCKS, (), n)
+                self.refresh(hand_over=True)
+        except Exception as exc:
+            self.rec.error(ErrorSite.STEP, exc)
+
+    def quiet(self) -> None:
+        """Aggregator thread, a wake-up with no event (the engine idles, or waits): the
+        host's memory sampled when due (host_memory.py), so that it is watched at idle too.
+        A scrape of the standalone endpoint reads it at once; vLLM's /metrics with the next
+        stats object kvscope hands vLLM (its next step)."""
+        host = self.gauges.host
+        if not host.due():
+            return
+        with self.agg.lock, self._step_guard:
+            values = host.sample()
+            if values:
+                self.rec.set_many(values)
+
     # ---- once per step ---------------------------------------------------------------------
     def on_step(self, scheduler_output: Any) -> None:
         """Scheduler thread: the step's scheduled and preempted ids into the journal. An
@@ -334,11 +387,13 @@ class SchedulerObserver:
         with self._tier_guard:
             self.taps.flush()
 
-    def refresh(self, gauges: bool = True) -> None:
+    def refresh(self, gauges: bool = True, hand_over: bool = False) -> None:
         """Apply the journal, recompute the gauges and flush everything now: the
         aggregator thread every flush_interval_s while events arrive; synchronously an
         idle step, shutdown, a harness, a test. ``gauges=False`` (a reader of the
-        recorder: :meth:`drain`): the snapshot gauges keep their step cadence."""
+        recorder: :meth:`drain`): the snapshot gauges keep their step cadence.
+        ``hand_over``: a stats object for vLLM even if one already waits (:meth:`settle`:
+        vLLM may take none after this one)."""
         rec = self.rec
         with self.agg.lock:
             self._flushed_at = time.monotonic()
@@ -359,7 +414,8 @@ class SchedulerObserver:
                 rec.flush()
                 # vLLM's stats object built here, handed over whole by take_stats; a new
                 # one only once the last was taken (the recorder's delta is bounded)
-                if self._stats_builder is not None and rec.delta_ready and not self.ready_stats:
+                if self._stats_builder is not None and rec.delta_ready \
+                        and (hand_over or not self.ready_stats):
                     stats = self._stats_builder(rec.take_delta())
                     if stats is not None:
                         self.ready_stats.append(stats)

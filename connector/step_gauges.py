@@ -1,10 +1,12 @@
-"""Snapshot gauges of the scheduler side: rows, pending transfers, requests, info.
+"""Snapshot gauges of the scheduler side: rows, pending transfers, requests, vLLM's GPU
+block pool, the host's memory, info.
 
 Gauges are what a scrape (seconds apart) reads, so they are refreshed on the
 aggregator thread (aggregator.py) every ``flush_interval_s`` (default 1 s) while the
 engine is busy (off vLLM's scheduler thread), and synchronously on every step of an idle
 engine and at shutdown; a reader's drain (a scrape) leaves them at that cadence.
-What they read of vLLM's state is copied in one C-level call.
+What they read of vLLM's state is copied in one C-level call. The host's memory is read
+at most every ``host_memory.SAMPLE_S`` (5 s) of these refreshes.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from typing import Any
 from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.compat import vllm_api
+from kvscope.connector.host_memory import HostMemory
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.request_states import STATES, RequestStates
 from kvscope.connector.tier_taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
-from kvscope.exporters.signals import PendingKind, RowState
+from kvscope.exporters.signals import GpuBlockState, PendingKind, RowState
 
 # The recorder's keys (metric, labels) of every snapshot gauge, built once
 _ROW_KEYS = tuple((signals.PRIMARY_ROWS, (s.value,))
@@ -33,6 +36,8 @@ _PENDING_KEYS = tuple(((signals.PENDING_TRANSFERS, (k.value,)),
                                 PendingKind.CASCADE))
 _IN_FLIGHT_KEY = (signals.REQUESTS_IN_FLIGHT, ())
 _QUARANTINED_KEY = (signals.QUARANTINED_KEYS, ())
+_GPU_TOTAL_KEY = (signals.GPU_BLOCKS, (GpuBlockState.TOTAL.value,))
+_GPU_IN_USE_KEY = (signals.GPU_BLOCKS, (GpuBlockState.IN_USE.value,))
 
 
 class StepGauges:
@@ -55,6 +60,16 @@ class StepGauges:
         self._job_first_seen: dict[int, float] = {}
         self._static_done = False
         self._fingerprint_src: object = None
+        # vLLM's GPU block pool, once the scheduler binds it (bind_block_pool)
+        self.gpu_blocks_total = 0
+        self.gpu_blocks_in_use: Any = None  # () -> blocks in use now (compat)
+        self.host = HostMemory()
+
+    def bind_block_pool(self, total: int, in_use: Any) -> None:
+        """vLLM's block pool: its size and a reader of the blocks in use (compat); both
+        gauges exported from now on."""
+        self.gpu_blocks_total, self.gpu_blocks_in_use = total, in_use
+        self.rec.set_many([(_GPU_TOTAL_KEY, total), (_GPU_IN_USE_KEY, in_use())])
 
     def refresh(self) -> None:
         """Every gauge's value now, into the recorder in one call (one lock); on an
@@ -89,6 +104,11 @@ class StepGauges:
         values.extend(zip(_STATE_KEYS, self.requests.counts))
         values.append((_IN_FLIGHT_KEY, len(self.requests)))
         values.append((_QUARANTINED_KEY, len(self.rows.quarantine)))
+        in_use = self.gpu_blocks_in_use
+        if in_use is not None:  # an int vLLM's thread changes meanwhile: read once
+            values.append((_GPU_TOTAL_KEY, self.gpu_blocks_total))
+            values.append((_GPU_IN_USE_KEY, in_use()))
+        values.extend(self.host.sample(now))
 
     def _update_info(self, rows_total: int) -> None:
         src = vllm_api.none_hash()

@@ -59,6 +59,15 @@ class Config:
     # idle engine is not going to finish (lost completion, stuck rank, leaked job).
     pending_at_idle_for: str = "10m"
 
+    # ---- GPU blocks held at idle -------------------------------------------------------------
+    # kvscope_idle_gpu_blocks_in_use: the GPU KV blocks vLLM's block pool still held at the end
+    # of the latest step that left nothing in flight (no request, no load or store job). A
+    # healthy engine reads 0 there exactly, whatever its load was: vLLM frees a request's
+    # blocks when it finishes. Above 0 while no request runs or waits, blocks leaked; they stay
+    # until a restart. The reading is exact, so `for` only rides out a request arriving just
+    # as Prometheus evaluates.
+    gpu_blocks_held_at_idle_for: str = "5m"
+
     # ---- capacity ceiling --------------------------------------------------------------------
     # How long lookup rounds must keep hitting the primary tier's row ceiling (pending keys >=
     # rows) while the disk tier holds data. A short burst happens when a large batch arrives;
@@ -166,6 +175,7 @@ class Config:
     def __post_init__(self) -> None:
         for name in (
             "rate_window", "rule_interval", "pending_at_idle_for", "capacity_ceiling_for",
+            "gpu_blocks_held_at_idle_for",
             "restore_coverage_for",
             "checksum_mismatch_for", "checksum_mismatch_window", "stores_without_restores_window",
             "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",

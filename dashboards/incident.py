@@ -213,6 +213,49 @@ def in_flight_by_rank(cfg: Config):
     )
 
 
+def gpu_blocks_at_idle(cfg: Config):
+    return c.timeseries(
+        "GPU KV blocks held at idle",
+        "vLLM's GPU block pool: the blocks still in use at the end of the latest step that left "
+        "nothing in flight (no request, no load or store job), beside the blocks in use now and "
+        "the requests. A healthy engine's held-at-idle line is 0 whatever its load; above 0 "
+        f"while the request lines are 0, blocks leaked ({r.ALERT_GPU_BLOCKS_HELD_AT_IDLE}): "
+        "nothing frees them before a restart. A line that steps up after each burst leaks per "
+        "request.",
+        [
+            (f"max by (instance) ({s.IDLE_GPU_BLOCKS.name}{c.dsel(cfg)})",
+             "held at idle {{instance}}"),
+            (f"max by (instance) "
+             f"({s.GPU_BLOCKS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.GpuBlockState.IN_USE.value))})",
+             "in use {{instance}}"),
+            (f"max by (instance) "
+             f"({s.GPU_BLOCKS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.GpuBlockState.TOTAL.value))})",
+             "total {{instance}}"),
+            (f"sum by (instance) ({s.REQUESTS_IN_FLIGHT.name}{c.dsel(cfg)})",
+             "requests in flight {{instance}}"),
+        ],
+    )
+
+
+def host_memory(cfg: Config):
+    return c.timeseries(
+        "Host memory vs engine process",
+        "The scheduler host's available memory (MemAvailable) and the engine process's resident "
+        "memory, sampled every few seconds by kvscope. Available memory falling while no "
+        "request runs is a leak: in the engine when its resident line rises by as much, "
+        "elsewhere on the host (another process, /dev/shm) when it stays flat (kv-diagnose's "
+        "not_settled_at_idle). On vLLM's /metrics both stop moving while the engine does not "
+        "step; kvscope's own endpoint keeps sampling.",
+        [
+            (f"min by (instance) ({s.HOST_MEMORY_AVAILABLE.name}{c.dsel(cfg)})",
+             "host available {{instance}}"),
+            (f"sum by (instance) ({s.PROCESS_RESIDENT_MEMORY.name}{c.dsel(cfg)})",
+             "engine process {{instance}}"),
+        ],
+        unit="bytes", min0=False,
+    )
+
+
 def stats_freshness(cfg: Config):
     return c.timeseries(
         "Stats freshness",
@@ -315,6 +358,9 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_panel(pending_vs_requests(cfg))
         .with_panel(oldest_pending(cfg))
         .with_panel(in_flight_by_rank(cfg).span(24))
+        .with_row(db.Row("Settled at idle"))
+        .with_panel(gpu_blocks_at_idle(cfg))
+        .with_panel(host_memory(cfg))
         .with_row(db.Row("Freshness"))
         .with_panel(stats_freshness(cfg))
         .with_panel(scheduler_steps(cfg))

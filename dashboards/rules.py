@@ -25,6 +25,7 @@ ALERT_STORES_REFUSED = "KVOffloadStoresRefused"
 ALERT_TIER_DATA_LOST = "KVOffloadTierDataLost"
 ALERT_TRANSFER_STUCK = "KVOffloadTransferStuck"
 ALERT_TELEMETRY_ERRORS = "KVOffloadTelemetryErrors"
+ALERT_GPU_BLOCKS_HELD_AT_IDLE = "KVOffloadGpuBlocksHeldAtIdle"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -37,6 +38,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_STORES_REFUSED,
     ALERT_TIER_DATA_LOST,
     ALERT_TRANSFER_STUCK,
+    ALERT_GPU_BLOCKS_HELD_AT_IDLE,
     ALERT_TELEMETRY_ERRORS,
 )
 
@@ -296,6 +298,12 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # ... while the engine has requests (idle: KVOffloadTransfersPendingAtIdle)
         f"and on ({by}) (\n{requests}\n) > 0"
     )
+    held_at_idle = (
+        # GPU blocks vLLM's pool still held when the latest step left nothing in flight ...
+        f"max by ({by}) ({s.IDLE_GPU_BLOCKS.name}{sel()}) > 0\n"
+        # ... and the engine still has no request (the gauge keeps its value while busy)
+        f"and on ({by}) (\n{requests}\n) == 0"
+    )
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -385,6 +393,15 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"{{{{ $value | humanizeDuration }}}} (more than {cfg.transfer_stuck_after_s:g}s, for "
             f"more than {cfg.transfer_stuck_for}) while it has requests: a request waiting for "
             f"it waits too (a stalled tier read or write pool, a completion never reported).",
+        ),
+        _alert(
+            cfg, ALERT_GPU_BLOCKS_HELD_AT_IDLE, held_at_idle, cfg.gpu_blocks_held_at_idle_for,
+            cfg.severity_warning,
+            "An idle engine still holds GPU KV blocks: they leaked.",
+            f"{_WHO} still held {{{{ $value | humanize }}}} GPU KV block(s) when its latest step "
+            f"left no request and no load or store in flight, and no request has run or waited "
+            f"for more than {cfg.gpu_blocks_held_at_idle_for}: no request holds them and nothing "
+            f"frees them before a restart; every later request has that much less KV cache.",
         ),
         _alert(
             cfg, ALERT_TELEMETRY_ERRORS, telemetry_errors, "0m", cfg.severity_warning,

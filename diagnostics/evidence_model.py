@@ -206,6 +206,21 @@ class RestoreCoverage:
 
 
 @dataclass(frozen=True)
+class Settling:
+    """Whether an idle engine settled: vLLM's GPU block pool (``kvscope_gpu_blocks``, and
+    what the latest step that left nothing in flight left in use:
+    ``kvscope_idle_gpu_blocks_in_use``) and the host's memory beside the engine process's."""
+
+    gpu_blocks: dict[str, Quantity] = field(default_factory=dict)  # GpuBlockState value
+    idle_gpu_blocks: Quantity = ABSENT
+    host_available: Quantity = ABSENT  # min over targets: the tightest host
+    process_resident: Quantity = ABSENT  # summed over the engines' processes
+
+    def blocks(self, state: S.GpuBlockState) -> Quantity:
+        return _q(self.gpu_blocks, state.value)
+
+
+@dataclass(frozen=True)
 class Evidence:
     source: SourceInfo
     targets: tuple[TargetInfo, ...]
@@ -230,6 +245,7 @@ class Evidence:
     # (target, model_name, engine) -> worker ranks its worker-side series name; ("", "", "")
     # holds those without vLLM's engine label (standalone exporters: one target per rank)
     rank_scopes: dict[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)
+    settling: Settling = field(default_factory=Settling)
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present

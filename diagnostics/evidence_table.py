@@ -23,6 +23,7 @@ from .evidence_model import (
     Requests,
     RestoreCoverage,
     Rounds,
+    Settling,
     Tiers,
     Vllm,
 )
@@ -91,6 +92,12 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
         "ceiling_rows_needed": Read(S.LAST_CEILING_ROWS_NEEDED, how=MAX),
         "ceiling_concurrent_requests": Read(S.LAST_CEILING_CONCURRENT_REQUESTS, how=MAX),
         "ceiling_concurrent_rows": Read(S.LAST_CEILING_CONCURRENT_ROWS, how=MAX),
+    }),
+    "settling": (Settling, {
+        "gpu_blocks": Read(S.GPU_BLOCKS, S.L_STATE),
+        "idle_gpu_blocks": Read(S.IDLE_GPU_BLOCKS),
+        "host_available": Read(S.HOST_MEMORY_AVAILABLE, how=MIN),
+        "process_resident": Read(S.PROCESS_RESIDENT_MEMORY),
     }),
 }
 

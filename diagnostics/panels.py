@@ -140,6 +140,30 @@ def _pending(ev: Evidence, th: Thresholds) -> list[Panel]:
     return [age, busy]
 
 
+def _settling(ev: Evidence, th: Thresholds) -> list[Panel]:
+    st, req = ev.settling, ev.requests
+    held, total = st.idle_gpu_blocks, st.blocks(S.GpuBlockState.TOTAL)
+    blocks = Panel(
+        "settling", "GPU KV blocks held at idle vs in use, and requests in flight",
+        _line("held at idle (nothing in flight)", held, color="tab:red")
+        + _line("in use", st.blocks(S.GpuBlockState.IN_USE), color="tab:blue")
+        + _line("kvscope requests in flight", req.in_flight, color="tab:green"),
+        ylabel="blocks / requests", mark_keys=frozenset({"settling"}),
+        note=(f"held at idle: {_n(held.last)}" + (f" of {_n(total.last)} blocks"
+                                                  if total.present else "")
+              if held.present else ""))
+    avail, rss = st.host_available, st.process_resident
+    memory = Panel(
+        "host_memory", "the host's available memory vs the engine process's resident memory",
+        _line("host available", avail, color="tab:blue")
+        + _line("engine process resident", rss, color="tab:orange"), ylabel="bytes",
+        mark_keys=frozenset({"host_memory"}),
+        note=(f"host available {avail.first / 2**30:.2f} → {avail.last / 2**30:.2f} GiB"
+              + (f"; engine process {rss.first / 2**30:.2f} → {rss.last / 2**30:.2f} GiB"
+                 if rss.present else "") if avail.present else ""))
+    return [blocks, memory]
+
+
 def _store_never_fits(ev: Evidence, th: Thresholds) -> list[Panel]:
     t = ev.tiers
     return [Panel("stores", "store jobs refused (no_space) vs prepared, and what reached the disk",
@@ -258,6 +282,7 @@ BUILDERS: dict[str, Callable[[Evidence, Thresholds], list[Panel]]] = {
     "capacity_ceiling_concurrency": _coverage,
     "stale_row_corruption": _stale_rows,
     "pending_at_idle": _pending,
+    "not_settled_at_idle": _settling,
     "store_never_fits": _store_never_fits,
     "stores_without_restores": _stores_without_restores,
     "tier_data_lost": _tier_data_lost,

@@ -184,6 +184,10 @@ def _summary(ev: Evidence) -> dict:
         "pending_transfers": {k: q.last for k, q in ev.pending.transfers.items()},
         "oldest_pending_transfer_seconds": {k: q.last for k, q in ev.pending.oldest_seconds.items()},
         "requests": {k: q.last for k, q in ev.requests.states.items()},
+        "gpu_blocks": {k: q.last for k, q in ev.settling.gpu_blocks.items()},
+        "idle_gpu_blocks_in_use": _last(ev.settling.idle_gpu_blocks),
+        "host_memory_available_bytes": _last(ev.settling.host_available),
+        "process_resident_memory_bytes": _last(ev.settling.process_resident),
         "ranks": {
             rk: {
                 "transfer_bytes": {d: q.increase for d, q in rt.bytes.items()},
@@ -195,6 +199,10 @@ def _summary(ev: Evidence) -> dict:
         },
         "last_step_age_seconds": ev.freshness.newest_age,
     }
+
+
+def _last(q) -> float | None:
+    return q.last if q.present else None
 
 
 def _iso(t: float) -> str:

@@ -53,6 +53,12 @@ class Thresholds:
     # costs the last token of a fully held prompt).
     anomaly_coverage_min: float = 0.5
 
+    # Not settled at idle, the host side: the host's available memory (MemAvailable, which
+    # counts reclaimable page cache, so the disk tier's writes do not lower it) falling by at
+    # least this many bytes, and still falling, while nothing runs or waits. An idle engine
+    # allocates nothing; a gibibyte gone with no load is no allocator's jitter.
+    idle_memory_drop_bytes: int = 1 << 30
+
     # Bytes of one primary-tier row (all rank slots), if the operator knows it;
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.
     # Overrides kvscope_primary_row_bytes (which kvscope exports itself).

@@ -107,6 +107,13 @@ class RowState(str, Enum):
     IN_FLIGHT = "in_flight"  # held by running writes / promotions
 
 
+class GpuBlockState(str, Enum):
+    """vLLM's GPU KV-cache block pool (its null block left out)."""
+
+    TOTAL = "total"
+    IN_USE = "in_use"  # held by a request or pinned; prefix-cached blocks no one holds are free
+
+
 class PromotionResult(str, Enum):
     STARTED = "started"
     COMPLETED = "completed"
@@ -442,6 +449,31 @@ TIER_LAST_LOSS_TIMESTAMP = Metric(
     "Unix time the probe last found keys of a secondary tier lost (0: never).",
     (L_TIER,),
 )
+# ---- settled at idle: vLLM's GPU block pool and the host's memory ----------------------
+GPU_BLOCKS = Metric(
+    "kvscope_gpu_blocks", Kind.GAUGE,
+    "GPU KV-cache blocks of vLLM's block pool (its null block left out): total, and in use "
+    "(held by a request or pinned; prefix-cached blocks no request holds count free), read "
+    "with the other gauges.",
+    (L_STATE,), label_values={L_STATE: _values(GpuBlockState)},
+)
+IDLE_GPU_BLOCKS = Metric(
+    "kvscope_idle_gpu_blocks_in_use", Kind.GAUGE,
+    "GPU KV-cache blocks vLLM's block pool still held at the end of the latest step that left "
+    "the engine settled (no request known to the connector, no load or store job in flight; "
+    "read after vLLM freed what the step finished). 0 on a healthy engine; above 0, blocks no "
+    "request holds and nothing will free until a restart. Kept until the next such step.",
+)
+HOST_MEMORY_AVAILABLE = Metric(
+    "kvscope_host_memory_available_bytes", Kind.GAUGE,
+    "The scheduler host's available memory (MemAvailable in /proc/meminfo), sampled every "
+    "few seconds off vLLM's scheduler thread (absent where /proc has none).",
+)
+PROCESS_RESIDENT_MEMORY = Metric(
+    "kvscope_process_resident_memory_bytes", Kind.GAUGE,
+    "Resident memory of the process kvscope's scheduler side runs in (vLLM's engine core: "
+    "/proc/self/statm), sampled with kvscope_host_memory_available_bytes.",
+)
 TELEMETRY_ERRORS = Metric(
     "kvscope_telemetry_errors_total", Kind.COUNTER,
     "Exceptions the instrumentation caught and swallowed (serving went on).",
@@ -491,6 +523,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     RESTORE_COVERAGE, RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
     LAST_CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
     TIER_LOST_KEYS, TIER_ROOT_PRESENT, TIER_LAST_LOSS_TIMESTAMP,
+    GPU_BLOCKS, IDLE_GPU_BLOCKS, HOST_MEMORY_AVAILABLE, PROCESS_RESIDENT_MEMORY,
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,

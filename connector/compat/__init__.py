@@ -11,6 +11,8 @@ difference, each naming the release that needs it:
   lookups rule it out).
 * ``load_failures``: how a refused load reaches vLLM; 0.33's request-level
   ``failed_recving`` for models with several KV groups.
+* ``block_pool``: vLLM's GPU KV-cache block pool as the scheduler binds it (0.26:
+  ``bind_gpu_block_pool``; 0.33: ``bind_kv_cache_manager``, which calls it), read only.
 * ``registry``: naming the connector to vLLM's connector factory (the ``vllm.general_plugins``
   entry point, ``kvscope.connector.plugin``); the same API in 0.26 and 0.33.
 * The CPU harness has its own (``kvscope.sim.harness_compat``: 0.33's ``KVCacheTensor``
@@ -39,6 +41,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
 
 from kvscope.connector.compat import renames
+from kvscope.connector.compat.block_pool import gpu_blocks_in_use
 from kvscope.connector.compat.prefix_scan import (
     SCAN_METHOD,
     TieredReader,
@@ -59,9 +62,9 @@ from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
 __all__ = [
-    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "held_prefix", "primary_holds", "primary_tier",
-    "scan_reader", "secondary_file_identity", "secondary_holds", "secondary_tiers", "tier_home",
-    "tier_type", "tiered_scan_reader",
+    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "gpu_blocks_in_use", "held_prefix",
+    "primary_holds", "primary_tier", "scan_reader", "secondary_file_identity",
+    "secondary_holds", "secondary_tiers", "tier_home", "tier_type", "tiered_scan_reader",
 ]
 
 MISS = VLookupResult.MISS
@@ -101,6 +104,14 @@ def connector_jobs(connector_scheduler: Any) -> Iterable[tuple[int, bool]]:
     """(job id, is_store) of connector jobs not yet reported by every rank."""
     jobs = getattr(connector_scheduler, "_jobs", {}) or {}
     return [(jid, bool(getattr(st, "is_store", False))) for jid, st in list(jobs.items())]
+
+
+def connector_job_map(connector_scheduler: Any) -> dict | None:
+    """The offloading scheduler's own dict of connector jobs not yet reported by every rank
+    (kept for the connector's life in 0.26 and 0.33: cleared, never replaced), for a check
+    of its emptiness without a copy; None when not a dict."""
+    jobs = getattr(connector_scheduler, "_jobs", None)
+    return jobs if isinstance(jobs, dict) else None
 
 
 def job_rows(job: Any) -> list[int]:

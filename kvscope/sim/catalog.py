@@ -79,6 +79,12 @@ CATALOG: dict[str, Scenario] = _all(
         lambda f: f["request_done"] and f["has_pending_work"],
         "the request finished while the scheduler still has work (the unreported store)"),
     Scenario(
+        "not-settled-at-idle", "not_settled_at_idle",
+        "Each finished request leaves its GPU blocks pinned: the engine idles holding them.",
+        "not_settled_at_idle",
+        lambda f: f["requests_done"] and not f["has_requests"] and f["gpu_blocks_held"] > 0,
+        "every request finished and vLLM holds none, yet its GPU block pool holds blocks"),
+    Scenario(
         "queue-wait", "queue_wait",
         "One long decode holds the only running slot; later requests queue behind it.",
         "queue_wait",

@@ -83,10 +83,11 @@ class CPUEngine(EngineStepping):
             init_none_hash(sha256)  # vLLM's engine core does this at start, from the env
         self._block_hasher = get_request_block_hasher(cfg.block_size, sha256)
 
-        self.scheduler = Scheduler(
-            vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
-            structured_output_manager=StructuredOutputManager(self.vllm_config),
-            block_size=cfg.block_size, log_stats=True)
+        with _fault_env(cfg.fault, self._tmp):
+            self.scheduler = Scheduler(
+                vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
+                structured_output_manager=StructuredOutputManager(self.vllm_config),
+                block_size=cfg.block_size, log_stats=True)
         self.connector = self.scheduler.connector
         self.ranks = []
         for r in range(cfg.world_size):
@@ -185,6 +186,29 @@ class CPUEngine(EngineStepping):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _fault_env(fault: str | None, folder: str) -> Iterator[None]:
+    """``fault`` (kvscope.connector.faults) switched on in a file in ``folder`` and named by
+    KVSCOPE_FAULT_FILE while the scheduler and its connector are built (their hooks keep
+    the file's path), then the variable as it was; nothing without a fault."""
+    if fault is None:
+        yield
+        return
+    from kvscope.connector import faults
+
+    path = os.path.join(folder, "fault.json")
+    faults.write_fault(path, fault)
+    before = os.environ.get(faults.ENV)
+    os.environ[faults.ENV] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(faults.ENV, None)
+        else:
+            os.environ[faults.ENV] = before
 
 
 @contextlib.contextmanager

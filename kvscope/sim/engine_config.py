@@ -48,6 +48,9 @@ class EngineConfig:
     max_model_len: int = 4096
     own_region_ranks: tuple[int, ...] = ()  # ranks with their own /dev/shm region
     stuck: Callable[[int, str, int], bool] | None = None  # (rank, kind, job id) -> never report
+    # A test fault of kvscope.connector.faults on for this engine's scheduler side (its
+    # KVSCOPE_FAULT_FILE names a file in the engine's temp dir while the scheduler is built)
+    fault: str | None = None
     checksum_policy: str = "refuse"
     kv_load_failure_policy: str = "recompute"
     exporter_port: int | None = None

@@ -54,6 +54,7 @@ def healthy(run: ScenarioRun, cfg: EngineConfig) -> None:
     e = CPUEngine(replace(cfg, rows=12))
     run.engines.append(e)
     _ask_flood_ask(e, run)
+    run.facts["gpu_blocks_held"] = gpu_blocks_held(e)
 
 
 def capacity_ceiling(run: ScenarioRun, cfg: EngineConfig) -> None:
@@ -108,6 +109,25 @@ def pending_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
     run.facts.update(request_done=out.request_id in e.finished,
                      has_pending_work=e.scheduler.has_requests())
     run.background = e.step
+
+
+def not_settled_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """Every finished request leaves its GPU blocks referenced in vLLM's block pool (test
+    fault ``leak_blocks``, connector/faults.py): the engine idles holding them."""
+    e = CPUEngine(replace(cfg, rows=64, fault="leak_blocks"))
+    run.engines.append(e)
+    done = [e.generate(prompt(seed, PROMPT_TOKENS // 2), 2) for seed in (1, 2)]
+    e.drain()
+    run.facts.update(requests_done=all(d.request_id in e.finished for d in done),
+                     has_requests=e.scheduler.has_requests(),
+                     gpu_blocks_held=gpu_blocks_held(e))
+
+
+def gpu_blocks_held(e: CPUEngine) -> int:
+    """Engine truth: blocks of vLLM's GPU block pool some reference holds now (its null
+    block aside), counted on the blocks themselves, never from kvscope's gauges."""
+    pool = e.scheduler.kv_cache_manager.block_pool
+    return sum(1 for b in pool.blocks if b.ref_cnt > 0 and not b.is_null)
 
 
 def queue_wait(run: ScenarioRun, cfg: EngineConfig) -> None:

@@ -102,6 +102,12 @@ def base(rows: int = 8, steps=(100, 110), last_step=None, seed="a1b2c3") -> dict
     for k in S.PendingKind:
         d[L(S.PENDING_TRANSFERS.name, kind=k.value)] = [0, 0]
         d[L(S.OLDEST_PENDING_TRANSFER.name, kind=k.value)] = [0, 0]
+    # vLLM's GPU block pool, settled (nothing held at idle), and the host's memory
+    d[L(S.GPU_BLOCKS.name, state=S.GpuBlockState.TOTAL.value)] = [39, 39]
+    d[L(S.GPU_BLOCKS.name, state=S.GpuBlockState.IN_USE.value)] = [0, 0]
+    d[S.IDLE_GPU_BLOCKS.name] = [0, 0]
+    d[S.HOST_MEMORY_AVAILABLE.name] = [40 << 30, 40 << 30]
+    d[S.PROCESS_RESIDENT_MEMORY.name] = [3 << 30, 3 << 30]
     return d
 
 
@@ -173,6 +179,8 @@ def declare(metrics: dict, rank: str = "0") -> None:
         metrics[S.PENDING_TRANSFERS.name].labels(k.value).set(0)
         metrics[S.OLDEST_PENDING_TRANSFER.name].labels(k.value).set(0)
     metrics[S.REQUESTS_IN_FLIGHT.name].set(0)
+    metrics[S.GPU_BLOCKS.name].labels(S.GpuBlockState.TOTAL.value).set(39)
+    metrics[S.GPU_BLOCKS.name].labels(S.GpuBlockState.IN_USE.value).set(0)
 
 
 def serve_registry(reg):

@@ -38,6 +38,8 @@ def test_quiet_engine_with_every_series_is_healthy():
     (S.OLDEST_PENDING_TRANSFER, "pending_at_idle"),
     (S.ROW_CHECKSUMS, "stale_row_corruption"),
     (S.LAST_STEP_TIMESTAMP, "stale_telemetry"),
+    (S.IDLE_GPU_BLOCKS, "not_settled_at_idle"),  # kvscope_gpu_blocks is there: it was dropped
+    (S.HOST_MEMORY_AVAILABLE, "not_settled_at_idle"),  # as the process's memory is
 ])
 def test_a_missing_series_is_could_not_check_never_healthy(metric, check):
     report = diagnose(evidence(_drop(_quiet(), metric.name), declare=False))

@@ -7,6 +7,7 @@ from kvscope.diagnostics.classifiers import (
     CLASSIFIERS,
     capacity_ceiling_livelock,
     capacity_ceiling_veto,
+    not_settled_at_idle,
     pending_at_idle,
     queue_wait,
     stale_rows,
@@ -344,6 +345,99 @@ def test_pending_while_busy_is_not_idle():
     d = pending_case()
     d[L(S.REQUESTS.name, state="running")] = [2, 2]
     assert pending_at_idle.classify(evidence(d), TH) is None
+
+
+# ---- not settled at idle ---------------------------------------------------------
+GIB = 1 << 30
+
+
+def settle_case(held=(16, 16)):
+    """An idle engine whose block pool still holds ``held`` blocks at idle (a scrape)."""
+    d = base()
+    d[S.IDLE_GPU_BLOCKS.name] = list(held)
+    d[L(S.GPU_BLOCKS.name, state="in_use")] = list(held)
+    d[S.VLLM_REQUESTS_RUNNING] = [0, 0]
+    d[S.VLLM_REQUESTS_WAITING] = [0, 0]
+    return d
+
+
+def memory_case(available, resident, in_flight=None):
+    """A Prometheus window of 10 min (11 samples) whose engine idles with no block held."""
+    k = len(available)
+    d = {key: [v[0]] * k if len(v) == 2 and v[0] == v[1] else v for key, v in base(
+        steps=(100, 100), last_step=[T0] * 2).items()}
+    d[S.HOST_MEMORY_AVAILABLE.name] = list(available)
+    d[S.PROCESS_RESIDENT_MEMORY.name] = list(resident)
+    if in_flight is not None:
+        d[S.REQUESTS_IN_FLIGHT.name] = list(in_flight)
+    return d
+
+
+def _memory_window(d):
+    return evidence(d, t1=T0 + 600, lifetime=False)
+
+
+def test_blocks_held_at_idle_are_named_with_the_pool():
+    f = not_settled_at_idle.classify(evidence(settle_case()), TH)
+    assert f is not None and f.title == "The engine did not settle at idle (GPU blocks held)"
+    assert f.evidence[0].startswith("16 of 39 GPU KV blocks still in use at the end of the "
+                                    "latest step that left nothing in flight")
+    assert "vLLM's block pool now: 16 blocks in use" in f.evidence[1]
+    assert f.evidence[-1] == ("nothing runs or waits: kvscope in-flight requests 0, vLLM running "
+                              "0, waiting 0")
+    assert f.confidence_label == "high" and "restart the engine" in f.next_step
+    # 0 -> 16 between two scrapes: not held throughout the recent span (yet)
+    assert not_settled_at_idle.classify(evidence(settle_case(held=(0, 16))), TH) is None
+    f = not_settled_at_idle.classify(evidence(settle_case(held=(8, 16))), TH)
+    assert "held at idle grew by 8 in the window (8 → 16): each burst of requests leaves more " \
+           "behind" in f.evidence
+
+
+def test_a_settled_or_busy_engine_is_not_flagged():
+    assert not_settled_at_idle.classify(evidence(settle_case(held=(0, 0))), TH) is None
+    d = settle_case()
+    d[L(S.REQUESTS.name, state="running")] = [2, 2]  # blocks in use while requests run
+    assert not_settled_at_idle.classify(evidence(d), TH) is None
+    d = settle_case()
+    d[S.VLLM_REQUESTS_WAITING] = [1, 1]
+    assert not_settled_at_idle.classify(evidence(d), TH) is None
+
+
+def test_host_memory_falling_at_idle_into_the_engine_process():
+    avail = [40 * GIB - i * GIB // 4 for i in range(11)]  # 2.5 GiB lost over 10 min
+    rss = [3 * GIB + i * GIB // 4 for i in range(11)]  # ... into the engine process
+    f = not_settled_at_idle.classify(_memory_window(memory_case(avail, rss)), TH)
+    assert f is not None and f.title == "The engine did not settle at idle (host memory falling)"
+    assert f.evidence[0].startswith("the host's available memory fell by 2.5 GiB (40.0 GiB → "
+                                    "37.5 GiB) over 10 min while nothing ran or waited")
+    assert f.evidence[1].startswith("the engine process grew by 2.5 GiB meanwhile")
+    assert f.confidence_label == "high"
+    flat = not_settled_at_idle.classify(_memory_window(memory_case(avail, [3 * GIB] * 11)), TH)
+    assert "the memory goes elsewhere on the host" in flat.evidence[1]
+    assert flat.confidence_label == "medium" and "not the engine process" in flat.next_step
+
+
+def test_host_memory_that_recovers_falls_little_or_falls_under_load_is_not_flagged():
+    rss = [3 * GIB] * 11
+    # fell by 3 GiB, then came back half way: 1.5 GiB below the start, no longer falling
+    dip = [40 * GIB] * 4 + [37 * GIB] * 3 + [int(38.5 * GIB)] * 4
+    small = [40 * GIB - i * (GIB // 20) for i in range(11)]  # 0.5 GiB: under the threshold
+    for avail in (dip, small):
+        assert not_settled_at_idle.classify(_memory_window(memory_case(avail, rss)), TH) is None
+    falling = [40 * GIB - i * GIB // 4 for i in range(11)]
+    busy = [2] * 9 + [0] * 2  # requests ran until the last two samples: two idle samples
+    d = memory_case(falling, rss, in_flight=busy)
+    assert not_settled_at_idle.classify(_memory_window(d), TH) is None
+
+
+def test_without_the_series_nothing_is_needed_nor_found():
+    d = {k: v for k, v in settle_case().items()
+         if (k if isinstance(k, str) else k[0]) not in
+         {m.name for m in (S.GPU_BLOCKS, S.IDLE_GPU_BLOCKS, S.HOST_MEMORY_AVAILABLE,
+                           S.PROCESS_RESIDENT_MEMORY)}}
+    ev = evidence(d)
+    assert not_settled_at_idle.needs(ev) == ()  # an older kvscope: not "could not check"
+    assert not_settled_at_idle.classify(ev, TH) is None
 
 
 # ---- stores without restores ---------------------------------------------------

@@ -32,6 +32,7 @@ CASES = {
     "capacity_ceiling_veto": C.veto_case,
     "stale_rows_and_veto": lambda: C.stale_case(refused=False) | C.veto_case(),
     "pending_at_idle": C.pending_case,
+    "not_settled_at_idle": C.settle_case,
     "queue_wait": C.queue_case,
     "inconclusive_telemetry_errors": lambda: _healthy() | {
         L(C.S.TELEMETRY_ERRORS.name, where="aggregator"): [0, 5],

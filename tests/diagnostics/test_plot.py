@@ -19,6 +19,7 @@ DECISIVE = {
     "stale-rows": ("stale_row_corruption", "checksums"),
     "stale-rows-observe": ("stale_row_corruption", "checksums"),
     "pending-at-idle": ("pending_at_idle", "pending"),
+    "not-settled-at-idle": ("not_settled_at_idle", "settling"),
     "store-never-fits": ("store_never_fits", "stores"),
     "stored-in-part": ("store_never_fits", "stores"),
     "stores-without-restores": ("stores_without_restores", "lookups"),

@@ -125,6 +125,10 @@ def _check(name: str, report) -> None:
     elif name == "pending-at-idle":
         assert "in flight: rank 1 gpu_to_cpu" in ev_text, text
         assert "rank 1 (gpu_to_cpu)" in top.next_step, text
+    elif name == "not-settled-at-idle":  # 2 requests x 4 blocks x 2 KV groups left held
+        assert re.match(r"\d+ of 39 GPU KV blocks still in use at the end of the latest step "
+                        r"that left nothing in flight", ev_text), text
+        assert ev.settling.idle_gpu_blocks.last > 0, text
     elif name == "store-never-fits":
         assert "max_num_batched_tokens=256 tokens = 16 chunks of 16 tokens × 2 KV groups = 32 rows" \
             in ev_text, text

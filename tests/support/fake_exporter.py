@@ -54,6 +54,9 @@ _GAUGES: dict[str, float] = {
     s.TRANSFERS_IN_FLIGHT.name: 1.0,
     s.INFO.name: 1.0,
     s.KV_GROUP_INFO.name: 1.0,
+    s.GPU_BLOCKS.name: 512.0,  # total and in use alike; nothing held at idle (0)
+    s.HOST_MEMORY_AVAILABLE.name: 64e9,
+    s.PROCESS_RESIDENT_MEMORY.name: 6e9,
 }
 _TIMESTAMPS = (s.LAST_STEP_TIMESTAMP.name, s.WORKER_LAST_STEP_TIMESTAMP.name)
 
