@@ -179,14 +179,19 @@ def test_scans_of_a_mixed_workload(checked_scans):
         assert checked_scans[kind] > 0, checked_scans
 
 
+# the host's memory and this process's RSS: readings of the machine, not of the lookups
+MACHINE = (S.HOST_MEMORY_AVAILABLE, S.PROCESS_RESIDENT_MEMORY)
+
+
 def _series(recorder, *left_out) -> tuple:
-    """Every series but those in seconds (clock readings: ages, timestamps, durations) and
-    the metrics ``left_out``."""
+    """Every series but those in seconds (clock readings: ages, timestamps, durations), the
+    machine's memory readings and the metrics ``left_out``."""
     snap = recorder.snapshot()
 
     def kept(items):
         return {k: v for k, v in items
-                if not k[0].name.endswith("_seconds") and k[0] not in left_out}
+                if not k[0].name.endswith("_seconds") and k[0] not in left_out
+                and k[0] not in MACHINE}
 
     return (kept(snap.counters.items()), kept(snap.gauges.items()),
             kept((k, (h.count, h.counts)) for k, h in snap.histograms.items()))
