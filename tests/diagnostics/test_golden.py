@@ -33,6 +33,7 @@ CASES = {
     "stale_rows_and_veto": lambda: C.stale_case(refused=False) | C.veto_case(),
     "pending_at_idle": C.pending_case,
     "queue_wait": C.queue_case,
+    "tier_flooded_by_group": C.flood_case,
     "inconclusive_telemetry_errors": lambda: _healthy() | {
         L(C.S.TELEMETRY_ERRORS.name, where="aggregator"): [0, 5],
     },
