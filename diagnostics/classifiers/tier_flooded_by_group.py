@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
+from .. import partial
 from ..checks import need, tiered
 from ..evidence import Evidence
 from ..evidence_model import GroupLookups
@@ -63,7 +64,23 @@ def _stored_line(ev: Evidence, lk: GroupLookups, w: str) -> str:
             f"({n(keys)} keys{size}) {w}")
 
 
+def _dropped(ev: Evidence) -> bool:
+    """A KV group without the per-group series the others have (kvscope exports them for
+    every group from the first step): dropped from the input, noted as a partial export."""
+    gone = False
+    for metric, field in ((S.PRIMARY_KEYS, "primary_keys"), (S.STORE_TOKENS, "store_tokens")):
+        if not ev.has(metric):
+            continue  # absent altogether: needs() says so
+        for g, lk in ev.lookups.items():
+            if not getattr(lk, field).present:
+                partial.note_missing(metric.name, S.L_KV_GROUP, g)
+                gone = True
+    return gone
+
+
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    if _dropped(ev):
+        return None
     groups = {g: lk for g, lk in ev.lookups.items() if lk.primary_keys.present}
     if len(groups) < 2:
         return None

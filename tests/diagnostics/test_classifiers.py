@@ -744,3 +744,10 @@ def test_tier_flooded_by_group_not_judged_without_its_series_or_with_one_group()
                for u in report.unchecked)
     one = flood_case(blocks=(16,), keys=(28,), held=(24,))
     assert needs_of(flood, evidence(one)) == ()
+    # one group's stored tokens dropped while the others' are there: a partial export
+    part = {k: v for k, v in flood_case().items()
+            if k != L(S.STORE_TOKENS.name, kv_group="0")}
+    report = diagnose(evidence(part))
+    assert report.top.id == "inconclusive" and report.exit_code == 3
+    assert any(u.check == flood.ID and any(f'{S.STORE_TOKENS.name} has no kv_group="0"' in r
+                                          for r in u.reasons) for u in report.unchecked)
