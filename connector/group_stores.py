@@ -13,7 +13,7 @@ the aggregator thread, per store job: with one KV group, lengths; with several, 
 pass per tuple (``Counter.update`` over the keys' group suffixes), never a Python frame per
 key. The primary tier's keys per group are counted from its cache policy when the gauges
 refresh (every ``flush_interval_s``), in slices between which the aggregator thread lets vLLM's
-thread have the GIL; with one group, the copy's length alone.
+thread have the GIL; with one group, the policy's length alone (no copy).
 """
 
 from __future__ import annotations
@@ -117,10 +117,10 @@ class GroupStores:
     # ---- the primary tier's keys (with the gauges) ---------------------------------------
     def refresh_gauges(self) -> None:
         """``kvscope_primary_keys`` per group, from the primary tier's cache policy."""
-        keys = compat.primary_keys(self.manager)
         if self.only is not None:
-            counts = {self.only: len(keys)}
+            counts = {self.only: compat.primary_key_count(self.manager)}
         else:
+            keys = compat.primary_keys(self.manager)
             counts = Counter()
             yields = threading.current_thread() is self.owner
             for i in range(0, len(keys), SLICE):

@@ -48,6 +48,7 @@ from kvscope.connector.compat.prefix_scan import (
 from kvscope.connector.compat.tiers import (
     held_prefix,
     primary_holds,
+    primary_key_count,
     primary_keys,
     primary_tier,
     secondary_file_identity,
@@ -60,9 +61,9 @@ from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
 __all__ = [
-    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "held_prefix", "primary_holds", "primary_keys",
-    "primary_tier", "scan_reader", "secondary_file_identity", "secondary_holds", "secondary_tiers",
-    "tier_home", "tier_type", "tiered_scan_reader",
+    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "held_prefix", "primary_holds",
+    "primary_key_count", "primary_keys", "primary_tier", "scan_reader", "secondary_file_identity",
+    "secondary_holds", "secondary_tiers", "tier_home", "tier_type", "tiered_scan_reader",
 ]
 
 MISS = VLookupResult.MISS

@@ -48,6 +48,18 @@ def primary_keys(manager: Any) -> list[bytes]:
     return []
 
 
+def primary_key_count(manager: Any) -> int:
+    """len(primary_keys(manager)) without copying the keys."""
+    policy = getattr(primary_tier(manager), "_policy", None)
+    if policy is None:
+        return 0
+    entries = renames.policy_entries(policy)
+    if entries is not None:
+        return len(entries)
+    t1, t2 = getattr(policy, "t1", None), getattr(policy, "t2", None)
+    return len(t1) + len(t2) if isinstance(t1, dict) and isinstance(t2, dict) else 0
+
+
 def secondary_holds(tier: Any, key: bytes) -> bool:
     """Whether a secondary tier holds ``key``: the fs tier's file for it exists
     (written to a temp file and renamed, so existing means complete)."""

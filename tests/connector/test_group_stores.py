@@ -74,3 +74,21 @@ def test_refused_store_jobs_count_every_group_s_keys():
     for g in ("0", "1"):
         assert ex.value(S.STORE_KEYS.name, kv_group=g, result=STORED) == 0
         assert ex.value(S.PRIMARY_KEYS.name, kv_group=g) == 0
+
+
+def test_one_kv_group_counts_by_lengths_on_the_cpu_tier_alone():
+    """One KV group (lengths, no per-key pass), vLLM's CPU manager the only tier: 5 prompts of
+    4 chunks into 8 rows. The LRU tier keeps the last 8 keys and evicted the other 12."""
+    from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
+
+    with CPUEngine(EngineConfig(rows=8, tiering=False)) as e:
+        for i in range(5):
+            e.generate(prompt(10 + i, 64), 4)
+            e.drain()
+        rec = e.connector.kvscope_recorder
+        truth = group_truth(e)
+        assert truth == {"primary_keys": [8], "disk_files": [0]}
+        assert rec.value(S.PRIMARY_KEYS, ("0",)) == 8
+        assert rec.value(S.STORE_KEYS, ("0", STORED)) == 5 * 4
+        assert rec.value(S.EVICTED_KEYS, ("0",)) == 5 * 4 - 8
+        assert rec.value(S.STORE_TOKENS, ("0",)) == 5 * 64
