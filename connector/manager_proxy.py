@@ -3,7 +3,7 @@
 Its own room so the per-key hot path (``lookup``, where the prefix scan cannot tell the
 lookups: prefix_scan.py) and the two per-job taps read in one place. It forwards every
 call unchanged and only records: appends into the lookup log,
-one journal event per store job, digests forgotten for rows a store rewrites. Recording
+one journal event per store job (its keys: counted per KV group off this thread), digests forgotten for rows a store rewrites. Recording
 is guarded; an exception in kvscope is counted and never reaches vLLM.
 """
 
@@ -122,12 +122,15 @@ def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObser
             # the keys and the counts the job needs, not vLLM's objects: those would
             # otherwise outlive vLLM's use of them until the journal is applied (up to
             # flush_interval_s), through garbage collections (aggregator.py: why flat)
-            # one tuple of the keys (a C-level copy): the journal's items per job are bounded
+            # tuples of the keys, of those it stores and of those it evicts (C-level copies;
+            # the keys' own tuple when it stores them all): the journal's items per job are
+            # bounded, and the aggregator counts them per KV group (group_stores.py)
             if out is None:  # refused: no row to store into
-                extend((handler, 3, -1, False, tuple(keys)))
+                extend((handler, 3, None, (), tuple(keys)))
             else:
-                extend((handler, 3, len(out.evicted_keys), bool(out.keys_to_store),
-                        tuple(keys)))
+                job, to_store = tuple(keys), out.keys_to_store
+                extend((handler, 3, tuple(out.evicted_keys),
+                        job if len(to_store) == len(job) else tuple(to_store), job))
                 if expected or quarantine:  # digests: tiering only
                     forget(out.evicted_keys)
                     forget(out.keys_to_store)

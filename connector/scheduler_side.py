@@ -15,6 +15,7 @@ and never reaches vLLM. The rooms:
 * ``round_verdicts``: verdict, row ceiling, restore coverage per round (its span:
   ``round_spans``);
 * ``tier_taps``: promotions, cascades and refused promotions per tier job;
+* ``group_stores``: store jobs' keys per KV group, the primary tier's keys per group;
 * ``integrity``: promoted-row digests, checked loads, quarantine;
 * ``request_states``: queued / deferred / loading / running, counted incrementally;
 * ``step_gauges``: snapshot gauges (vLLM's GPU block pool and the host's memory among them)
@@ -41,6 +42,7 @@ from kvscope.connector import compat, prefix_scan
 from kvscope.connector.aggregator import INTERVAL_S, Aggregator
 from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
+from kvscope.connector.group_stores import GroupStores
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupCounts, LookupLog
 from kvscope.connector.manager_proxy import ManagerProxy
@@ -119,6 +121,10 @@ class SchedulerObserver:
                                       refused_stores=self.refused_stores,
                                       count_lookups=self.lookups.add)
         self._judge_plain = self.verdicts.judge_plain  # a plain round's journal handler
+        self.group_stores = GroupStores(
+            recorder=recorder, manager=inner,
+            chunk_tokens=compat.group_chunk_tokens(connector_scheduler),
+            row_bytes=self.geometry.row_stride if self.geometry else 0)
         self.gauges = StepGauges(recorder=recorder, connector_scheduler=connector_scheduler,
                                  taps=self.taps, requests=self.requests, rows=self.rows,
                                  spec=spec, vllm_config=vllm_config,
@@ -190,6 +196,7 @@ class SchedulerObserver:
                                interval_s=tier_probe_interval_s).start()
         recorder.before_read = self.drain  # a reader sees every event recorded before
         self.agg.start()
+        self.group_stores.owner = self.agg.thread  # it may yield the GIL while counting
 
     # The checksum room's state, under the names faults.py and tests use.
     @property
@@ -210,20 +217,25 @@ class SchedulerObserver:
         rec.declare(signals.LOOKUPS, *[(str(g), r.value) for g in groups for r in LookupResult])
         self.verdicts.declare()
         rec.declare(signals.STORE_JOBS, *one(StoreJobResult))
+        self.group_stores.declare()
         rec.declare(signals.TELEMETRY_ERRORS, *one(ErrorSite))
         rec.declare(signals.SCHEDULER_STEPS)
         self.taps.declare()
 
     # ---- manager calls (the proxy's prepare_store: manager_proxy._store_tap) ----------------
-    def _store_job(self, evicted: int, stores: bool, keys: tuple[bytes, ...]) -> None:
-        """Aggregator: a store job of ``keys`` prepared (``evicted``: the rows it evicts;
-        ``stores``: whether it stores any key) or refused (``evicted`` -1)."""
-        if evicted < 0:
+    def _store_job(self, evicted: tuple[bytes, ...] | None, stored: tuple[bytes, ...],
+                   keys: tuple[bytes, ...]) -> None:
+        """Aggregator: a store job of ``keys`` prepared (``evicted``: the keys whose rows it
+        took; ``stored``: the keys it writes, the rest were held) or refused (``evicted``
+        None)."""
+        if evicted is None:
             self._store_jobs[0] += 1
             self.refused_stores.refused(keys)  # told apart from not_stored at the re-ask
+            self.group_stores.refused(keys)
             return
-        self.refused_stores.prepared(keys, evicted)
-        if stores:
+        self.refused_stores.prepared(keys, len(evicted))
+        self.group_stores.prepared(keys, stored, evicted)
+        if stored:
             self._store_jobs[1] += 1
 
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
@@ -386,6 +398,8 @@ class SchedulerObserver:
                     self.rec.inc(signals.STORE_JOBS, labels, n)
         with self._tier_guard:
             self.taps.flush()
+        with self._tier_guard:
+            self.group_stores.flush()
 
     def refresh(self, gauges: bool = True, hand_over: bool = False) -> None:
         """Apply the journal, recompute the gauges and flush everything now: the
@@ -405,6 +419,7 @@ class SchedulerObserver:
                     self._steps = 0
                 if gauges:
                     self.gauges.refresh()
+                    self.group_stores.refresh_gauges()
                     now = time.time()
                     if now - self._stamped >= TIMESTAMP_RESOLUTION_S:  # seconds suffice
                         self._stamped = now

@@ -107,6 +107,21 @@ class Config:
     # there is no "for": it fires at once and stays while a loss is within the window.
     tier_data_lost_window: str = "30m"
 
+    # ---- tier flooded by one KV group ----------------------------------------------------------
+    # A hybrid model's sub-block (or drafter) group stores many times the keys of its other KV
+    # groups per token and legitimately holds most of the CPU primary tier (8x: 80 % beside two
+    # large-block groups). It is flooded when, over `tier_flood_window`, a full-attention group
+    # stored fewer than `tier_flood_victim_fraction` of the prompt tokens the group that stored
+    # most did (kvscope_store_tokens_total: groups storing in proportion to their block sizes
+    # store about the same tokens), while one group holds at least `tier_flood_share` of the
+    # tier's keys (kvscope_primary_keys): the tiers fill with keys no restore can use (vLLM's
+    # cross-group AND needs every group). A window of only short prompts looks the same for a
+    # while: hence the long window and `for`.
+    tier_flood_window: str = "30m"
+    tier_flood_for: str = "15m"
+    tier_flood_share: float = 0.75
+    tier_flood_victim_fraction: float = 0.25
+
     # ---- kvscope's own errors ---------------------------------------------------------------
     # A guarded kvscope hook raised (kvscope_telemetry_errors_total{where}): serving went on, the
     # event it was recording is missing from every kvscope counter, so the other alerts and
@@ -181,6 +196,7 @@ class Config:
             "stores_without_restores_for", "stale_stats_for", "tier_write_failures_window",
             "tier_write_failures_for", "stores_refused_window", "stores_refused_for",
             "tier_data_lost_window", "telemetry_errors_window", "transfer_stuck_for",
+            "tier_flood_window", "tier_flood_for",
         ):
             value = getattr(self, name)
             if not _DURATION.match(value):
@@ -193,6 +209,9 @@ class Config:
             raise ValueError("Config.transfer_stuck_after_s must be > 0")
         if not 0 < self.restore_coverage_min <= 1:
             raise ValueError("Config.restore_coverage_min must be in (0, 1]")
+        if not 0 < self.tier_flood_share <= 1 or not 0 < self.tier_flood_victim_fraction < 1:
+            raise ValueError("Config.tier_flood_share must be in (0, 1] and "
+                             "Config.tier_flood_victim_fraction in (0, 1)")
         if not self.engine_labels:
             raise ValueError("Config.engine_labels must name at least one label")
         if "{alert}" not in self.runbook_path_pattern:

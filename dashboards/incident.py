@@ -171,6 +171,36 @@ def tier_lost_and_present(cfg: Config):
     )
 
 
+def stored_tokens_by_group(cfg: Config):
+    return c.timeseries(
+        "Prompt tokens stored per KV group",
+        "Prompt tokens per second whose KV each group stored into the CPU primary tier (its "
+        "stored keys times its tokens per chunk; every key stored is cascaded to the disk tier). "
+        "Groups that store in proportion to their block sizes draw about the same line, however "
+        "many more keys a sub-block or drafter group stores. A full-attention group far below "
+        "the others while one group fills the tier (next panel) is "
+        f"{r.ALERT_TIER_FLOODED}: its chunks never complete or are refused, and no prefix "
+        "restores without every group's chunks.",
+        [(f"sum by ({s.L_KV_GROUP}) ({Recorded(cfg).store_tokens_rate}{c.rsel()})",
+          f"KV group {{{{{s.L_KV_GROUP}}}}}")],
+        unit="ops",
+    )
+
+
+def primary_keys_by_group(cfg: Config):
+    return c.timeseries(
+        "Primary tier keys per KV group",
+        "Keys the CPU primary tier holds per KV group, beside its rows. A group whose "
+        "blocks are N times smaller stores N times the keys per token and holds most of the "
+        "tier on a healthy hybrid model; the tier is flooded when it holds nearly all of it "
+        "while another full-attention group stores no tokens (previous panel).",
+        [(f"sum by ({s.L_KV_GROUP}) ({s.PRIMARY_KEYS.name}{c.dsel(cfg)})",
+          f"KV group {{{{{s.L_KV_GROUP}}}}}"),
+         (f"sum({s.PRIMARY_ROWS.name}{c.dsel(cfg, c.eq(s.L_STATE, s.RowState.TOTAL.value))})",
+          "primary rows")],
+    )
+
+
 def pending_vs_requests(cfg: Config):
     return c.timeseries(
         "Pending transfers vs requests",
@@ -354,6 +384,9 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_row(db.Row("Disk tier"))
         .with_panel(tier_keys_lost(cfg))
         .with_panel(tier_lost_and_present(cfg))
+        .with_row(db.Row("KV groups"))
+        .with_panel(stored_tokens_by_group(cfg))
+        .with_panel(primary_keys_by_group(cfg))
         .with_row(db.Row("Stuck transfers"))
         .with_panel(pending_vs_requests(cfg))
         .with_panel(oldest_pending(cfg))

@@ -26,6 +26,7 @@ ALERT_TIER_DATA_LOST = "KVOffloadTierDataLost"
 ALERT_TRANSFER_STUCK = "KVOffloadTransferStuck"
 ALERT_TELEMETRY_ERRORS = "KVOffloadTelemetryErrors"
 ALERT_GPU_BLOCKS_HELD_AT_IDLE = "KVOffloadGpuBlocksHeldAtIdle"
+ALERT_TIER_FLOODED = "KVOffloadTierFloodedByGroup"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -40,6 +41,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_TRANSFER_STUCK,
     ALERT_GPU_BLOCKS_HELD_AT_IDLE,
     ALERT_TELEMETRY_ERRORS,
+    ALERT_TIER_FLOODED,
 )
 
 RECORDING_GROUP = "kvscope.rules"
@@ -113,6 +115,10 @@ class Recorded:
         return self._n(s.L_RESULT, s.STORE_JOBS.base, f"rate{self._w()}")
 
     @property
+    def store_tokens_rate(self) -> str:
+        return self._n(s.L_KV_GROUP, s.STORE_TOKENS.base, f"rate{self._w()}")
+
+    @property
     def promotions_rate(self) -> str:
         return self._n(s.L_RESULT, s.PROMOTIONS.base, f"rate{self._w()}")
 
@@ -159,6 +165,9 @@ def recording_rules(cfg: Config = DEFAULT) -> list[dict]:
                   f"(rate({s.TRANSFER_BYTES.name}{sel()}[{w}]))")},
         {"record": r.store_jobs_rate,
          "expr": f"sum by ({by}, {s.L_RESULT}) (rate({s.STORE_JOBS.name}{sel()}[{w}]))"},
+        {"record": r.store_tokens_rate,
+         "expr": (f"sum by ({by}, {s.L_KV_GROUP}) "
+                  f"(rate({s.STORE_TOKENS.name}{sel()}[{w}]))")},
         {"record": r.promotions_rate,
          "expr": f"sum by ({by}, {s.L_RESULT}) (rate({s.PROMOTIONS.name}{sel()}[{w}]))"},
         {"record": r.pending_transfers,
@@ -304,6 +313,7 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # ... and the engine still has no request (the gauge keeps its value while busy)
         f"and on ({by}) (\n{requests}\n) == 0"
     )
+    tier_flooded = _tier_flooded(cfg)
     stats_stale = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
@@ -412,7 +422,43 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"counters: the other KV offload alerts may miss an incident, and kv-diagnose reads "
             f"inconclusive.",
         ),
+        _alert(
+            cfg, ALERT_TIER_FLOODED, tier_flooded, cfg.tier_flood_for, cfg.severity_warning,
+            "One KV group's keys flood the KV offload tiers; another group's never reach them.",
+            f"{_WHO}: a full-attention KV group stored {{{{ printf \"%.0f\" $value }}}} prompt "
+            f"tokens in the last {cfg.tier_flood_window}, under "
+            f"{cfg.tier_flood_victim_fraction:.0%} of the KV group that stored most, while one "
+            f"group holds at least {cfg.tier_flood_share:.0%} of the primary tier's keys (for "
+            f"more than {cfg.tier_flood_for}): the tiers fill with keys no restore can use, since "
+            f"a restore needs every group's chunks.",
+        ),
     ]
+
+
+def _tier_flooded(cfg: Config) -> str:
+    """A full-attention KV group stored under a fraction of the prompt tokens of the group that
+    stored most, over the window, while one group holds most of the primary tier's keys."""
+    by, sel, kv = cfg.by_engine, cfg.sel, s.L_KV_GROUP
+    fw = cfg.tier_flood_window
+    tokens = f"{s.STORE_TOKENS.name}{sel()}"
+    # per group: tokens stored within the window; a series born within it with its whole value
+    # (increase() misses the first sample of a target scraped after the fact); else 0, so a
+    # group that stored nothing is there to compare
+    per_group = (f"sum by ({by}, {kv}) (\n"
+                 f"  increase({tokens}[{fw}]) > 0\n"
+                 f"  or {tokens} * 1 unless {tokens} offset {fw}\n"
+                 f"  or {tokens} * 0\n"
+                 f")")
+    full = f"{s.KV_GROUP_INFO.name}{sel(eq(s.L_KIND, 'full_attention'))}"
+    keys = f"{s.PRIMARY_KEYS.name}{sel()}"
+    return (
+        f"min by ({by}) (\n{_indent(per_group)}\n  and on ({by}, {kv}) {full}\n)\n"
+        f"< {cfg.tier_flood_victim_fraction:g} * max by ({by}) (\n{_indent(per_group)}\n)\n"
+        # ... while one group holds most of the primary tier's keys
+        f"and on ({by})\n"
+        f"max by ({by}) (sum by ({by}, {kv}) ({keys}))\n"
+        f">= {cfg.tier_flood_share:g} * sum by ({by}) ({keys})"
+    )
 
 
 def rules(cfg: Config = DEFAULT) -> dict:

@@ -25,9 +25,19 @@ class GroupLookups:
     results: dict[str, Quantity]  # LookupResult value -> lookups
     # ShortReason value -> rounds cut short where this group's scan stopped the offer
     stopped: dict[str, Quantity] = field(default_factory=dict)
+    # this group's store-job keys: StoreKeyResult value -> keys; the tokens and bytes its
+    # stored keys cover; its keys evicted by stores; its keys in the primary tier (latest)
+    stores: dict[str, Quantity] = field(default_factory=dict)
+    store_tokens: Quantity = ABSENT
+    store_bytes: Quantity = ABSENT
+    evicted: Quantity = ABSENT
+    primary_keys: Quantity = ABSENT
 
     def get(self, result: S.LookupResult) -> Quantity:
         return _q(self.results, result.value)
+
+    def store(self, result: S.StoreKeyResult) -> Quantity:
+        return _q(self.stores, result.value)
 
     def stops(self, reason: S.ShortReason) -> Quantity:
         return _q(self.stopped, reason.value)
@@ -267,6 +277,16 @@ class Evidence:
         return sum(g.found for g in self.lookups.values()) + sum(
             self.tiers.promotion(r).increase
             for r in (S.PromotionResult.STARTED, S.PromotionResult.NO_ROW))
+
+    def group_kind(self, group: str) -> str:
+        """The attention kind ``kvscope_kv_group_info`` gives a KV group ("" unknown)."""
+        return self.kv_groups.get(group, ("", ""))[0]
+
+    def group_tokens_per_block(self, group: str) -> int | None:
+        try:
+            return int(self.kv_groups.get(group, ("", ""))[1])
+        except ValueError:
+            return None
 
     @property
     def kv_group_count(self) -> int:

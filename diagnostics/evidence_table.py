@@ -120,10 +120,15 @@ class Split:
     exempt: tuple[str, ...] = ()
 
 
-# Evidence.lookups: one GroupLookups per KV group
+# Evidence.lookups: one GroupLookups per KV group (its lookups, and its stores)
 LOOKUPS = Split(S.L_KV_GROUP, GroupLookups, "group", {
     "results": Read(S.LOOKUPS, S.L_RESULT),
     "stopped": Read(S.RESTORE_STOPPED_ROUNDS, S.L_REASON),
+    "stores": Read(S.STORE_KEYS, S.L_RESULT),
+    "store_tokens": Read(S.STORE_TOKENS),
+    "store_bytes": Read(S.STORE_BYTES),
+    "evicted": Read(S.EVICTED_KEYS),
+    "primary_keys": Read(S.PRIMARY_KEYS),
 })
 # Evidence.ranks: one RankTransfers per rank (worker ranks and "manager")
 RANKS = Split(S.L_RANK, RankTransfers, "rank", {

@@ -58,6 +58,16 @@ class Thresholds:
     # least this many bytes, and still falling, while nothing runs or waits. An idle engine
     # allocates nothing; a gibibyte gone with no load is no allocator's jitter.
     idle_memory_drop_bytes: int = 1 << 30
+    # Tier flooded by one KV group: one group holds at least this share of the keys in the
+    # CPU primary tier (a hybrid model's sub-block or drafter group legitimately holds most
+    # of it: 8x the keys per token of a group with 8x its block size, 80 % beside two such
+    # groups, 96.5 % at 56x) ...
+    flood_share: float = 0.75
+    # ... while a full-attention group stored fewer than this fraction of the prompt tokens
+    # that group stored (kvscope_store_tokens_total: groups storing in proportion to their
+    # block sizes store about the same tokens; a prompt's unaligned tail costs a large-block
+    # group at most one chunk, so healthy ratios stay near 1 once prompts span a few chunks)
+    flood_victim_fraction: float = 0.25
 
     # Bytes of one primary-tier row (all rank slots), if the operator knows it;
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.

@@ -134,6 +134,15 @@ class StoreJobResult(str, Enum):
     NO_SPACE = "no_space"  # prepare_store refused: one step's store job > tier
 
 
+class StoreKeyResult(str, Enum):
+    """What became of one key of a store job (``kvscope_store_keys_total{result}``)."""
+
+    STORED = "stored"  # written into the primary tier (with tiering: cascaded to every tier)
+    HELD = "held"  # not written: the primary tier held it already (or vLLM's store threshold
+    # skipped it)
+    NO_SPACE = "no_space"  # its job was refused (prepare_store: no free row): reaches no tier
+
+
 class PendingKind(str, Enum):
     LOAD = "load"  # connector load jobs not yet reported by every rank
     STORE = "store"  # connector store jobs not yet reported by every rank
@@ -300,6 +309,45 @@ STORE_JOBS = Metric(
     "prepare_store calls by result; no_space = the primary tier could not take one step's "
     "store job, so nothing from it reaches any tier.",
     (L_RESULT,), label_values={L_RESULT: _values(StoreJobResult)},
+)
+# ---- per-KV-group stores (one C-level pass per store job, on the aggregator thread) ------
+STORE_KEYS = Metric(
+    "kvscope_store_keys_total", Kind.COUNTER,
+    "Keys of store jobs (prepare_store calls) per KV group, by what became of them: stored "
+    "(written into the CPU primary tier; with a secondary tier, cascaded to it), held (not "
+    "written: the primary tier held it already), no_space (its job was refused: it reaches no "
+    "tier). A "
+    "group's keys per token are its tokens per chunk's inverse: a sub-block or drafter group "
+    "stores many times the keys of the others.",
+    (L_KV_GROUP, L_RESULT), label_values={L_RESULT: _values(StoreKeyResult)},
+)
+STORE_BYTES = Metric(
+    "kvscope_store_bytes_total", Kind.COUNTER,
+    "Bytes stored into the CPU primary tier per KV group (its stored keys x "
+    "kvscope_primary_row_bytes): each group's share of the tier's write traffic and of what "
+    "cascades to the secondary tiers.",
+    (L_KV_GROUP,),
+)
+STORE_TOKENS = Metric(
+    "kvscope_store_tokens_total", Kind.COUNTER,
+    "Prompt tokens whose KV of each group was stored into the CPU primary tier (its stored "
+    "keys x the group's tokens per chunk). Groups that store in proportion to their block "
+    "sizes store about the same tokens; a full-attention group far below the others reaches "
+    "no tier for the prefixes the others fill it with (tier flooded by one group).",
+    (L_KV_GROUP,),
+)
+EVICTED_KEYS = Metric(
+    "kvscope_evicted_keys_total", Kind.COUNTER,
+    "Keys the CPU primary tier evicted to make room for store jobs, per KV group of the key "
+    "evicted (with a secondary tier it stays there; the CPU tier alone drops it). Evictions "
+    "made for promotions are not counted here.",
+    (L_KV_GROUP,),
+)
+PRIMARY_KEYS = Metric(
+    "kvscope_primary_keys", Kind.GAUGE,
+    "Keys the CPU primary tier holds per KV group (rows holding a key, written or being "
+    "written), read from its cache policy with the gauges: which group's keys fill the tier.",
+    (L_KV_GROUP,),
 )
 PENDING_TRANSFERS = Metric(
     "kvscope_pending_transfers", Kind.GAUGE,
@@ -515,7 +563,8 @@ WORKER_LAST_STEP_TIMESTAMP = Metric(
 
 SCHEDULER_METRICS: tuple[Metric, ...] = (
     LOOKUPS, LOOKUP_ROUNDS, ROUND_PENDING_KEYS, LAST_ROUND_PENDING_KEYS, ROUNDS_AT_ROW_CEILING,
-    HIT_TOKENS, PRIMARY_ROWS, PROMOTIONS, CASCADES, STORE_JOBS, PENDING_TRANSFERS,
+    HIT_TOKENS, PRIMARY_ROWS, PROMOTIONS, CASCADES, STORE_JOBS, STORE_KEYS, STORE_BYTES,
+    STORE_TOKENS, EVICTED_KEYS, PRIMARY_KEYS, PENDING_TRANSFERS,
     OLDEST_PENDING_TRANSFER, REQUESTS,
     REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
     TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
@@ -543,7 +592,8 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in ALL_METRICS}
 # tests/connector/test_preset_values.py checks this list.
 PRESET_VALUES: tuple[Metric, ...] = (
     LOOKUPS, LOOKUP_ROUNDS, ROUNDS_AT_ROW_CEILING, PRIMARY_ROWS, PROMOTIONS, CASCADES,
-    STORE_JOBS, PENDING_TRANSFERS, OLDEST_PENDING_TRANSFER, REQUESTS, TELEMETRY_ERRORS,
+    STORE_JOBS, STORE_KEYS, PENDING_TRANSFERS, OLDEST_PENDING_TRANSFER, REQUESTS,
+    TELEMETRY_ERRORS,
     RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS, RESTORE_CEILING_ROUNDS,
     ROW_CHECKSUMS, LOADS_REFUSED, LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS,
 )

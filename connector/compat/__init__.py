@@ -51,6 +51,8 @@ from kvscope.connector.compat.prefix_scan import (
 from kvscope.connector.compat.tiers import (
     held_prefix,
     primary_holds,
+    primary_key_count,
+    primary_keys,
     primary_tier,
     secondary_file_identity,
     secondary_holds,
@@ -63,7 +65,8 @@ from kvscope.exporters import signals
 
 __all__ = [
     "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "gpu_blocks_in_use", "held_prefix",
-    "primary_holds", "primary_tier", "scan_reader", "secondary_file_identity",
+    "primary_holds", "primary_key_count", "primary_keys", "primary_tier", "scan_reader",
+    "secondary_file_identity",
     "secondary_holds", "secondary_tiers", "tier_home", "tier_type", "tiered_scan_reader",
 ]
 
@@ -278,6 +281,20 @@ def lookup_groups(connector_scheduler: Any) -> list[tuple[int, bool]]:
     configs = getattr(getattr(connector_scheduler, "config", None), "kv_group_configs", ()) or ()
     return [(int(getattr(c, "tokens_per_chunk", 0) or 0),
              getattr(c, "sliding_window_size_in_chunks", None) is not None) for c in configs]
+
+
+def group_chunk_tokens(connector_scheduler: Any) -> dict[int, int]:
+    """Tokens per chunk of each KV group the connector offloads, by the group index its keys
+    carry (``make_offload_key``'s suffix: ``group_idx``; 0.33 offloads only the
+    prefix-cacheable groups, so indexes may skip)."""
+    configs = getattr(getattr(connector_scheduler, "config", None), "kv_group_configs", ()) or ()
+    return {int(getattr(c, "group_idx", i)): int(getattr(c, "tokens_per_chunk", 0) or 0)
+            for i, c in enumerate(configs)}
+
+
+def group_of_suffix(suffix: bytes) -> int:
+    """The KV group index a key's last GROUP_SUFFIX_BYTES name (big-endian)."""
+    return int.from_bytes(suffix, "big")
 
 
 # True on a request that asked not to read cached KV (on by default with

@@ -51,3 +51,12 @@ def row_ids(obj: Any) -> list[int]:
     if rows is None:
         rows = getattr(obj, "block_ids", ())
     return [int(r) for r in rows]
+
+
+def policy_entries(policy: Any) -> Any:
+    """The key -> row-status dict of the primary tier's LRU cache policy (0.33 ``chunks``,
+    0.26 ``blocks``); None for another policy."""
+    entries = getattr(policy, "chunks", None)
+    if entries is None:
+        entries = getattr(policy, "blocks", None)
+    return entries if isinstance(entries, dict) else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kvscope.connector.compat import renames
+
 
 def primary_tier(manager: Any) -> Any:
     """The CPU primary tier: a tiering manager's ``primary_tier``, else the manager."""
@@ -27,6 +29,35 @@ def primary_holds(manager: Any, key: bytes) -> bool:
     policy = getattr(primary_tier(manager), "_policy", None)
     block = policy.get(key) if policy is not None else None
     return block is not None and bool(getattr(block, "is_ready", True))
+
+
+def primary_keys(manager: Any) -> list[bytes]:
+    """The keys the CPU primary tier holds (its cache policy's entries: rows written or being
+    written), copied in one C-level call; [] for a policy kvscope does not know. vLLM's LRU
+    policy keeps them in one dict, its ARC policy in two (``t1``, ``t2``; the ghost lists
+    ``b1``/``b2`` hold evicted keys, no row)."""
+    policy = getattr(primary_tier(manager), "_policy", None)
+    if policy is None:
+        return []
+    entries = renames.policy_entries(policy)
+    if entries is not None:
+        return list(entries)
+    t1, t2 = getattr(policy, "t1", None), getattr(policy, "t2", None)
+    if isinstance(t1, dict) and isinstance(t2, dict):
+        return [*t1, *t2]
+    return []
+
+
+def primary_key_count(manager: Any) -> int:
+    """len(primary_keys(manager)) without copying the keys."""
+    policy = getattr(primary_tier(manager), "_policy", None)
+    if policy is None:
+        return 0
+    entries = renames.policy_entries(policy)
+    if entries is not None:
+        return len(entries)
+    t1, t2 = getattr(policy, "t1", None), getattr(policy, "t2", None)
+    return len(t1) + len(t2) if isinstance(t1, dict) and isinstance(t2, dict) else 0
 
 
 def secondary_holds(tier: Any, key: bytes) -> bool:

@@ -29,7 +29,8 @@ class Scenario:
     # proves nothing either way.
     premise: Callable[[Facts], bool]
     premise_doc: str
-    # A version-specific path of a catalogued incident: run by name, never iterated.
+    # A version-specific path of a catalogued incident, or a healthy control run of one's
+    # geometry: run by name, never iterated.
     variant: bool = False
 
     def runner(self) -> Callable[..., None]:
@@ -133,6 +134,28 @@ CATALOG: dict[str, Scenario] = _all(
         lambda f: f["finished"] and f["same_output"]
         and any(r < h for r, h in zip(f["restored_tokens"], f["held_tokens"], strict=True)),
         "the re-asks finished with the same outputs, one restoring fewer tokens than held"),
+    Scenario(
+        "tier-flooded", "tier_flooded",
+        "KV groups of 128, 128 and 16 tokens per block, prompts of 112 tokens: only the "
+        "sub-block group's keys are stored; they fill the primary tier and the disk.",
+        "tier_flooded_by_group",
+        lambda f: f["restored_tokens"] == 0 and f["disk_files"][2] > 0
+        and f["disk_files"][0] == f["disk_files"][1] == 0
+        and f["primary_keys"][2] == f["rows"] and f["primary_keys"][0] == f["primary_keys"][1] == 0,
+        "every file on disk and every key of the (full) primary tier is the sub-block group's, "
+        "and the re-ask restored nothing"),
+    Scenario(
+        "healthy-hybrid", "healthy_hybrid",
+        "As tier-flooded with prompts of 256 tokens: every group stores its chunks in "
+        "proportion to its block size, and the re-ask is restored.",
+        "healthy",
+        lambda f: f["same_output"] and f["restored_tokens"] > 0
+        and all(n > 0 for n in f["disk_files"])
+        and f["disk_files"][2] == 8 * f["disk_files"][0] == 8 * f["disk_files"][1]
+        and f["primary_keys"][2] >= 0.75 * sum(f["primary_keys"]),
+        "every group reached disk in proportion to its block size (8:1:1), the sub-block group "
+        "holds >= 75 % of the primary tier, and the re-ask restored tokens with the same output",
+        variant=True),
     Scenario(
         "stale-rows-hybrid", "stale_rows_hybrid",
         "As stale-rows on a model with two KV groups: vLLM 0.33 fails the refused load per "

@@ -34,7 +34,11 @@ from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_kv_cache_block_sizes,
+)
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -76,18 +80,21 @@ class CPUEngine(EngineStepping):
         built = build_vllm_configs(cfg, self.engine_id, self.fs_root, model_dir)
         self.layers, self.page, self.row_bytes = built.layers, built.page, built.row_bytes
         self.kv_cache_config, self.vllm_config = built.kv_cache_config, built.vllm_config
-        self.model = PatternModel(self.layers, cfg.kv_groups, cfg.block_size, self.page,
+        self.model = PatternModel(self.layers, cfg.kv_groups, cfg.block_sizes, self.page,
                                   cfg.sliding_window)
+        # vLLM's engine core: the scheduler's block (the groups' lcm) and hash block (gcd)
+        sched_block, hash_block = resolve_kv_cache_block_sizes(self.kv_cache_config,
+                                                               self.vllm_config)
 
         with _hash_seed_env(cfg.hash_seed):
             init_none_hash(sha256)  # vLLM's engine core does this at start, from the env
-        self._block_hasher = get_request_block_hasher(cfg.block_size, sha256)
+        self._block_hasher = get_request_block_hasher(hash_block, sha256)
 
         with _fault_env(cfg.fault, self._tmp):
             self.scheduler = Scheduler(
                 vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
                 structured_output_manager=StructuredOutputManager(self.vllm_config),
-                block_size=cfg.block_size, log_stats=True)
+                block_size=sched_block, hash_block_size=hash_block, log_stats=True)
         self.connector = self.scheduler.connector
         self.ranks = []
         for r in range(cfg.world_size):

@@ -21,19 +21,19 @@ VOCAB = 1024
 class PatternModel:
     """The forward pass and the sampler of the simulated ranks."""
 
-    def __init__(self, layers: list[str], kv_groups: int, block_size: int, page_bytes: int,
-                 sliding_window: int | None) -> None:
+    def __init__(self, layers: list[str], kv_groups: int, block_sizes: list[int],
+                 page_bytes: int, sliding_window: int | None) -> None:
+        """``block_sizes``: each KV group's block size in tokens (one page each: a group with
+        larger blocks has fewer bytes per token, as vLLM's hybrid models unify page sizes)."""
         self.layers = layers
         self.kv_groups = kv_groups
-        self.block_size = block_size
+        self.block_sizes = block_sizes
         self.page = page_bytes
         self.sliding_window = sliding_window
         self._prefix_digest: dict[str, tuple[int, bytes]] = {}
 
     def forward(self, scheduler: Any, so: Any, rank: int, kv: dict[str, torch.Tensor]) -> None:
         """Write each scheduled token's KV pattern into this rank's blocks."""
-        bs = self.block_size
-        tok_bytes = self.page // bs
         for rid, n in so.num_scheduled_tokens.items():
             req = scheduler.requests[rid]
             end = req.num_computed_tokens  # already advanced by schedule()
@@ -43,13 +43,15 @@ class PatternModel:
             for pos in range(start, end):
                 h = self._prefix_hash(rid, tokens, pos)
                 for g, blocks in enumerate(block_ids):
+                    bs = self.block_sizes[g]
+                    tok_bytes = self.page // bs
                     for li, name in enumerate(self.layers[g::self.kv_groups]):
                         pattern = hashlib.blake2b(
                             h + bytes([rank, g, li]), digest_size=16).digest()
-                        reps = tok_bytes // len(pattern)
+                        data = (pattern * (tok_bytes // len(pattern) + 1))[:tok_bytes]
                         off = (pos % bs) * tok_bytes
                         kv[name][blocks[pos // bs], off:off + tok_bytes] = torch.frombuffer(
-                            bytearray(pattern * reps), dtype=torch.int8)
+                            bytearray(data), dtype=torch.int8)
 
     def _prefix_hash(self, rid: str, tokens, pos: int) -> bytes:
         done, h = self._prefix_digest.get(rid, (0, b""))
@@ -72,13 +74,13 @@ class PatternModel:
     def _sample(self, scheduler: Any, req: Any, ranks_kv: list[dict[str, torch.Tensor]]) -> int:
         """Next token = digest of every KV byte this request has, on every rank."""
         h = hashlib.blake2b(digest_size=8)
-        bs = self.block_size
         n = req.num_computed_tokens  # attention reads positions < n, nothing beyond
-        tok_bytes = self.page // bs
         block_ids = scheduler.kv_cache_manager.get_block_ids(req.request_id)
         window = self.sliding_window
         for kv in ranks_kv:
             for g, blocks in enumerate(block_ids):
+                bs = self.block_sizes[g]
+                tok_bytes = self.page // bs
                 # a sliding-window layer attends to the last `window` positions only
                 # (vLLM frees the blocks before them)
                 first = (max(n - window + 1, 0) // bs

@@ -42,6 +42,12 @@ class EngineConfig:
     sliding_window: int | None = None
     num_layers: int = 2
     block_size: int = 16
+    # Each KV group's block size in tokens (empty: block_size for every group). Groups of
+    # different block sizes (a hybrid model's large-block groups beside a sub-block or
+    # drafter group) have one page size (vLLM unifies it), so different head shapes; one chunk
+    # is one block of its group (blocks_per_chunk 1), and vLLM's scheduler works in their
+    # least common multiple, its block hashes in their greatest common divisor.
+    group_block_sizes: tuple[int, ...] = ()
     num_gpu_blocks: int = 128
     max_num_batched_tokens: int = 256
     max_num_seqs: int = 8
@@ -75,6 +81,16 @@ class EngineConfig:
     # prometheus-client registry), as `vllm serve` does for its /metrics.
     vllm_metrics: bool = False
 
+    def __post_init__(self) -> None:
+        if self.group_block_sizes and len(self.group_block_sizes) != self.kv_groups:
+            raise ValueError(f"group_block_sizes {self.group_block_sizes} names "
+                             f"{len(self.group_block_sizes)} KV groups, not {self.kv_groups}")
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """Each KV group's block size in tokens."""
+        return list(self.group_block_sizes) or [self.block_size] * self.kv_groups
+
 
 @dataclass
 class VllmConfigs:
@@ -90,7 +106,8 @@ class VllmConfigs:
 def build_vllm_configs(cfg: EngineConfig, engine_id: str, fs_root: str,
                        model_dir: str) -> VllmConfigs:
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(cfg.num_layers * cfg.kv_groups)]
-    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=2, head_size=16,
+    # one page per block of every group: that of the smallest block with 2 heads of 16
+    spec = FullAttentionSpec(block_size=min(cfg.block_sizes), num_kv_heads=2, head_size=16,
                              dtype=torch.float16)
     page = spec.page_size_bytes
     kv_cache_config = KVCacheConfig(
@@ -107,7 +124,7 @@ def build_vllm_configs(cfg: EngineConfig, engine_id: str, fs_root: str,
     parallel = ParallelConfig(tensor_parallel_size=cfg.world_size)
     vllm_config = VllmConfig(
         model_config=model_config,
-        cache_config=CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True),
+        cache_config=CacheConfig(block_size=min(cfg.block_sizes), enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=cfg.max_model_len, is_encoder_decoder=False,
@@ -122,17 +139,34 @@ def build_vllm_configs(cfg: EngineConfig, engine_id: str, fs_root: str,
 def _kv_cache_groups(cfg: EngineConfig, layers: list[str]) -> list[KVCacheGroupSpec]:
     # Groups of one attention kind with distinct head shapes (same page size):
     # vLLM keeps them as separate KV-cache groups, each with its own keys.
-    shapes = ((2, 16), (1, 32), (4, 8))  # (kv heads, head size)
-    group_specs = [FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=shapes[g][0],
-                                     head_size=shapes[g][1], dtype=torch.float16)
-                   for g in range(cfg.kv_groups)]
+    group_specs = [FullAttentionSpec(block_size=bs, num_kv_heads=h, head_size=d,
+                                     dtype=torch.float16)
+                   for bs, (h, d) in zip(cfg.block_sizes, _head_shapes(cfg.block_sizes))]
     if cfg.sliding_window is not None:
         last = group_specs[-1]
         group_specs[-1] = SlidingWindowSpec(
-            block_size=cfg.block_size, num_kv_heads=last.num_kv_heads,
+            block_size=last.block_size, num_kv_heads=last.num_kv_heads,
             head_size=last.head_size, dtype=torch.float16, sliding_window=cfg.sliding_window)
     return [KVCacheGroupSpec(layers[g::cfg.kv_groups], group_specs[g])
             for g in range(cfg.kv_groups)]
+
+
+def _head_shapes(block_sizes: list[int]) -> list[tuple[int, int]]:
+    """(kv heads, head size) per group: one page size for all (heads x head size x block
+    size constant: 32 x the smallest block), distinct among groups of one block size."""
+    shapes: list[tuple[int, int]] = []
+    for bs in block_sizes:
+        product = 32 * min(block_sizes) // bs
+        if product < 1 or 32 * min(block_sizes) % bs:
+            raise ValueError(f"block sizes {block_sizes}: {bs} does not divide the page")
+        taken = {s for s, b in zip(shapes, block_sizes) if b == bs}
+        for heads in (2, 1, 4, 8, 16, 32):  # (2, 16), (1, 32), (4, 8) at the smallest block
+            if product % heads == 0 and (heads, product // heads) not in taken:
+                shapes.append((heads, product // heads))
+                break
+        else:
+            raise ValueError(f"block sizes {block_sizes}: no distinct head shape left for {bs}")
+    return shapes
 
 
 def _kv_transfer_config(cfg: EngineConfig, engine_id: str, fs_root: str,
@@ -143,7 +177,8 @@ def _kv_transfer_config(cfg: EngineConfig, engine_id: str, fs_root: str,
         "spec_name": "CPUSimTieringSpec" if cfg.tiering else "CPUSimOffloadingSpec",
         "spec_module_path": cpu_worker.__name__,
         "cpu_bytes_to_use": cfg.rows * row_bytes,
-        "block_size": cfg.block_size,
+        # one chunk = one block of each group ("block_size" needs one block size for all)
+        **({"blocks_per_chunk": 1} if cfg.group_block_sizes else {"block_size": cfg.block_size}),
         "kvscope": {"checksum_policy": cfg.checksum_policy,
                     "exporter_port": cfg.exporter_port, **cfg.kvscope_options},
     }

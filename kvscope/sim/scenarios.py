@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import replace
 
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
@@ -40,9 +41,10 @@ def _ask_then_flood(e: CPUEngine, target: list[int], tokens: int):
     return first
 
 
-def _ask_flood_ask(e: CPUEngine, run: ScenarioRun) -> None:
-    target = prompt(1, PROMPT_TOKENS)
-    first = _ask_then_flood(e, target, PROMPT_TOKENS)
+def _ask_flood_ask(e: CPUEngine, run: ScenarioRun, target: list[int] | None = None) -> None:
+    """Ask ``target`` (default: PROMPT_TOKENS tokens), flood with prompts as long, ask again."""
+    target = target or prompt(1, PROMPT_TOKENS)
+    first = _ask_then_flood(e, target, len(target))
     again = e.generate(target, 4, max_steps=200)
     e.drain()
     run.facts.update(first_output=first.output, again_output=again.output,
@@ -275,3 +277,56 @@ def concurrency(run: ScenarioRun, cfg: EngineConfig) -> None:
     _reask(e, run, targets, first)
 
 
+
+
+# Two large-block KV groups (a hybrid model's attention groups, their blocks grown to its
+# state's page size) beside a sub-block group (a drafter's, or one left at the hash block
+# size): per token the sub-block group has 8x the keys of each of the others. One chunk is
+# one block of its group (blocks_per_chunk 1).
+HYBRID_BLOCKS = (128, 128, 16)
+# Under one chunk of the large-block groups: only the sub-block group's chunks are complete.
+SHORT_PROMPT_TOKENS = 112
+# Two chunks of the large-block groups: every group stores its chunks.
+LONG_PROMPT_TOKENS = 256
+
+
+def group_truth(e: CPUEngine) -> dict[str, list[int]]:
+    """Engine truth, per KV group: the keys the primary tier's cache policy holds and the
+    block files on the fs tier's disk (``..._g<group>/<hash>.bin``), read from the tiers
+    themselves, never from kvscope's counters."""
+    from vllm.v1.kv_offload.base import get_offload_group_idx
+
+    manager = e.connector.connector_scheduler.manager
+    policy = getattr(manager, "primary_tier", manager)._policy
+    entries = getattr(policy, "chunks", None)  # vLLM 0.33
+    if entries is None:
+        entries = getattr(policy, "blocks", None)  # 0.26 (LRU)
+    primary = Counter(get_offload_group_idx(k) for k in list(entries))
+    files = Counter(int(d.rsplit("_g", 1)[1]) for d, _, fs in os.walk(e.fs_root)
+                    for f in fs if f.endswith(".bin"))
+    groups = range(e.cfg.kv_groups)
+    return {"primary_keys": [primary[g] for g in groups],
+            "disk_files": [files[g] for g in groups]}
+
+
+def _hybrid(run: ScenarioRun, cfg: EngineConfig, tokens: int, rows: int) -> None:
+    e = CPUEngine(replace(cfg, rows=rows, kv_groups=len(HYBRID_BLOCKS),
+                          group_block_sizes=HYBRID_BLOCKS, num_gpu_blocks=64))
+    run.engines.append(e)
+    _ask_flood_ask(e, run, prompt(1, tokens))
+    run.facts.update(group_truth(e), rows=rows)
+
+
+def tier_flooded(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """Prompts shorter than the large-block groups' chunk: only the sub-block group's keys
+    are ever stored. They fill the primary tier (24 rows, 28 keys stored) and every file on
+    disk is that group's; a re-ask restores nothing (vLLM's cross-group AND needs every
+    group, and the others stored nothing)."""
+    _hybrid(run, cfg, SHORT_PROMPT_TOKENS, rows=24)
+
+
+def healthy_hybrid(run: ScenarioRun, cfg: EngineConfig) -> None:
+    """The same model with prompts of two large-block chunks: every group stores in
+    proportion to its block size (the sub-block group still holds 80 % of the primary
+    tier's keys), and the re-ask restores the prompt."""
+    _hybrid(run, cfg, LONG_PROMPT_TOKENS, rows=40)

@@ -61,6 +61,9 @@ EXPECTED_ALERT_EXPRS: dict[str, set[str]] = {
     "concurrency": set(),  # no round reached the ceiling: each request fits alone
     # keys lost before the first scrape: the born-in-window clause selects the engine
     "tier-data-lost": {r.ALERT_TIER_DATA_LOST},
+    # only the sub-block group stored, before the first scrape: the stored-tokens series are
+    # born within the window (their born-in-window arm), the large-block groups' at 0
+    "tier-flooded": {r.ALERT_TIER_FLOODED},
 }
 # The scenario served through vLLM's own /metrics (one per process: vLLM's global registry).
 # Pending at idle, so the pending-at-idle rule's join with vLLM's running/waiting gauges on the

@@ -732,3 +732,116 @@ def test_promotion_stalled_quiet_when_young_or_nobody_waits():
 
     assert promotion_stalled.classify(evidence(_stalled(1, 12.0), lifetime=False), TH) is None
     assert promotion_stalled.classify(evidence(_stalled(0, 45.0), lifetime=False), TH) is None
+
+
+# ---- tier flooded by one KV group ----------------------------------------------
+def flood_case(blocks=(128, 128, 16), keys=(0, 0, 28), held=(0, 0, 24), rows=24,
+               refused=(0, 0, 0)):
+    """KV groups of ``blocks`` tokens per block (one block a chunk) that stored ``keys`` keys
+    in the window (from 0) and hold ``held`` keys of the primary tier now."""
+    d = base(rows=rows) | declared()
+    d.pop(info(rows=rows))
+    d[info(rows=rows, chunk_tokens=str(blocks[0]), world_size="1")] = [1, 1]
+    d[L(S.PRIMARY_ROWS.name, state="occupied")] = [rows, sum(held)]
+    d[L(S.CASCADES.name, result="completed")] = [0, sum(keys)]
+    d |= rounds(miss=[0, 5])
+    for g, (bs, k, h, r) in enumerate(zip(blocks, keys, held, refused)):
+        group = str(g)
+        d[L(S.KV_GROUP_INFO.name, kv_group=group, kind="full_attention",
+            tokens_per_block=str(bs))] = [1, 1]
+        d[L(S.STORE_KEYS.name, kv_group=group, result="stored")] = [0, k]
+        d[L(S.STORE_KEYS.name, kv_group=group, result="held")] = [0, 0]
+        d[L(S.STORE_KEYS.name, kv_group=group, result="no_space")] = [0, r]
+        d[L(S.STORE_TOKENS.name, kv_group=group)] = [0, k * bs]
+        d[L(S.STORE_BYTES.name, kv_group=group)] = [0, k * 2048]
+        d[L(S.EVICTED_KEYS.name, kv_group=group)] = [0, max(k - h, 0)]
+        d[L(S.PRIMARY_KEYS.name, kv_group=group)] = [h, h]
+        d |= lookups(group, miss=[0, 0])
+    return d
+
+
+def test_tier_flooded_by_group_names_the_flood_and_the_groups_that_stored_nothing():
+    from kvscope.diagnostics.classifiers import tier_flooded_by_group as flood
+
+    ev = evidence(flood_case())
+    f = flood.classify(ev, TH)
+    assert f is not None and f.confidence_label == "high"
+    assert f.evidence[0] == ("KV group 2 (full_attention, 16 tokens per block) holds 24 of the 24 "
+                             "keys in the CPU primary tier (100%; 24 rows)")
+    assert ("KV group 0 (full_attention, 128 tokens per block) stored 0 prompt tokens (0 keys) "
+            "since process start") in f.evidence
+    assert any(e.startswith("KV group 2 (full_attention, 16 tokens per block) stored 448 prompt "
+                            "tokens (28 keys, 56.0 KiB)") for e in f.evidence)
+    assert any("KV groups 0, 1 stored none" in e for e in f.evidence)
+    assert "a chunk of KV groups 0, 1 is 128 tokens" in f.next_step
+    assert "blocks_per_chunk" in f.next_step
+    assert diagnose(ev).top.id == flood.ID
+
+
+def test_tier_flooded_by_group_refused_stores_say_so():
+    from kvscope.diagnostics.classifiers import tier_flooded_by_group as flood
+
+    f = flood.classify(evidence(flood_case(keys=(1, 1, 60), refused=(9, 9, 72))), TH)
+    assert f is not None
+    assert "18 keys of KV groups 0, 1 were in store jobs refused" in " | ".join(f.evidence)
+    assert f.next_step.startswith("A prefix restores only if every KV group stored its chunks; "
+                                  "KV groups 0, 1 stored too few. The store jobs of KV groups "
+                                  "0, 1 were refused")
+
+
+def test_tier_flooded_by_group_quiet_on_a_healthy_hybrid_model():
+    """Groups storing in proportion to their block sizes: the sub-block group holds most of the
+    tier (here 56x the keys of each of two groups: 96.6 %) and stores the same tokens."""
+    from kvscope.diagnostics.classifiers import tier_flooded_by_group as flood
+
+    healthy = flood_case(blocks=(896, 896, 16), keys=(2, 2, 112), held=(1, 1, 56), rows=58)
+    assert flood.classify(evidence(healthy), TH) is None
+    assert diagnose(evidence(healthy)).top.id == "healthy"
+    # an unaligned tail costs a large-block group at most a chunk: well above a quarter
+    tails = flood_case(blocks=(128, 128, 16), keys=(3, 3, 30), held=(3, 3, 18), rows=24)
+    assert flood.classify(evidence(tails), TH) is None
+    # a victim below a quarter of the tokens is one, once the group holds most of the tier
+    low = flood_case(blocks=(128, 128, 16), keys=(1, 3, 60), held=(1, 3, 20), rows=24)
+    f = flood.classify(evidence(low), TH)
+    assert f is not None and f.confidence_label == "medium"
+    assert any("KV group 0 stored under 25% of KV group 2's" in e for e in f.evidence)
+    # ... but not while no group holds most of the tier
+    spread = flood_case(blocks=(128, 128, 16), keys=(0, 0, 28), held=(8, 8, 8), rows=24)
+    assert flood.classify(evidence(spread), TH) is None
+
+
+def test_tier_flooded_by_group_only_full_attention_groups_are_victims():
+    from kvscope.diagnostics.classifiers import tier_flooded_by_group as flood
+
+    d = flood_case(blocks=(16, 16), keys=(28, 0), held=(24, 0))
+    d.pop(L(S.KV_GROUP_INFO.name, kv_group="1", kind="full_attention", tokens_per_block="16"))
+    d[L(S.KV_GROUP_INFO.name, kv_group="1", kind="sliding_window", tokens_per_block="16")] = [1, 1]
+    assert flood.classify(evidence(d), TH) is None  # a window's chunks are stored on purpose
+
+
+def test_tier_flooded_by_group_not_judged_without_its_series_or_with_one_group():
+    from kvscope.diagnostics.checks import needs_of
+    from kvscope.diagnostics.classifiers import tier_flooded_by_group as flood
+
+    older = {k: v for k, v in flood_case().items()  # a kvscope predating per-group stores
+             if not (isinstance(k, tuple) and k[0] in (
+                 S.STORE_KEYS.name, S.STORE_TOKENS.name, S.STORE_BYTES.name,
+                 S.EVICTED_KEYS.name, S.PRIMARY_KEYS.name))}
+    assert needs_of(flood, evidence(older)) == ()
+    assert flood.classify(evidence(older), TH) is None
+    # with the others there, one dropped (a relabel rule): could not check
+    dropped = {k: v for k, v in flood_case().items()
+               if not (isinstance(k, tuple) and k[0] == S.PRIMARY_KEYS.name)}
+    report = diagnose(evidence(dropped))
+    assert report.top.id == "inconclusive"
+    assert any(u.check == flood.ID and f"series {S.PRIMARY_KEYS.name} missing" in u.reasons
+               for u in report.unchecked)
+    one = flood_case(blocks=(16,), keys=(28,), held=(24,))
+    assert needs_of(flood, evidence(one)) == ()
+    # one group's stored tokens dropped while the others' are there: a partial export
+    part = {k: v for k, v in flood_case().items()
+            if k != L(S.STORE_TOKENS.name, kv_group="0")}
+    report = diagnose(evidence(part))
+    assert report.top.id == "inconclusive" and report.exit_code == 3
+    assert any(u.check == flood.ID and any(f'{S.STORE_TOKENS.name} has no kv_group="0"' in r
+                                          for r in u.reasons) for u in report.unchecked)

@@ -34,6 +34,7 @@ CASES = {
     "pending_at_idle": C.pending_case,
     "not_settled_at_idle": C.settle_case,
     "queue_wait": C.queue_case,
+    "tier_flooded_by_group": C.flood_case,
     "inconclusive_telemetry_errors": lambda: _healthy() | {
         L(C.S.TELEMETRY_ERRORS.name, where="aggregator"): [0, 5],
     },

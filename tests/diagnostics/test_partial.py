@@ -20,7 +20,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # fixtures recorded from an incident scenario (test_fuzz judges the same ones)
 INCIDENTS = ("capacity-ceiling", "livelock", "stale-rows", "store-never-fits",
              "stores-without-restores", "queue-wait", "truncated", "concurrency",
-             "stored-in-part", "tier-data-lost")
+             "stored-in-part", "tier-data-lost", "tier-flooded")
 
 # Labels whose values kvscope bounds: the closed sets of the contract, and the KV groups
 # (kvscope_kv_group_info lists them) and worker ranks every process declares series for.

@@ -146,6 +146,12 @@ def _check(name: str, report) -> None:
     elif name == "stores-without-restores":
         assert top.title.endswith("(hash seed differs)"), text
         assert len(ev.hash_seeds) == 2, text
+    elif name == "tier-flooded":  # KV groups of 128, 128, 16 tokens per block; 112-token prompts
+        assert ("KV group 2 (full_attention, 16 tokens per block) holds 24 of the 24 keys in the "
+                "CPU primary tier (100%; 24 rows)") in ev_text, text
+        assert "KV groups 0, 1 stored none" in ev_text, text
+        assert "a chunk of KV groups 0, 1 is 128 tokens" in top.next_step, text
+        assert top.confidence_label == "high", text
 
 
 @pytest.mark.vllm
@@ -183,6 +189,27 @@ def test_scenario_through_prometheus(name, prometheus):
                                    thresholds=TH)
 
     _check(name, _judged(name, judge, exporter_port=0))
+
+
+@pytest.mark.vllm
+def test_healthy_hybrid_model_is_not_flooded():
+    """tier-flooded's model with prompts of two large-block chunks: the sub-block group holds
+    >= 75 % of the primary tier (engine truth, the catalogue's premise) yet every group stored
+    in proportion to its block size: healthy, not tier_flooded_by_group."""
+    _runner()
+
+    def judge(sc):
+        return diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH), sc.facts
+
+    report, facts = judged("healthy-hybrid", judge, exporter_port=0)
+    text = format_text(report)
+    assert report.top.id == "healthy", text
+    assert "tier_flooded_by_group" not in {v.id for v in report.verdicts}, text
+    assert facts["primary_keys"][2] >= 0.75 * sum(facts["primary_keys"]), facts
+    ev = report.evidence
+    assert ev.lookups["2"].primary_keys.last == facts["primary_keys"][2], text
+    tokens = {ev.lookups[g].store_tokens.increase for g in "012"}
+    assert len(tokens) == 1 and tokens.pop() > 0, text
 
 
 # ---- vLLM's own /metrics: kvscope series with model_name/engine, vLLM's queue gauges ----
