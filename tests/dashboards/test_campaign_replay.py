@@ -134,8 +134,9 @@ def test_every_dashboard_query_returns_data(prom):
                                at=end + 30))
 
     # the newer kvscope series, read raw or through their recording rule
+    recorded_rules = r.Recorded(replay.CAMPAIGN_CONFIG)
     newer = (NEWER_THAN_CAMPAIGNS | NEWER_THAN_EVERY_RECORDING
-             | {r.Recorded(replay.CAMPAIGN_CONFIG).store_tokens_rate})
+             | {recorded_rules.store_tokens_rate, recorded_rules.restore_stopped_rounds_rate})
     assert not any(recorded(name) for name in newer)  # the lists stay true
     vllm_absent = {name for name in qc.KNOWN_VLLM if not recorded(name)}
     absent = vllm_absent | newer
@@ -168,10 +169,12 @@ ADDED_AFTER_RECORDING = {
        for run in ("faults", "stale-rows-observe", "stale-rows-refuse")},
 }
 
-# Series every recording predates (stores per KV group): the panels and recording rule that
+# Series every recording predates (stores per KV group, the group that stopped a short
+# restore): the panels and recording rule that
 # read them have no data over the campaign, and tier_flooded_by_group is not judged there.
 NEWER_THAN_EVERY_RECORDING = frozenset(m.name for m in (
-    S.STORE_KEYS, S.STORE_BYTES, S.STORE_TOKENS, S.EVICTED_KEYS, S.PRIMARY_KEYS))
+    S.STORE_KEYS, S.STORE_BYTES, S.STORE_TOKENS, S.EVICTED_KEYS, S.PRIMARY_KEYS,
+    S.RESTORE_STOPPED_ROUNDS))
 
 
 def test_exemptions_name_exactly_the_runs_that_predate_them():
