@@ -158,8 +158,9 @@ def _plan(argv: list[str]) -> int:
         given_opts = [f"--{k}" for k in ("since", "start", "end", "selector", "interval",
                                          "timeout", "deadline") if getattr(args, k, None)]
         if given_opts:
-            raise DiagnoseError(f"{'/'.join(given_opts)} only appl{"y" if len(given_opts) > 1 else "ies"} with a source (--scrape, --prometheus "
-                                "or --bundle)")
+            verb = "apply" if len(given_opts) > 1 else "applies"
+            raise DiagnoseError(f"{'/'.join(given_opts)} only {verb} with a source (--scrape, "
+                                "--prometheus or --bundle)")
         ev = None
     plan = make_plan(read_inputs(ev, given), target, tuple(args.predict))
     sys.stdout.write(plan_to_json(plan) + "\n" if args.json else format_plan(plan))
