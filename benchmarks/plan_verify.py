@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -55,71 +54,20 @@ def workload(args):
                     waves=args.waves, step_tokens=args.step_tokens, seed=args.seed)
 
 
-def plan_window(raw, target: float):
-    """``kv-diagnose plan`` on a RawWindow: the parser, the model, the formatter."""
-    from kvscope.diagnostics.evidence import build_evidence
-    from kvscope.diagnostics.plan_inputs import read_inputs
-    from kvscope.diagnostics.planner import make_plan
-
-    return make_plan(read_inputs(build_evidence(raw)), target)
-
-
 # ---- CPU ------------------------------------------------------------------------------------
 def run_cpu(args) -> dict:
-    from kvscope.sim.plan_workload import run_cpu as run
+    from kvscope.sim.plan_workload import verify_cpu
 
-    work = workload(args)
-    window_rows = args.window_rows or work.concurrency * work.chunks // 2
-    t0 = time.monotonic()
-    win = run(work, window_rows, window=True)
-    print(f"window: {window_rows} rows, measured coverage {win.coverage:.3f} "
-          f"({time.monotonic() - t0:.0f} s)", flush=True)
-    plan = plan_window(win.window, args.target)
-    sizes = _sizes(plan)
-    runs = {}
-    for label, rows in sizes.items():
-        t = time.monotonic()
-        runs[label] = run(work, rows).as_dict()
-        print(f"{label}: {rows} rows, measured coverage {runs[label]['coverage']:.3f} "
-              f"({time.monotonic() - t:.0f} s)", flush=True)
-    return _result(args, work, win.as_dict(), plan, runs)
+    doc = verify_cpu(workload(args), args.target, args.window_rows or None, args.max_error,
+                     log=lambda msg: print(msg, flush=True))
+    return _stamp(args, doc)
 
 
-def _sizes(plan) -> dict[str, int]:
-    from kvscope.diagnostics.planner import SHORT_BY
-
-    return {"plan": plan.rows, "plan - 10 %": math.floor(plan.rows * (1 - SHORT_BY))}
-
-
-def _result(args, work, window: dict, plan, runs: dict) -> dict:
-    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
-    from kvscope.diagnostics.planner import coverage_at
-
-    sizes = {}
-    checks = {}
-    for label, run in runs.items():
-        lo, hi = coverage_at(run["rows"], plan.rows_per_restore, plan.concurrency,
-                             plan.inputs.other_loss.value if plan.inputs.other_loss else 0.0)
-        meas = run["coverage"]
-        err = abs(lo - meas) if meas is not None else None
-        sizes[label] = {"rows": run["rows"], "predicted": lo, "up_to": hi, "measured": meas,
-                        "error": err, "within_range": meas is not None and lo - 1e-9 <= meas <= hi + 1e-9}
-        checks[f"{label}: prediction error <= {args.max_error:g}"] = (
-            err is not None and err <= args.max_error)
-    checks[f"plan: measured >= target {args.target:g}"] = (
-        runs["plan"]["coverage"] is not None and runs["plan"]["coverage"] >= args.target - 1e-9)
-    checks[f"plan - 10 %: measured < target {args.target:g}"] = (
-        runs["plan - 10 %"]["coverage"] is not None
-        and runs["plan - 10 %"]["coverage"] < args.target)
+def _stamp(args, doc: dict) -> dict:
     import vllm
 
-    return {
-        "command": "python benchmarks/plan_verify.py " + " ".join(sys.argv[1:]),
-        "device": args.device, "vllm_version": vllm.__version__, "workload": work.as_dict(),
-        "target": args.target, "max_error": args.max_error,
-        "window": window, "plan": plan_to_dict(plan), "plan_text": format_plan(plan),
-        "sizes": sizes, "runs": runs, "checks": checks, "passed": all(checks.values()),
-    }
+    return {"command": "python benchmarks/plan_verify.py " + " ".join(sys.argv[1:]),
+            "device": args.device, "vllm_version": vllm.__version__, **doc}
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -235,6 +183,8 @@ def _wait(procs: dict[str, tuple[subprocess.Popen, str]], deadline: float) -> di
 
 def run_gpu(args) -> dict:
     from kvscope.diagnostics.bundle import read_bundle
+    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+    from kvscope.sim.plan_workload import check_sizes, judge, plan_window
 
     work = workload(args)
     window_rows = args.window_rows or work.concurrency * work.chunks // 2
@@ -247,13 +197,18 @@ def run_gpu(args) -> dict:
     print(f"window: {window_rows} rows, measured coverage {win['coverage']:.3f}", flush=True)
     plan = plan_window(read_bundle(win["bundle"]), args.target)
     procs = {}
-    for label, rows in _sizes(plan).items():
+    for label, rows in check_sizes(plan).items():
         out = os.path.join(tmp, f"{label.replace(' ', '').replace('%', 'pct')}.json")
         procs[label] = (_spawn(args, rows, out), out)
     runs = _wait(procs, deadline)
     for label, run in runs.items():
         print(f"{label}: {run['rows']} rows, measured coverage {run['coverage']:.3f}", flush=True)
-    return _result(args, work, win, plan, runs)
+    sizes, checks = judge(plan, runs, args.target, args.max_error)
+    return _stamp(args, {"workload": work.as_dict(), "target": args.target,
+                         "max_error": args.max_error, "window": win,
+                         "plan": plan_to_dict(plan), "plan_text": format_plan(plan),
+                         "sizes": sizes, "runs": runs, "checks": checks,
+                         "passed": all(checks.values())})
 
 
 def main(argv: list[str] | None = None) -> int:

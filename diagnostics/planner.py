@@ -47,6 +47,11 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def count(x: float, word: str) -> str:
+    """``12 rows``, ``1 row``."""
+    return f"{n(x)} {word}{'' if x == 1 else 's'}"
+
+
 def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float) -> int:
     """Rows one restore of ``held_tokens`` pins at once: a chunk of every KV group per row."""
     return int(kv_groups) * max(1, math.ceil(held_tokens / chunk_tokens - EPS))
@@ -87,11 +92,11 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
     groups = f"{g} KV group{'s' if g != 1 else ''}"
     if i.restores is not None and i.held_per_restore.source != "--held-tokens":
         steps.append(Step("held prefix per restore",
-                          f"{n(h * i.restores.value)} tokens held / {n(i.restores.value)} restores",
+                          f"{n(h * i.restores.value)} tokens held / {count(i.restores.value, 'restore')}",
                           f"{n(round(h, 1))} tokens"))
     k = rows_per_restore(h, t, g)
     steps.append(Step("rows per restore", f"k = {groups} × ⌈{n(round(h, 1))} / {n(t)} tokens "
-                      "per chunk⌉", f"{n(k)} rows"))
+                      "per chunk⌉", count(k, "row")))
     largest = int(_v(i.largest_rows))
     if largest > k:
         notes.append(f"the largest restore seen needed {n(largest)} rows ({i.largest_rows.source}),"
@@ -130,6 +135,11 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         notes.append("row bytes unknown (kvscope_primary_row_bytes missing): cpu_bytes_to_use = "
                      "rows × row bytes; pass --row-bytes")
 
+    if (i.coverage_now is not None and i.coverage_now.value >= target - EPS
+            and _v(i.row_loss) == 0 and i.rows_now is not None):
+        notes.append(f"the window's coverage ({pct(i.coverage_now.value)}) already reaches the "
+                     f"target with {n(i.rows_now.value)} rows: the plan is the model's size for "
+                     "the restores seen at once (a lower bound), not a change to make")
     preds = []
     seen: set[int] = set()
 
@@ -188,7 +198,7 @@ def _concurrency(i: PlanInputs, k: int, steps: list[Step], notes: list[str]) -> 
 def _reserve(i: PlanInputs, g: int, t: float, steps: list[Step], notes: list[str]) -> int:
     if i.reserve_given is not None:
         r = int(i.reserve_given.value)
-        steps.append(Step("headroom for stores", "--reserve-rows", f"{n(r)} rows"))
+        steps.append(Step("headroom for stores", "--reserve-rows", count(r, "row")))
         return r
     if i.step_tokens is None:
         notes.append("max_num_batched_tokens unknown: no headroom for in-flight stores "
@@ -196,5 +206,5 @@ def _reserve(i: PlanInputs, g: int, t: float, steps: list[Step], notes: list[str
         return 0
     r = g * math.ceil(i.step_tokens.value / t - EPS)
     steps.append(Step("headroom for one step's stores", f"{g} × ⌈{n(i.step_tokens.value)} "
-                      f"tokens per step / {n(t)}⌉", f"{n(r)} rows"))
+                      f"tokens per step / {n(t)}⌉", count(r, "row")))
     return r

@@ -162,3 +162,66 @@ def _scrape(engine: CPUEngine):
         return scrape_window([exporter.url], SCRAPE_INTERVAL_S)
     finally:
         exporter.close()
+
+
+# ---- the check: plan from a window, then the planned size and 10 % fewer -------------------
+def plan_window(raw, target: float):
+    """``kv-diagnose plan`` on a RawWindow: its parser, model (the formatter reads the result)."""
+    from kvscope.diagnostics.evidence import build_evidence
+    from kvscope.diagnostics.plan_inputs import read_inputs
+    from kvscope.diagnostics.planner import make_plan
+
+    return make_plan(read_inputs(build_evidence(raw)), target)
+
+
+def check_sizes(plan) -> dict[str, int]:
+    """The row counts the plan is checked at: its own, and 10 % fewer."""
+    import math
+
+    from kvscope.diagnostics.planner import SHORT_BY
+
+    return {"plan": plan.rows, "plan - 10 %": math.floor(plan.rows * (1 - SHORT_BY))}
+
+
+def judge(plan, runs: dict[str, dict], target: float, max_error: float) -> tuple[dict, dict]:
+    """Predicted vs measured coverage at each checked size (``runs``: label -> a run's
+    ``as_dict()``), and the checks: the plan reaches ``target``, 10 % fewer rows miss it,
+    the prediction is within ``max_error`` at both."""
+    from kvscope.diagnostics.planner import coverage_at
+
+    other = plan.inputs.other_loss.value if plan.inputs.other_loss else 0.0
+    sizes, checks = {}, {}
+    for label, run in runs.items():
+        lo, hi = coverage_at(run["rows"], plan.rows_per_restore, plan.concurrency, other)
+        meas = run["coverage"]
+        err = abs(lo - meas) if meas is not None else None
+        sizes[label] = {"rows": run["rows"], "predicted": lo, "up_to": hi, "measured": meas,
+                        "error": err,
+                        "within_range": meas is not None and lo - 1e-9 <= meas <= hi + 1e-9}
+        checks[f"{label}: prediction error <= {max_error:g}"] = err is not None and err <= max_error
+    plan_cov, short_cov = runs["plan"]["coverage"], runs["plan - 10 %"]["coverage"]
+    checks[f"plan: measured >= target {target:g}"] = plan_cov is not None and plan_cov >= target - 1e-9
+    checks[f"plan - 10 %: measured < target {target:g}"] = short_cov is not None and short_cov < target
+    return sizes, checks
+
+
+def verify_cpu(work: Workload, target: float = 0.99, window_rows: int | None = None,
+               max_error: float = 0.05, log=None) -> dict:
+    """The whole check on CPU engines: a window at ``window_rows`` (default: half of every
+    restore at once), the plan from it, the engine at the planned rows and at 10 % fewer."""
+    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+
+    say = log or (lambda _msg: None)
+    window_rows = window_rows or work.concurrency * work.chunks // 2
+    win = run_cpu(work, window_rows, window=True)
+    say(f"window: {window_rows} rows, measured coverage {win.coverage:.3f} ({win.seconds:.0f} s)")
+    plan = plan_window(win.window, target)
+    runs = {}
+    for label, rows in check_sizes(plan).items():
+        runs[label] = run_cpu(work, rows).as_dict()
+        say(f"{label}: {rows} rows, measured coverage {runs[label]['coverage']:.3f} "
+            f"({runs[label]['seconds']:.0f} s)")
+    sizes, checks = judge(plan, runs, target, max_error)
+    return {"workload": work.as_dict(), "target": target, "max_error": max_error,
+            "window": win.as_dict(), "plan": plan_to_dict(plan), "plan_text": format_plan(plan),
+            "sizes": sizes, "runs": runs, "checks": checks, "passed": all(checks.values())}
