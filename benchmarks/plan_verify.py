@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=2048)
-    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--waves", type=int, default=1)
     ap.add_argument("--step-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--window-rows", type=int, default=0,

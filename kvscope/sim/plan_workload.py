@@ -31,7 +31,7 @@ SCRAPE_INTERVAL_S = 0.5
 class Workload:
     concurrency: int = 24  # prompts re-asked at once
     prompt_tokens: int = 2048
-    waves: int = 2  # times every prompt is re-asked together (a flood before each)
+    waves: int = 1  # times every prompt is re-asked together (a flood before each)
     step_tokens: int = 256  # max_num_batched_tokens
     seed: int = 0
 

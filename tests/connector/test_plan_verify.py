@@ -3,7 +3,7 @@ the target coverage, 10 % fewer must miss it, and the predicted coverage must be
 points of the engine's at both sizes.
 
 The CI-sized run of ``benchmarks/plan_verify.py`` (which re-asks 32 prompts of 2,048 tokens
-twice): 24 prompts of 1,024 tokens re-asked at once, from a window engine at half the rows
+at once): 24 prompts of 1,024 tokens re-asked at once, from a window engine at half the rows
 they need together. Coverage measured is the engine's truth (tokens vLLM loaded for each
 re-ask / tokens the tiers held for its prefix), never kvscope's counters; the plan is read
 from kvscope's exporter by the same parser and model as the CLI. With 24 restores at once,

@@ -1,7 +1,7 @@
 """kv-diagnose plan: parser, coverage model and formatter apart (ray-status style), the CLI.
 
-The window below is what the CPU check's window engine exported (``benchmarks/plan_verify.py``,
-24 prompts of 2,048 tokens re-asked at once twice, 1,536 rows: half of them restored whole).
+The window below is what a CPU engine of the plan's check exported (``kvscope.sim.plan_workload``:
+24 prompts of 2,048 tokens re-asked at once, twice, on 1,536 rows: half of them restored whole).
 Its engine-level counterpart, against vLLM's scheduler: ``tests/connector/test_plan_verify.py``.
 
 Regenerate the golden files after an intended change:
