@@ -6,6 +6,7 @@
     kv-diagnose ... --each-engine     (a window of several engines: one verdict each)
     kv-diagnose ... [--stuck-after 30] [--stale-after 60s] [--row-bytes N]
     kv-diagnose record --prometheus http://prom:9090 --since 1h -o incident.kvb
+    kv-diagnose plan --bundle incident.kvb [--target 99%]   (primary rows for a coverage)
 
 Exit codes: 0 healthy, 1 incident found, 2 could not diagnose, 3 inconclusive
 (no incident found, but a check could not run: never healthy), 130 interrupted. With
@@ -36,7 +37,7 @@ from .options import (
     window,
 )
 from .prometheus import prometheus_window
-from .report import EXIT_CANNOT, EXIT_INTERRUPTED, Report, format_text, safe
+from .report import EXIT_CANNOT, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, Report, format_text, safe
 from .thresholds import Thresholds
 
 # Imported where used: the scrape source (prometheus-client's parser) and the plot
@@ -51,8 +52,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_CANNOT, f"{PROG}: {message} (see {PROG} --help)\n")
 
 
-def _add_source_args(p: argparse.ArgumentParser, bundle: bool) -> None:
-    g = p.add_mutually_exclusive_group(required=True)
+def _add_source_args(p: argparse.ArgumentParser, bundle: bool, required: bool = True) -> None:
+    g = p.add_mutually_exclusive_group(required=required)
     g.add_argument("--prometheus", metavar="URL", help="Prometheus (or Thanos/Mimir) base URL")
     g.add_argument("--scrape", metavar="URL", nargs="+", help="/metrics URL(s), one per process/rank")
     if bundle:
@@ -97,6 +98,74 @@ def build_record_parser() -> argparse.ArgumentParser:
                    help="bundle to write (.kvb); - writes to stdout")
     p.add_argument("--force", action="store_true", help="replace an existing bundle file")
     return p
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Primary rows (and cpu_bytes_to_use) for a target restore coverage, "
+                            "from a window's held prefixes, concurrency and row bytes, with the "
+                            "reasoning and the coverage predicted at other row counts. Without a "
+                            "source: from --held-tokens, --concurrency and --chunk-tokens.",
+                epilog="coverage = tokens restored / tokens the tiers held for re-asked prefixes. "
+                       "Exit codes: 0 planned, 2 could not plan, 3 the target is out of reach "
+                       "with rows alone (losses rows do not fix).")
+    _add_source_args(p, bundle=True, required=False)
+    p.add_argument("--target", default="99%", metavar="COVERAGE",
+                   help="coverage to plan for: 99%%, 99 or 0.99 (default 99%%)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--predict", type=int, nargs="+", default=(), metavar="ROWS",
+                   help="also predict the coverage of these row counts")
+    for flag, kind, what in (
+            ("--held-tokens", int, "tokens the tiers hold per re-asked prefix (replaces the window's mean)"),
+            ("--concurrency", float, "restores asking for rows at once (replaces the window's estimate)"),
+            ("--chunk-tokens", int, "tokens per offloaded chunk (kvscope_info chunk_tokens)"),
+            ("--kv-groups", int, "KV-cache groups of the model (one row per group per chunk)"),
+            ("--rows", int, "the primary tier's rows now (kvscope_primary_rows)"),
+            ("--row-bytes", int, "bytes of one primary-tier row (kvscope_primary_row_bytes)"),
+            ("--reserve-rows", int, "headroom for in-flight stores (default: one step's store job)"),
+            ("--step-tokens", int, "max_num_batched_tokens (sizes the default headroom)")):
+        p.add_argument(flag, type=kind, metavar="N", help=what)
+    return p
+
+
+def parse_target(text: str) -> float:
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise DiagnoseError(f"bad --target {text!r} (expected e.g. 99%, 99 or 0.99)") from None
+    if v > 1 and not t.endswith("%"):
+        v /= 100
+    if not 0 < v <= 1:
+        raise DiagnoseError(f"--target {text!r} must be above 0 and at most 100 %")
+    return v
+
+
+def _plan(argv: list[str]) -> int:
+    from .plan_inputs import Given, read_inputs
+    from .plan_report import format_plan, plan_to_json
+    from .planner import make_plan
+
+    args = build_plan_parser().parse_args(argv)
+    target = parse_target(args.target)
+    given = Given(held_tokens=args.held_tokens, concurrency=args.concurrency,
+                  chunk_tokens=args.chunk_tokens, kv_groups=args.kv_groups, rows=args.rows,
+                  row_bytes=args.row_bytes, reserve_rows=args.reserve_rows,
+                  step_tokens=args.step_tokens)
+    if args.scrape or args.prometheus or args.bundle:
+        ev = build_evidence(load_source(args))
+    else:
+        given_opts = [f"--{k}" for k in ("since", "start", "end", "selector", "interval",
+                                         "timeout", "deadline") if getattr(args, k, None)]
+        if given_opts:
+            verb = "apply" if len(given_opts) > 1 else "applies"
+            raise DiagnoseError(f"{'/'.join(given_opts)} only {verb} with a source (--scrape, "
+                                "--prometheus or --bundle)")
+        ev = None
+    plan = make_plan(read_inputs(ev, given), target, tuple(args.predict))
+    sys.stdout.write(plan_to_json(plan) + "\n" if args.json else format_plan(plan))
+    sys.stdout.flush()
+    return 0 if plan.reachable else EXIT_INCONCLUSIVE
 
 
 def load_source(args, now: float | None = None) -> RawWindow:
@@ -162,6 +231,8 @@ def _record(argv: list[str]) -> int:
 def _run(argv: list[str]) -> int:
     if argv and argv[0] == "record":
         return _record(argv[1:])
+    if argv and argv[0] == "plan":
+        return _plan(argv[1:])
     args = build_parser().parse_args(argv)
     th = _thresholds(args)
     if args.plot:

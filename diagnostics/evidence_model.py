@@ -191,6 +191,9 @@ class RestoreCoverage:
     latest round a promotion without a free row cut short (``kvscope_last_ceiling_round_*``)."""
 
     held_tokens: Quantity = ABSENT
+    # ended rounds whose request the tiers held at least one chunk of (the coverage
+    # histogram's _count): the restores held_tokens is summed over
+    held_rounds: Quantity = ABSENT
     short_rounds: dict[str, Quantity] = field(default_factory=dict)  # ShortReason value
     short_tokens: dict[str, Quantity] = field(default_factory=dict)  # ShortReason value
     ceiling_rounds: dict[str, Quantity] = field(default_factory=dict)  # CeilingForm value

@@ -84,6 +84,7 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
     }),
     "coverage": (RestoreCoverage, {
         "held_tokens": Read(S.RESTORE_HELD_TOKENS),
+        "held_rounds": Read(S.RESTORE_COVERAGE.name + "_count"),
         "short_rounds": Read(S.RESTORE_SHORT_ROUNDS, S.L_REASON),
         "short_tokens": Read(S.RESTORE_SHORT_TOKENS, S.L_REASON),
         "ceiling_rounds": Read(S.RESTORE_CEILING_ROUNDS, S.L_FORM),

@@ -1,0 +1,249 @@
+"""``kv-diagnose plan`` against vLLM's scheduler: does the planned row count reach the target?
+
+    python benchmarks/plan_verify.py                      # CPU, ~2 minutes
+    python benchmarks/plan_verify.py --device cuda --out benchmarks/results/plan_verify_h200.json
+
+The workload (``kvscope.sim.plan_workload.Workload``): ``--concurrency`` prompts of
+``--prompt-tokens`` tokens asked one by one (stored, cascaded to the fs tier), then
+``--waves`` times: a flood that evicts them from the GPU blocks and the primary tier, and
+every prompt re-asked at once, each restoring its prefix from disk through the primary
+tier's rows. Three engines:
+
+1. **window**: ``--window-rows`` primary rows (default: half of what every restore at once
+   needs: the concurrency form of the capacity ceiling). kvscope's exporter is scraped after
+   the last wave, and ``kv-diagnose plan``'s parser, model and formatter turn that window into
+   a row count for ``--target`` coverage (default 99 %) and predictions;
+2. **plan**: the planned rows; 3. **plan - 10 %**: 10 % fewer rows.
+
+Coverage measured = engine truth, never kvscope's counters: tokens vLLM loaded from the
+connector for each re-ask (its ``num_external_cached_tokens``) / tokens the tiers held for
+the re-asked prefix right before it (read from the tiers themselves,
+``oracle_truth.held_tokens``), summed over every re-ask. Checked: the plan's coverage
+reaches the target, 10 % fewer rows miss it, and the prediction is within
+``--max-error`` (5 points) of the measured coverage at both sizes.
+
+CPU: vLLM's real scheduler and tiering manager, CPU copies for the GPU's DMA
+(``kvscope.sim.cpu_engine``), the fs tier's I/O settled every step. ``--device cuda``: each
+engine is ``vllm.LLM`` in its own process (a tiny Llama with dummy weights built on the spot
+and the step driver, both imported from ``gpu_oracle.py``; ``TieringOffloadingSpec`` with an
+fs tier under ``--fs-root``), the fs tier's threads racing the steps as on a server; the
+last two engines run at once on the one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+DEFAULT_OUT = {"cpu": "benchmarks/results/plan_verify_cpu.json",
+               "cuda": "benchmarks/results/plan_verify_h200.json"}
+
+
+def workload(args):
+    from kvscope.sim.plan_workload import Workload
+
+    return Workload(concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
+                    waves=args.waves, step_tokens=args.step_tokens, seed=args.seed)
+
+
+# ---- CPU ------------------------------------------------------------------------------------
+def run_cpu(args) -> dict:
+    from kvscope.sim.plan_workload import verify_cpu
+
+    doc = verify_cpu(workload(args), args.target, args.window_rows or None, args.max_error,
+                     log=lambda msg: print(msg, flush=True))
+    return _stamp(args, doc)
+
+
+def _stamp(args, doc: dict) -> dict:
+    import vllm
+
+    return {"command": "python benchmarks/plan_verify.py " + " ".join(sys.argv[1:]),
+            "device": args.device, "vllm_version": vllm.__version__, **doc}
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def gpu_engine_run(args) -> dict:
+    """One engine (this process): the workload at ``--rows``; with ``--window``, kvscope's
+    exporter scraped after the last wave, written as a bundle beside ``--out``."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler in this process
+    from types import SimpleNamespace
+
+    from gpu_oracle import ROW_BYTES, Driver, _free_port, make_model
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    from kvscope.sim.oracle_truth import held_tokens, request_keys, tier_lookup
+    from kvscope.sim.plan_workload import ASK_TOKENS, CHUNK
+
+    work = workload(args)
+    t0 = time.monotonic()
+    d = tempfile.mkdtemp(prefix="kvscope-plan-model-")
+    max_len = max(4096, work.prompt_tokens + 64)
+    make_model(d, 1, max_len)
+    fs = tempfile.mkdtemp(prefix=f"plan-{args.rows}-", dir=args.fs_root)
+    port = _free_port()
+    ktc = KVTransferConfig(
+        kv_connector="ObservedOffloadingConnector", kv_connector_module_path="kvscope.connector",
+        kv_role="kv_both", kv_load_failure_policy="recompute",
+        kv_connector_extra_config={
+            "cpu_bytes_to_use": args.rows * ROW_BYTES[1], "block_size": CHUNK,
+            "spec_name": "TieringOffloadingSpec",
+            "secondary_tiers": [{"type": "fs", "root_dir": fs, "n_read_threads": 4,
+                                 "n_write_threads": 4}],
+            "kvscope": {"exporter_port": port}})
+    llm = LLM(model=d, tokenizer=d, dtype="bfloat16", enforce_eager=True, block_size=CHUNK,
+              num_gpu_blocks_override=work.gpu_blocks, max_model_len=max_len,
+              max_num_batched_tokens=work.step_tokens, gpu_memory_utilization=0.1,
+              kv_transfer_config=ktc, enable_prefix_caching=True,
+              max_num_seqs=max(8, work.concurrency), load_format="dummy", seed=0)
+    up = time.monotonic() - t0
+    drv = Driver(llm)
+    shim = SimpleNamespace(connector=drv.sched.connector,
+                           _block_hasher=drv.core.request_block_hasher,
+                           cfg=SimpleNamespace(kv_groups=1))
+    holds = tier_lookup(shim)
+    budget = work.step_budget()
+    prompts = work.prompts()
+    for p in prompts:
+        drv.run([p], ASK_TOKENS, budget)
+        drv.idle()
+    keys = [request_keys(shim, p) for p in prompts]
+    waves = []
+    for w in range(work.waves):
+        for f in work.flood_prompts(w):
+            drv.run([f], 1, budget)
+        drv.idle()
+        held = [held_tokens(k, holds, len(p), CHUNK, None)
+                for k, p in zip(keys, prompts, strict=True)]
+        got = drv.run(prompts, ASK_TOKENS, budget)
+        waves.append({"held": held, "restored": [g["restored"] for g in got],
+                      "finished": all(g["finished"] for g in got)})
+        drv.idle()
+    out = {"rows": args.rows, "row_bytes": ROW_BYTES[1], "waves": waves, "engine_up_s": round(up, 1)}
+    if args.window:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        from kvscope.diagnostics.bundle import write_bundle
+        from kvscope.diagnostics.scrape import scrape_window
+        from kvscope.exporters.prometheus import start_exporter
+
+        url = start_exporter([drv.sched.connector.kvscope_recorder,
+                              get_kv_transfer_group().kvscope_recorder], 0).url
+        out["bundle"] = args.out + ".kvb"
+        write_bundle(scrape_window([url], 0.5), out["bundle"], force=True)
+    held = sum(sum(w["held"]) for w in waves)
+    restored = sum(min(r, h) for w in waves for r, h in zip(w["restored"], w["held"], strict=True))
+    out.update(held_tokens=held, restored_tokens=restored,
+               coverage=restored / held if held else None,
+               restores=sum(len(w["held"]) for w in waves),
+               restores_whole=sum(1 for w in waves for r, h in zip(w["restored"], w["held"],
+                                                                     strict=True) if h and r >= h),
+               seconds=round(time.monotonic() - t0, 1))
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+def _spawn(args, rows: int, out: str, window: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, os.path.abspath(__file__), "engine", "--rows", str(rows), "--out", out,
+           "--concurrency", str(args.concurrency), "--prompt-tokens", str(args.prompt_tokens),
+           "--waves", str(args.waves), "--step-tokens", str(args.step_tokens),
+           "--seed", str(args.seed), "--fs-root", args.fs_root]
+    if window:
+        cmd.append("--window")
+    log = open(out + ".log", "w")  # noqa: SIM115  the child's; closed with the process
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(procs: dict[str, tuple[subprocess.Popen, str]], deadline: float) -> dict[str, dict]:
+    got = {}
+    for label, (proc, out) in procs.items():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode != 0 or not os.path.exists(out):
+            with open(out + ".log") as f:
+                tail = f.read()[-3000:]
+            raise SystemExit(f"{label} engine failed (rc={proc.returncode}):\n{tail}")
+        with open(out) as f:
+            got[label] = json.load(f)
+    return got
+
+
+def run_gpu(args) -> dict:
+    from kvscope.diagnostics.bundle import read_bundle
+    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+    from kvscope.sim.plan_workload import check_sizes, judge, plan_window
+
+    work = workload(args)
+    window_rows = args.window_rows or work.concurrency * work.chunks // 2
+    deadline = time.monotonic() + args.deadline_s
+    tmp = tempfile.mkdtemp(prefix="kvscope-plan-verify-")
+    os.makedirs(args.fs_root, exist_ok=True)
+    win_out = os.path.join(tmp, "window.json")
+    win = _wait({"window": (_spawn(args, window_rows, win_out, window=True), win_out)},
+                deadline)["window"]
+    print(f"window: {window_rows} rows, measured coverage {win['coverage']:.3f}", flush=True)
+    plan = plan_window(read_bundle(win["bundle"]), args.target)
+    procs = {}
+    for label, rows in check_sizes(plan).items():
+        out = os.path.join(tmp, f"{label.replace(' ', '').replace('%', 'pct')}.json")
+        procs[label] = (_spawn(args, rows, out), out)
+    runs = _wait(procs, deadline)
+    for label, run in runs.items():
+        print(f"{label}: {run['rows']} rows, measured coverage {run['coverage']:.3f}", flush=True)
+    sizes, checks = judge(plan, runs, args.target, args.max_error)
+    return _stamp(args, {"workload": work.as_dict(), "target": args.target,
+                         "max_error": args.max_error, "window": win,
+                         "plan": plan_to_dict(plan), "plan_text": format_plan(plan),
+                         "sizes": sizes, "runs": runs, "checks": checks,
+                         "passed": all(checks.values())})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", nargs="?", default="verify", choices=("verify", "engine"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--waves", type=int, default=1)
+    ap.add_argument("--step-tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--window-rows", type=int, default=0,
+                    help="rows of the window's engine (default: half of all restores at once)")
+    ap.add_argument("--target", type=float, default=0.99)
+    ap.add_argument("--max-error", type=float, default=0.05)
+    ap.add_argument("--fs-root", default=os.path.join(os.getcwd(), ".gpu-fs"))
+    ap.add_argument("--deadline-s", type=float, default=540)
+    ap.add_argument("--rows", type=int, help="engine mode: primary rows")
+    ap.add_argument("--window", action="store_true", help="engine mode: scrape kvscope after")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if args.mode == "engine":
+        gpu_engine_run(args)
+        return 0
+    args.out = args.out or DEFAULT_OUT[args.device]
+    doc = run_gpu(args) if args.device == "cuda" else run_cpu(args)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(doc["plan_text"])
+    print(json.dumps({"sizes": doc["sizes"], "checks": doc["checks"], "passed": doc["passed"]},
+                     indent=1))
+    return 0 if doc["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The coverage model of ``kv-diagnose plan``: how many primary rows a target coverage needs.
+
+**Coverage** is the share of the re-asked prefixes' held tokens that were restored rather
+than recomputed: tokens the connector loaded from the offload tiers / tokens the tiers held
+for those prefixes when each lookup round ended (kvscope's ``kvscope_hit_tokens_total /
+kvscope_restore_held_tokens_total``; the CPU check reads the same from vLLM and the tiers).
+
+**The model.** A restore from disk pins one primary row per chunk of its held prefix in every
+KV group (``k = groups x ceil(held tokens / chunk tokens)`` rows) from its promotion until its
+load: every restore asking at the same time needs its rows at once. vLLM gives the rows first
+come, first served; a restore whose promotion finds no free row is cut there, for a request
+asked at once with others at its first chunk (0 tokens: all recomputed, the concurrency form
+of the capacity ceiling). So with ``C`` restores asking at once, ``R`` rows restore
+``floor(R / k)`` of them whole and the coverage is ``min(1, floor(R / k) / C)``, times the
+share of held tokens lost for reasons rows do not fix (vLLM's load cap, quarantined keys). A
+restore that finds only part of its rows free is deferred; it gets the rest when the others'
+loads free theirs, or is cut when a recompute's stores take them first (a race, measured both
+ways on the CPU harness): the prediction is the lower bound, with that one restore as its
+upper bound (``ceil(R / k) / C``).
+
+**C from a window.** The restores seen at once (latest-value gauges: a lower bound), and, when
+the row ceiling cut restores, the ``C`` that explains the coverage measured: ``floor(R_now / k)``
+whole restores out of ``C`` left ``1 - floor(R_now / k) / C`` of the held tokens to the row
+ceiling, so ``C = floor(R_now / k) / (1 - row-ceiling share)``. The larger is taken.
+
+**The plan.** ``n = ceil(target x C)`` restores whole at once, so ``n x k`` rows (at least the
+largest restore seen), plus headroom for one step's store job (``groups x ceil(
+max_num_batched_tokens / chunk tokens)`` rows a prefill step stores, pinned until written):
+``cpu_bytes_to_use = rows x row bytes``. Checked against vLLM's scheduler on CPU:
+``benchmarks/plan_verify.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .classifiers._common import n, nbytes
+from .model import DiagnoseError
+from .plan_model import Fact, Plan, PlanInputs, Prediction, Step
+
+DEFAULT_TARGET = 0.99
+SHORT_BY = 0.10  # the plan is also predicted at this much fewer rows
+EPS = 1e-9
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def count(x: float, word: str) -> str:
+    """``12 rows``, ``1 row``."""
+    return f"{n(x)} {word}{'' if x == 1 else 's'}"
+
+
+def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float) -> int:
+    """Rows one restore of ``held_tokens`` pins at once: a chunk of every KV group per row."""
+    return int(kv_groups) * max(1, math.ceil(held_tokens / chunk_tokens - EPS))
+
+
+def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0
+                ) -> tuple[float, float]:
+    """(predicted coverage, upper bound) of ``rows`` primary rows for ``concurrency``
+    restores of ``k`` rows asking at once (see the module docstring)."""
+    keep = 1.0 - other_loss
+    c = max(concurrency, 1.0)
+    if rows < k:  # not one restore fits: truncated to the rows at best (or livelocked)
+        return 0.0, keep * min(1.0, rows / k / c)
+    return (keep * min(1.0, (rows // k) / c),
+            keep * min(1.0, math.ceil(rows / k - EPS) / c))
+
+
+def _v(f: Fact | None, default: float = 0.0) -> float:
+    return f.value if f is not None else default
+
+
+def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
+              predict: tuple[int, ...] = ()) -> Plan:
+    """The primary rows (and cpu_bytes_to_use) for ``target`` coverage, with its reasoning
+    and the coverage predicted at the rows now, the plan, 10 % fewer and ``predict``."""
+    if not 0 < target <= 1:
+        raise DiagnoseError(f"--target must be in (0, 1] or (0 %, 100 %] (got {target:g})")
+    i = inputs
+    if i.held_per_restore is None:
+        raise DiagnoseError("cannot plan: the window has no restore the tiers held a prefix "
+                            "for; pass --held-tokens (and --concurrency) for the load you expect")
+    if i.chunk_tokens is None:
+        raise DiagnoseError("cannot plan: tokens per chunk unknown (kvscope_info has no "
+                            "chunk_tokens); pass --chunk-tokens")
+    steps: list[Step] = []
+    notes = list(i.notes)
+    g, t, h = int(i.kv_groups.value), i.chunk_tokens.value, i.held_per_restore.value
+    groups = f"{g} KV group{'s' if g != 1 else ''}"
+    if i.restores is not None and i.held_per_restore.source != "--held-tokens":
+        steps.append(Step("held prefix per restore",
+                          f"{n(h * i.restores.value)} tokens held / {count(i.restores.value, 'restore')}",
+                          f"{n(round(h, 1))} tokens"))
+    k = rows_per_restore(h, t, g)
+    steps.append(Step("rows per restore", f"k = {groups} × ⌈{n(round(h, 1))} / {n(t)} tokens "
+                      "per chunk⌉", count(k, "row")))
+    largest = int(_v(i.largest_rows))
+    if largest > k:
+        notes.append(f"the largest restore seen needed {n(largest)} rows ({i.largest_rows.source}),"
+                     f" more than the mean's {n(k)}: restores differ in length; the plan keeps "
+                     "room for the largest, the coverage model counts mean-sized restores")
+
+    c, other = _concurrency(i, k, steps, notes), _v(i.other_loss)
+    keep = 1.0 - other
+    if other > 0:
+        steps.append(Step("lost whatever the rows", "load cap, other (of held tokens)", pct(other)))
+    reachable = target <= keep + EPS
+    whole = math.ceil(c - EPS)
+    if reachable:
+        need = min(whole, max(1, math.ceil(target / keep * c - EPS)))
+        steps.append(Step(f"restores whole at once for {pct(target)}",
+                          f"⌈{pct(target)}{f' / {pct(keep)}' if other else ''} × {n(round(c, 2))}⌉",
+                          n(need)))
+    else:
+        need = whole
+        notes.append(f"{pct(target)} is out of reach with rows alone: {pct(other)} of the held "
+                     f"tokens are lost for reasons rows do not fix; planned for every restore "
+                     f"whole ({pct(keep)})")
+        steps.append(Step("restores whole at once (all)", f"⌈{n(round(c, 2))}⌉", n(need)))
+    reserve = _reserve(i, g, t, steps, notes)
+    base = max(need * k, largest, k)
+    rows = base + reserve
+    how = (f"{n(need)} × {n(k)}" if base == need * k else f"the largest restore, {n(largest)}")
+    steps.append(Step("primary rows", f"{how} + {n(reserve)} headroom", n(rows)))
+    cpu_bytes = None
+    if i.row_bytes is not None:
+        rb = int(i.row_bytes.value)
+        cpu_bytes = rows * rb
+        steps.append(Step("cpu_bytes_to_use", f"{n(rows)} rows × {nbytes(rb)} ({i.row_bytes.source})",
+                          f"≥ {cpu_bytes} ({nbytes(cpu_bytes)})"))
+    else:
+        notes.append("row bytes unknown (kvscope_primary_row_bytes missing): cpu_bytes_to_use = "
+                     "rows × row bytes; pass --row-bytes")
+
+    if (i.coverage_now is not None and i.coverage_now.value >= target - EPS
+            and _v(i.row_loss) == 0 and i.rows_now is not None):
+        notes.append(f"the window's coverage ({pct(i.coverage_now.value)}) already reaches the "
+                     f"target with {n(i.rows_now.value)} rows: the plan is the model's size for "
+                     "the restores seen at once (a lower bound), not a change to make")
+    preds = []
+    seen: set[int] = set()
+
+    def add(r: int, label: str, measured: float | None = None) -> None:
+        if r <= 0 or r in seen:
+            return
+        seen.add(r)
+        lo, hi = coverage_at(r, k, c, other)
+        preds.append(Prediction(r, lo, hi, label, measured))
+
+    if i.rows_now is not None:
+        add(int(i.rows_now.value), "now", i.coverage_now.value if i.coverage_now else None)
+    add(rows, "plan")
+    add(math.floor(rows * (1 - SHORT_BY)), f"plan - {SHORT_BY:.0%}")
+    for r in predict:
+        add(int(r), "asked")
+    return Plan(inputs=i, target=target, rows_per_restore=k, concurrency=c, reserve=reserve,
+                restores_needed=need, rows=rows, cpu_bytes=cpu_bytes, reachable=reachable,
+                steps=tuple(steps), predictions=tuple(sorted(preds, key=lambda p: p.rows)),
+                notes=tuple(notes))
+
+
+def _concurrency(i: PlanInputs, k: int, steps: list[Step], notes: list[str]) -> float:
+    """C: restores asking for rows at once (see the module docstring)."""
+    if i.concurrency_given is not None:
+        c = i.concurrency_given.value
+        steps.append(Step("restores asking at once", "--concurrency", f"C = {n(c)}"))
+        return c
+    seen = _v(i.concurrency_seen)
+    parts = [f"{n(seen)} seen at once ({i.concurrency_seen.source})"] if seen else []
+    fit = 0.0
+    row_loss, rows_now = _v(i.row_loss), int(_v(i.rows_now))
+    if row_loss > 0 and rows_now >= k:
+        fitting = rows_now // k
+        steps.append(Step("restores the tier holds whole now", f"⌊{n(rows_now)} rows / {n(k)}⌋",
+                          n(fitting)))
+        steps.append(Step("coverage the row ceiling left", f"1 - {pct(row_loss)} of held "
+                          "tokens cut by a promotion without a free row", pct(1 - row_loss)))
+        fit = fitting / (1 - row_loss) if row_loss < 1 else float(fitting + 1)
+        parts.append(f"{n(fitting)} / {pct(1 - row_loss)} = {n(round(fit, 2))} to explain the cut")
+    elif row_loss > 0:
+        notes.append(f"one restore needs {n(k)} rows, more than the {n(rows_now)} the tier has "
+                     "(the truncated form): how many ask at once is known only from the gauges")
+    elif i.coverage_now is not None:
+        notes.append("no restore was cut by the row ceiling in the window: restores asking at "
+                     "once are known only from latest-value gauges (a lower bound); pass "
+                     "--concurrency for the load you expect")
+    c = max(seen, fit, 1.0)
+    if not parts:
+        parts = ["none seen: 1"]
+    steps.append(Step("restores asking at once", "C = max(" + "; ".join(parts) + ")",
+                      f"C = {n(round(c, 2))}"))
+    return c
+
+
+def _reserve(i: PlanInputs, g: int, t: float, steps: list[Step], notes: list[str]) -> int:
+    if i.reserve_given is not None:
+        r = int(i.reserve_given.value)
+        steps.append(Step("headroom for stores", "--reserve-rows", count(r, "row")))
+        return r
+    if i.step_tokens is None:
+        notes.append("max_num_batched_tokens unknown: no headroom for in-flight stores "
+                     "(pass --reserve-rows or --step-tokens)")
+        return 0
+    r = g * math.ceil(i.step_tokens.value / t - EPS)
+    steps.append(Step("headroom for one step's stores", f"{g} × ⌈{n(i.step_tokens.value)} "
+                      f"tokens per step / {n(t)}⌉", count(r, "row")))
+    return r

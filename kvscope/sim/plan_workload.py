@@ -1,0 +1,227 @@
+"""The workload ``kv-diagnose plan`` is checked on: waves of concurrent re-asks of long prompts.
+
+One :class:`Workload` on one CPU engine (:mod:`kvscope.sim.cpu_engine`, vLLM's real
+scheduler, the tiering manager with its CPU primary tier and the fs tier): ask
+``concurrency`` prompts one by one (each is stored and cascades to disk), then
+``waves`` times: flood the GPU blocks and the primary tier with other prompts, take the
+truth of what the tiers hold for each prompt, re-ask every prompt at once. Each re-ask
+restores its prefix from disk through the primary tier's rows, all of them at the same
+time: the concurrency form of the capacity ceiling when the rows are too few.
+
+The truth (:class:`WaveTruth`) is the engine's, never kvscope's counters: ``held`` from
+the tiers themselves before the re-ask (``oracle_truth.held_tokens``: the tokens a full
+restore would give), ``restored`` from vLLM's scheduler (the re-ask's
+``num_external_cached_tokens``: tokens the connector loaded instead of computing).
+Coverage = restored / held, summed over every re-ask of every wave.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
+
+CHUNK = 16  # tokens per block = per offloaded chunk
+ASK_TOKENS = 2  # tokens each ask generates
+SCRAPE_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Workload:
+    concurrency: int = 24  # prompts re-asked at once
+    prompt_tokens: int = 2048
+    waves: int = 1  # times every prompt is re-asked together (a flood before each)
+    step_tokens: int = 256  # max_num_batched_tokens
+    seed: int = 0
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.prompt_tokens // CHUNK)
+
+    @property
+    def gpu_blocks(self) -> int:
+        """GPU blocks for every re-ask at once, and a little more."""
+        return self.concurrency * (self.chunks + 2) + 16
+
+    @property
+    def floods(self) -> int:
+        """Prompts that push every re-asked prompt out of the GPU prefix cache."""
+        return self.gpu_blocks // self.chunks + 1
+
+    def prompts(self) -> list[list[int]]:
+        return [prompt(self.seed * 10_000 + i, self.prompt_tokens) for i in range(self.concurrency)]
+
+    def flood_prompts(self, wave: int) -> list[list[int]]:
+        base = self.seed * 10_000 + 5_000 + wave * 1_000
+        return [prompt(base + i, self.prompt_tokens) for i in range(self.floods)]
+
+    def engine_config(self, rows: int, **over) -> EngineConfig:
+        cfg = EngineConfig(rows=rows, tiering=True, block_size=CHUNK,
+                           num_gpu_blocks=self.gpu_blocks,
+                           max_num_batched_tokens=self.step_tokens,
+                           max_num_seqs=max(8, self.concurrency),
+                           max_model_len=max(4096, self.prompt_tokens + 64))
+        for k, v in over.items():
+            setattr(cfg, k, v)
+        return cfg
+
+    def step_budget(self) -> int:
+        """Steps one wave may take: prefilling every prompt from scratch, four times."""
+        return 4 * -(-self.concurrency * self.prompt_tokens // self.step_tokens) + 200
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class WaveTruth:
+    held: list[int]  # per re-ask: tokens the tiers held for its prefix right before it
+    restored: list[int] = field(default_factory=list)  # per re-ask: tokens vLLM loaded
+    finished: bool = True
+
+
+@dataclass
+class RunResult:
+    rows: int
+    row_bytes: int
+    waves: list[WaveTruth]
+    seconds: float
+    window: object | None = None  # the kvscope exporter's RawWindow, when asked for
+
+    @property
+    def held(self) -> int:
+        return sum(sum(w.held) for w in self.waves)
+
+    @property
+    def restored(self) -> int:
+        return sum(min(r, h) for w in self.waves for r, h in zip(w.restored, w.held, strict=True))
+
+    @property
+    def coverage(self) -> float | None:
+        """Engine truth: tokens restored / tokens the tiers held, over every re-ask."""
+        return self.restored / self.held if self.held else None
+
+    @property
+    def restores_whole(self) -> int:
+        return sum(1 for w in self.waves for r, h in zip(w.restored, w.held, strict=True)
+                   if h and r >= h)
+
+    def as_dict(self) -> dict:
+        return {"rows": self.rows, "row_bytes": self.row_bytes, "held_tokens": self.held,
+                "restored_tokens": self.restored, "coverage": self.coverage,
+                "restores": sum(len(w.held) for w in self.waves),
+                "restores_whole": self.restores_whole,
+                "waves": [asdict(w) for w in self.waves], "seconds": round(self.seconds, 1)}
+
+
+def run_cpu(work: Workload, rows: int, *, window: bool = False) -> RunResult:
+    """Run ``work`` on a CPU engine of ``rows`` primary rows; ``window``: also scrape
+    kvscope's exporter after the last wave (the RawWindow ``kv-diagnose plan`` reads)."""
+    from kvscope.sim.oracle_truth import held_tokens, request_keys, tier_lookup
+
+    t0 = time.monotonic()
+    engine = CPUEngine(work.engine_config(rows))
+    try:
+        holds = tier_lookup(engine)
+        prompts = work.prompts()
+        for p in prompts:
+            engine.generate(p, ASK_TOKENS, max_steps=work.step_budget())
+            engine.drain()
+        keys = [request_keys(engine, p) for p in prompts]
+        waves = []
+        for w in range(work.waves):
+            for f in work.flood_prompts(w):
+                engine.generate(f, 1, max_steps=work.step_budget())
+                engine.drain()
+            truth = WaveTruth(held=[held_tokens(k, holds, len(p), CHUNK, None)
+                                    for k, p in zip(keys, prompts, strict=True)])
+            rids = [engine.add_request(p, ASK_TOKENS) for p in prompts]
+            try:
+                engine.run_until_done(rids, max_steps=work.step_budget())
+            except TimeoutError:
+                truth.finished = False
+            truth.restored = [engine.finished[r].num_external_tokens if r in engine.finished
+                              else 0 for r in rids]
+            engine.drain()
+            waves.append(truth)
+        raw = _scrape(engine) if window else None
+        return RunResult(rows, engine.row_bytes, waves, time.monotonic() - t0, raw)
+    finally:
+        engine.close()
+
+
+def _scrape(engine: CPUEngine):
+    from kvscope.diagnostics.scrape import scrape_window
+    from kvscope.exporters.prometheus import start_exporter
+
+    engine.refresh()
+    exporter = start_exporter([engine.connector.kvscope_recorder]
+                              + [r.connector.kvscope_recorder for r in engine.ranks], 0)
+    try:
+        return scrape_window([exporter.url], SCRAPE_INTERVAL_S)
+    finally:
+        exporter.close()
+
+
+# ---- the check: plan from a window, then the planned size and 10 % fewer -------------------
+def plan_window(raw, target: float):
+    """``kv-diagnose plan`` on a RawWindow: its parser, model (the formatter reads the result)."""
+    from kvscope.diagnostics.evidence import build_evidence
+    from kvscope.diagnostics.plan_inputs import read_inputs
+    from kvscope.diagnostics.planner import make_plan
+
+    return make_plan(read_inputs(build_evidence(raw)), target)
+
+
+def check_sizes(plan) -> dict[str, int]:
+    """The row counts the plan is checked at: its own, and 10 % fewer."""
+    import math
+
+    from kvscope.diagnostics.planner import SHORT_BY
+
+    return {"plan": plan.rows, "plan - 10 %": math.floor(plan.rows * (1 - SHORT_BY))}
+
+
+def judge(plan, runs: dict[str, dict], target: float, max_error: float) -> tuple[dict, dict]:
+    """Predicted vs measured coverage at each checked size (``runs``: label -> a run's
+    ``as_dict()``), and the checks: the plan reaches ``target``, 10 % fewer rows miss it,
+    the prediction is within ``max_error`` at both."""
+    from kvscope.diagnostics.planner import coverage_at
+
+    other = plan.inputs.other_loss.value if plan.inputs.other_loss else 0.0
+    sizes, checks = {}, {}
+    for label, run in runs.items():
+        lo, hi = coverage_at(run["rows"], plan.rows_per_restore, plan.concurrency, other)
+        meas = run["coverage"]
+        err = abs(lo - meas) if meas is not None else None
+        sizes[label] = {"rows": run["rows"], "predicted": lo, "up_to": hi, "measured": meas,
+                        "error": err,
+                        "within_range": meas is not None and lo - 1e-9 <= meas <= hi + 1e-9}
+        checks[f"{label}: prediction error <= {max_error:g}"] = err is not None and err <= max_error
+    plan_cov, short_cov = runs["plan"]["coverage"], runs["plan - 10 %"]["coverage"]
+    checks[f"plan: measured >= target {target:g}"] = plan_cov is not None and plan_cov >= target - 1e-9
+    checks[f"plan - 10 %: measured < target {target:g}"] = short_cov is not None and short_cov < target
+    return sizes, checks
+
+
+def verify_cpu(work: Workload, target: float = 0.99, window_rows: int | None = None,
+               max_error: float = 0.05, log=None) -> dict:
+    """The whole check on CPU engines: a window at ``window_rows`` (default: half of every
+    restore at once), the plan from it, the engine at the planned rows and at 10 % fewer."""
+    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+
+    say = log or (lambda _msg: None)
+    window_rows = window_rows or work.concurrency * work.chunks // 2
+    win = run_cpu(work, window_rows, window=True)
+    say(f"window: {window_rows} rows, measured coverage {win.coverage:.3f} ({win.seconds:.0f} s)")
+    plan = plan_window(win.window, target)
+    runs = {}
+    for label, rows in check_sizes(plan).items():
+        runs[label] = run_cpu(work, rows).as_dict()
+        say(f"{label}: {rows} rows, measured coverage {runs[label]['coverage']:.3f} "
+            f"({runs[label]['seconds']:.0f} s)")
+    sizes, checks = judge(plan, runs, target, max_error)
+    return {"workload": work.as_dict(), "target": target, "max_error": max_error,
+            "window": win.as_dict(), "plan": plan_to_dict(plan), "plan_text": format_plan(plan),
+            "sizes": sizes, "runs": runs, "checks": checks, "passed": all(checks.values())}

@@ -1,0 +1,222 @@
+"""kv-diagnose plan: parser, coverage model and formatter apart (ray-status style), the CLI.
+
+The window below is what a CPU engine of the plan's check exported (``kvscope.sim.plan_workload``:
+24 prompts of 2,048 tokens re-asked at once, twice, on 1,536 rows: half of them restored whole).
+Its engine-level counterpart, against vLLM's scheduler: ``tests/connector/test_plan_verify.py``.
+
+Regenerate the golden files after an intended change:
+KVSCOPE_UPDATE_GOLDEN=1 pytest tests/diagnostics/test_plan.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kvscope.diagnostics.bundle import read_bundle, write_bundle
+from kvscope.diagnostics.cli import main
+from kvscope.diagnostics.evidence import build_evidence
+from kvscope.diagnostics.model import DiagnoseError
+from kvscope.diagnostics.plan_inputs import Given, read_inputs
+from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+from kvscope.diagnostics.planner import coverage_at, make_plan, rows_per_restore
+from kvscope.exporters import signals as S
+
+from .support import T0, L, base, info, window
+
+GOLDEN = Path(__file__).parent / "golden"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def concurrency_window(rows: int = 1536, *, loss: int = 49_152, other: int = 0,
+                       vllm: str = "0.26.0") -> dict:
+    d = base(rows=rows)
+    d.pop(info(rows=rows))
+    labels = dict(info(rows=rows, checksum_policy="refuse", chunk_tokens="16",
+                       max_num_batched_tokens="256", world_size="1")[1]) | {"vllm_version": vllm}
+    d[L(S.INFO.name, **labels)] = [1, 1]
+    held = 98_304
+    d |= {
+        S.HIT_TOKENS.name: [held - loss - other] * 2,
+        S.RESTORE_HELD_TOKENS.name: [held] * 2,
+        S.RESTORE_COVERAGE.name + "_count": [48, 48],
+        S.RESTORE_COVERAGE.name + "_sum": [24, 24],
+        L(S.RESTORE_SHORT_TOKENS.name, reason="row_ceiling"): [loss] * 2,
+        L(S.RESTORE_SHORT_ROUNDS.name, reason="row_ceiling"): [loss // 2048] * 2,
+        L(S.RESTORE_SHORT_TOKENS.name, reason="load_cap"): [other] * 2,
+        L(S.RESTORE_CEILING_ROUNDS.name, form="concurrent"): [loss // 2048] * 2,
+        S.LAST_CEILING_ROWS_NEEDED.name: [128, 128],
+        S.LAST_CEILING_HELD_TOKENS.name: [2048, 2048],
+        S.LAST_CEILING_OFFERED_TOKENS.name: [0, 0],
+        S.LAST_CEILING_CONCURRENT_REQUESTS.name: [13, 13],
+        S.LAST_CEILING_CONCURRENT_ROWS.name: [1664, 1664],
+        S.PRIMARY_ROW_BYTES.name: [4096, 4096],
+    }
+    return d
+
+
+def _plan(values: dict, target: float = 0.99, **given):
+    return make_plan(read_inputs(build_evidence(window(values)), Given(**given)), target)
+
+
+def _check(name: str, got: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("KVSCOPE_UPDATE_GOLDEN"):
+        path.write_text(got)
+    assert path.exists(), f"{path} missing: run with KVSCOPE_UPDATE_GOLDEN=1"
+    assert got == path.read_text()
+
+
+# ---- the parser ----------------------------------------------------------------------------
+def test_parser_reads_held_prefixes_concurrency_and_geometry_with_their_sources():
+    i = read_inputs(build_evidence(window(concurrency_window())))
+    assert (i.restores.value, i.held_per_restore.value) == (48, 2048)
+    assert i.restores.source == "kvscope_restore_coverage_ratio_count"
+    assert i.largest_rows.value == 128 and "rows_needed" in i.largest_rows.source
+    assert i.concurrency_seen.value == 13
+    assert (i.coverage_now.value, i.row_loss.value, i.other_loss.value) == (0.5, 0.5, 0.0)
+    assert (i.chunk_tokens.value, i.kv_groups.value, i.rows_now.value) == (16, 1, 1536)
+    assert (i.row_bytes.value, i.step_tokens.value) == (4096, 256)
+    assert i.notes == ()
+
+
+def test_restoring_requests_count_as_concurrency_seen_sample_by_sample():
+    d = concurrency_window() | {
+        L(S.REQUESTS.name, state="deferred"): [20, 3],
+        L(S.REQUESTS.name, state="loading"): [1, 15],
+    }
+    i = read_inputs(build_evidence(window(d)))
+    assert i.concurrency_seen.value == 21  # 20 + 1 at the first sample; 18 at the second
+    assert "kvscope_requests" in i.concurrency_seen.source
+
+
+def test_the_command_line_replaces_the_window():
+    i = read_inputs(build_evidence(window(concurrency_window())),
+                    Given(held_tokens=4096, concurrency=5, row_bytes=8192, rows=100))
+    assert (i.held_per_restore.value, i.held_per_restore.source) == (4096, "--held-tokens")
+    assert i.concurrency_given.value == 5 and i.rows_now.source == "--rows"
+    assert i.row_bytes.value == 8192
+
+
+# ---- the model -----------------------------------------------------------------------------
+def test_rows_per_restore_is_a_row_per_chunk_per_kv_group():
+    assert rows_per_restore(2048, 16, 1) == 128
+    assert rows_per_restore(2049, 16, 2) == 2 * 129  # a partial chunk takes a row
+    assert rows_per_restore(440_000, 1982, 1) == 222
+
+
+@pytest.mark.parametrize("rows, lo, hi", [
+    (1536, 12 / 24, 12 / 24),   # 12 restores whole, the rest cut: the window's 50 %
+    (2779, 21 / 24, 22 / 24),   # 21 whole; a 22nd finds part of its rows (may wait)
+    (3072, 1.0, 1.0),           # every restore at once
+    (100, 0.0, 100 / 128 / 24),  # not one restore fits: truncated at best
+])
+def test_coverage_of_a_row_count(rows, lo, hi):
+    assert coverage_at(rows, 128, 24) == pytest.approx((lo, hi))
+
+
+def test_plan_is_every_restore_at_once_plus_one_steps_stores():
+    p = _plan(concurrency_window())
+    # C: 12 restores fit 1,536 rows whole and left 50 %: 24 ask at once (13 seen)
+    assert (p.rows_per_restore, p.concurrency, p.restores_needed, p.reserve) == (128, 24, 24, 16)
+    assert p.rows == 24 * 128 + 16 and p.cpu_bytes == p.rows * 4096
+    got = {x.label: (x.rows, x.coverage, x.measured) for x in p.predictions}
+    assert got["now"] == (1536, 0.5, 0.5)  # the model explains the window it was fit to
+    assert got["plan"][1] == 1.0
+    assert got["plan - 10%"] == (2779, 21 / 24, None)
+
+
+def test_a_lower_target_needs_fewer_restores_whole():
+    p = _plan(concurrency_window(), target=0.75)
+    assert p.restores_needed == 18 and p.rows == 18 * 128 + 16
+
+
+def test_losses_rows_do_not_fix_make_a_target_out_of_reach():
+    p = _plan(concurrency_window(other=4_000))  # 4 % lost to vLLM's load cap
+    assert not p.reachable and p.restores_needed == p.concurrency
+    assert any("out of reach" in x for x in p.notes)
+    assert _plan(concurrency_window(other=4_000), target=0.9).reachable
+
+
+def test_the_seed_sizing_two_fit_three_do_not():
+    """One 440k-token prefix needs 222 rows; 498 rows hold two restores whole, not three."""
+    p = make_plan(read_inputs(None, Given(held_tokens=440_000, chunk_tokens=1982,
+                                          concurrency=3, rows=498, reserve_rows=8)))
+    assert p.rows_per_restore == 222 and p.rows == 3 * 222 + 8
+    now = next(x for x in p.predictions if x.label == "now")
+    assert now.coverage == pytest.approx(2 / 3)
+
+
+def test_no_restore_in_the_window_cannot_be_planned_without_held_tokens():
+    d = base(rows=8) | {S.RESTORE_HELD_TOKENS.name: [0, 0]}
+    with pytest.raises(DiagnoseError, match="--held-tokens"):
+        _plan(d)
+    p = _plan(d, held_tokens=160, concurrency=2, chunk_tokens=16)
+    assert p.rows == 2 * 10  # no max_num_batched_tokens in this window: no headroom
+    assert any("max_num_batched_tokens unknown" in x for x in p.notes)
+
+
+def test_a_healthy_window_says_its_rows_already_reach_the_target():
+    p = _plan(concurrency_window(loss=0))
+    assert any("already reaches the target" in x for x in p.notes)
+
+
+def test_vllm_033_is_flagged():
+    p = _plan(concurrency_window(vllm="0.33.0"))
+    assert any("checked on vLLM 0.26" in x for x in p.notes)
+
+
+# ---- the formatter: golden text, fixed clock ----------------------------------------------
+def test_golden_text_from_a_window():
+    _check("plan_concurrency.txt", format_plan(_plan(concurrency_window()), now=T0 + 1))
+
+
+def test_golden_text_from_the_command_line():
+    p = make_plan(read_inputs(None, Given(held_tokens=440_000, chunk_tokens=1982, concurrency=3,
+                                          rows=498, row_bytes=2 << 20, reserve_rows=8)))
+    _check("plan_command_line.txt", format_plan(p, now=T0 + 1))
+
+
+def test_json_carries_the_plan_inputs_and_predictions():
+    d = plan_to_dict(_plan(concurrency_window()))
+    assert (d["kind"], d["rows"], d["concurrency"]) == ("plan", 3088, 24)
+    assert d["inputs"]["held_per_restore"] == {
+        "value": 2048.0, "source": "kvscope_restore_held_tokens_total / restores"}
+    assert [p["at"] for p in d["predictions"]] == ["now", "plan - 10%", "plan"]
+    json.dumps(d)
+
+
+# ---- the CLI -------------------------------------------------------------------------------
+def test_cli_plans_from_a_bundle(tmp_path, capsys):
+    path = tmp_path / "w.kvb"
+    write_bundle(window(concurrency_window()), str(path))
+    assert main(["plan", "--bundle", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("======== kv-diagnose plan: ")
+    assert "primary rows      3,088 (now 1,536)" in out
+    assert main(["plan", "--bundle", str(path), "--json", "--target", "75%"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 18 * 128 + 16
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    path = tmp_path / "w.kvb"
+    write_bundle(window(concurrency_window(other=4_000)), str(path))
+    assert main(["plan", "--bundle", str(path)]) == 3  # out of reach with rows alone
+    assert main(["plan"]) == 2
+    assert "needs --held-tokens, --concurrency, --chunk-tokens" in capsys.readouterr().err
+    assert main(["plan", "--bundle", str(path), "--target", "lots"]) == 2
+    assert main(["plan", "--since", "1h", "--held-tokens", "1", "--concurrency", "1",
+                 "--chunk-tokens", "16"]) == 2
+    assert main(["plan", "--held-tokens", "0", "--concurrency", "1", "--chunk-tokens", "16"]) == 2
+
+
+def test_a_recorded_concurrency_scenario_is_planned():
+    """The demo's concurrency scenario (recorded from the CPU harness): 3 restores of 8 rows
+    ask at once, 12 rows; the plan holds all three."""
+    p = make_plan(read_inputs(build_evidence(read_bundle(str(FIXTURES / "concurrency.kvb")))))
+    assert (p.rows_per_restore, p.concurrency, p.rows) == (8, 3, 3 * 8 + 1)
+    now = next(x for x in p.predictions if x.label == "now")
+    assert now.coverage <= now.measured <= now.upper  # 1 whole, the 2nd waited for its rows
