@@ -113,10 +113,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     no refused promotion or eviction is counted from the request's kept row states instead
     (``log.counted``): the cost is per row changed since its last scan, not per key."""
     keys_out, results_out = log.keys, log.results
-    read, places_of, last_answer = reader.read, None, reader.last_answer
-    promoted_retry = reader.promoted_retry
-    if scans is not None:
-        places_of = scans.places
+    read, last_answer, promoted_retry = reader.read, reader.last_answer, reader.promoted_retry
+    places_of = scans.places if scans is not None else None
     add_keys, add_results, add_result = keys_out.extend, results_out.extend, results_out.append
     refusals_out, evictions_out = log.refusals, log.evictions
     hit, miss = compat.HIT, compat.MISS

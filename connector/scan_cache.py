@@ -94,9 +94,6 @@ class DeferredScans:
             kept[5] = len(log)
         return places
 
-    def clear(self) -> None:
-        self._kept.clear()
-
 
 def count(places: list[int], m: int, promoted: int, stopped: bool,
           last_missed: Any) -> tuple[int, int, int, int]:
