@@ -28,6 +28,9 @@ class RequestStates:
         self.deferred: set[str] = set()
         self.loading: set[str] = set()
         self.looked_up: set[str] = set()  # requests with a lookup round this step
+        # deferred requests not asked again since (queued behind capacity): still waiting
+        # on their restore; counted with the restoring ones when the row ceiling cuts one
+        self.parked: set[str] = set()
         # request -> chunk keys its whole prefix covers (once per request)
         self.need: dict[str, int] = {}
         self._chunk_tokens = chunk_tokens  # tokens per chunk of each KV group
@@ -69,6 +72,8 @@ class RequestStates:
         if rid not in need:  # a request's first round only
             need[rid] = self.request_keys(num_tokens)
         self.looked_up.add(rid)
+        if self.parked:
+            self.parked.discard(rid)
         new = DEFERRED if deferred else QUEUED
         old = self.state.get(rid)
         if old is not None and old != new:  # a known request changes state
@@ -102,6 +107,7 @@ class RequestStates:
             elif old == LOADING:
                 self.loading.discard(rid)
         self.need.pop(rid, None)
+        self.parked.discard(rid)
 
     def on_step(self, scheduled: Collection[str], preempted: Any) -> None:
         """A step ended: ``scheduled``, the ids it scheduled; ``preempted``, the ids it
@@ -112,6 +118,7 @@ class RequestStates:
         if self.deferred:
             for rid in [r for r in self.deferred if r not in looked_up]:
                 self.set(rid, QUEUED)
+                self.parked.add(rid)
         looked_up.clear()
         if self.loading and scheduled:  # a loading request vLLM schedules has its KV
             scheduled = set(scheduled)
@@ -122,5 +129,8 @@ class RequestStates:
 
     # ---- readers -------------------------------------------------------------------------
     def restoring_others(self, rid: str) -> list[str]:
-        """Requests other than ``rid`` waiting on a restore (rare: row-ceiling rounds)."""
-        return [r for r, st in self.state.items() if st in _RESTORING and r != rid]
+        """Requests other than ``rid`` waiting on a restore (rare: row-ceiling rounds):
+        deferred, loading, or deferred and not asked again since (parked)."""
+        parked = self.parked
+        return [r for r, st in self.state.items()
+                if (st in _RESTORING or r in parked) and r != rid]

@@ -256,6 +256,7 @@ class RoundVerdicts:
             rec.set(signals.LAST_CEILING_HELD_TOKENS, (), cov.held)
             rec.set(signals.LAST_CEILING_ROWS_NEEDED, (), cov.rows_needed)
             rec.set(signals.LAST_CEILING_CONCURRENT_REQUESTS, (), 1 + len(others))
+            rec.observe(signals.CEILING_CONCURRENT_REQUESTS, (), 1 + len(others))
             rec.set(signals.LAST_CEILING_CONCURRENT_ROWS, (),
                     cov.rows_needed + sum(need.get(r, 0) for r in others))
             # Counted, not only a gauge: an earlier cut round's form must survive later

@@ -201,6 +201,8 @@ class RestoreCoverage:
     ceiling_held: Quantity = ABSENT
     ceiling_rows_needed: Quantity = ABSENT
     ceiling_concurrent_requests: Quantity = ABSENT
+    # the histogram of it, one observation per cut round: le -> cumulative count
+    ceiling_concurrent_buckets: dict[str, Quantity] = field(default_factory=dict)
     ceiling_concurrent_rows: Quantity = ABSENT
 
     def rounds(self, reason: S.ShortReason) -> Quantity:

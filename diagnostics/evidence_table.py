@@ -92,6 +92,7 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
         "ceiling_held": Read(S.LAST_CEILING_HELD_TOKENS, how=MAX),
         "ceiling_rows_needed": Read(S.LAST_CEILING_ROWS_NEEDED, how=MAX),
         "ceiling_concurrent_requests": Read(S.LAST_CEILING_CONCURRENT_REQUESTS, how=MAX),
+        "ceiling_concurrent_buckets": Read(S.CEILING_CONCURRENT_REQUESTS.name + "_bucket", "le"),
         "ceiling_concurrent_rows": Read(S.LAST_CEILING_CONCURRENT_ROWS, how=MAX),
     }),
     "settling": (Settling, {

@@ -10,7 +10,9 @@ diagnosis reads them):
   maxima (``kvscope_last_ceiling_round_rows_needed``, ``kvscope_last_round_request_keys``);
 * the tokens lost by reason (``kvscope_restore_short_tokens_total``): ``row_ceiling`` and
   ``group_veto`` are what rows fix, ``load_cap`` and ``other`` are not;
-* restores seen at once: ``kvscope_last_ceiling_round_concurrent_requests`` and
+* restores seen at once: the most any cut round saw
+  (``kvscope_ceiling_round_concurrent_requests``, a histogram: its bucket bound), and
+  ``kvscope_last_ceiling_round_concurrent_requests`` and
   ``kvscope_requests{state=deferred|loading}`` (latest-value gauges: a lower bound);
 * geometry: ``kvscope_info`` (``chunk_tokens``, ``max_num_batched_tokens``),
   ``kvscope_kv_group_info``, ``kvscope_primary_rows{state="total"}``,
@@ -145,6 +147,10 @@ def _concurrency_seen(ev: Evidence) -> Fact | None:
     q = ev.coverage.ceiling_concurrent_requests
     if (m := _gauge_max(q)) is not None:
         best = Fact(m, f"max of {S.LAST_CEILING_CONCURRENT_REQUESTS.name}")
+    if (m := _bucket_max(ev.coverage.ceiling_concurrent_buckets)) is not None and (
+            best is None or m > best.value):
+        best = Fact(m, f"most in a cut round ({S.CEILING_CONCURRENT_REQUESTS.name}, "
+                       "its bucket bound)")
     at: dict[float, float] = {}
     for st in (S.RequestState.DEFERRED, S.RequestState.LOADING):
         for t, v in ev.requests.get(st).samples:
@@ -152,6 +158,19 @@ def _concurrency_seen(ev: Evidence) -> Fact | None:
     if at and (m := max(at.values())) > 0 and (best is None or m > best.value):
         best = Fact(m, f'max of {S.REQUESTS.name}{{state="deferred"}} + {{state="loading"}}')
     return best
+
+
+def _bucket_max(buckets: dict) -> float | None:
+    """The bound of the lowest bucket holding every observation of the window (the largest
+    value observed is at most that, and more than the bucket below), or None."""
+    got = sorted((float(le), q.increase) for le, q in buckets.items() if q.present)
+    if not got or got[-1][1] <= 0:
+        return None
+    total = got[-1][1]
+    for le, n in got:
+        if n >= total and le != float("inf"):
+            return le
+    return None
 
 
 def _command_line_only(given: Given) -> PlanInputs:

@@ -20,19 +20,21 @@ VLLM_COUNTERS = (
     S.VLLM_REQUEST_QUEUE_TIME + "_sum",
     S.VLLM_REQUEST_QUEUE_TIME + "_count",
 )
-# Histograms: only _sum/_count are read (buckets are never needed for a verdict).
+# Histograms: _sum/_count are read, and the buckets of those kv-diagnose plan reads (no
+# verdict needs a bucket).
+BUCKETS_READ = (S.CEILING_CONCURRENT_REQUESTS,)
 KVSCOPE_SERIES = tuple(
     name
     for m in S.ALL_METRICS
     for name in (
         (m.name + "_sum", m.name + "_count") if m.kind is S.Kind.HISTOGRAM else (m.name,)
     )
-)
+) + tuple(m.name + "_bucket" for m in BUCKETS_READ)
 WANTED_SERIES: frozenset[str] = frozenset(KVSCOPE_SERIES + VLLM_GAUGES + VLLM_COUNTERS
                                           + S.VLLM_NATIVE_OFFLOAD_SERIES)  # native.py
 COUNTER_SERIES: frozenset[str] = frozenset(
     [m.name for m in S.ALL_METRICS if m.kind is S.Kind.COUNTER]
-    + [n for n in KVSCOPE_SERIES if n.endswith(("_sum", "_count"))]
+    + [n for n in KVSCOPE_SERIES if n.endswith(("_sum", "_count", "_bucket"))]
     + list(VLLM_COUNTERS)
 )
 

@@ -251,6 +251,10 @@ def _values(enum: type[Enum]) -> tuple[str, ...]:
 # Offered / held tokens of one ended round: 1 is a full restore.
 COVERAGE_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 PENDING_KEY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+# Restores at once when the row ceiling cut one: every count up to 16, then steps of at
+# most a third (kv-diagnose plan sizes rows from the bucket bound, an over-estimate)
+CONCURRENT_REQUEST_BUCKETS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160,
+                              192, 256, 384, 512, 1024)
 # Transfers of whole KV rows: milliseconds (a CPU->GPU DMA) to many seconds
 # (a cold disk read under load).
 TRANSFER_SECONDS_BUCKETS = (
@@ -466,6 +470,13 @@ LAST_CEILING_CONCURRENT_REQUESTS = Metric(
     "kvscope_last_ceiling_round_concurrent_requests", Kind.GAUGE,
     "Requests restoring at that moment (deferred or loading, that round's request included).",
 )
+CEILING_CONCURRENT_REQUESTS = Metric(
+    "kvscope_ceiling_round_concurrent_requests", Kind.HISTOGRAM,
+    "Per round the row ceiling cut short: requests restoring at that moment (deferred or "
+    "loading, its own included). Restores asking for rows at once; the latest-value gauge "
+    "keeps only the last cut, which comes after the first restores loaded.",
+    buckets=CONCURRENT_REQUEST_BUCKETS,
+)
 LAST_CEILING_CONCURRENT_ROWS = Metric(
     "kvscope_last_ceiling_round_concurrent_rows_needed", Kind.GAUGE,
     "Rows those concurrent restores need together (that round's held prefix plus the other "
@@ -570,7 +581,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
     RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS,
     RESTORE_COVERAGE, RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
-    LAST_CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
+    LAST_CEILING_CONCURRENT_REQUESTS, CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
     TIER_LOST_KEYS, TIER_ROOT_PRESENT, TIER_LAST_LOSS_TIMESTAMP,
     GPU_BLOCKS, IDLE_GPU_BLOCKS, HOST_MEMORY_AVAILABLE, PROCESS_RESIDENT_MEMORY,
 )

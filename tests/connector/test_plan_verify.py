@@ -9,6 +9,14 @@ re-ask / tokens the tiers held for its prefix), never kvscope's counters; the pl
 from kvscope's exporter by the same parser and model as the CLI. With 24 restores at once,
 coverage moves in steps of 1/24 = 4.2 points: one restore more or fewer than the model
 says fails the 5-point bound twice over.
+
+With promotions that complete two steps late (a slower disk, as on the H200), the window
+looks healthier than the demand: the restores that find no free row stay deferred, the cut
+ones' recompute fills the steps, and by the time those are asked again the first restores'
+loads have freed their rows (restored whole, later). The last cut round saw fewer restores
+at once than the first; the plan reads the most any cut round saw
+(``kvscope_ceiling_round_concurrent_requests``). Read from the latest cut alone, the plan
+came out at 912 rows and restored 87.5 % there (the H200's failure, reproduced).
 """
 
 from __future__ import annotations
@@ -27,10 +35,13 @@ ON_026 = vllm.__version__.startswith("0.26.")
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not ON_026, reason="the coverage model was checked on vLLM 0.26")
-def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss():
-    doc = verify_cpu(Workload(concurrency=24, prompt_tokens=1024, waves=1), target=0.99)
+@pytest.mark.parametrize("delay", [0, 2], ids=["promotions-next-step", "promotions-2-steps-late"])
+def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss(delay):
+    work = Workload(concurrency=24, prompt_tokens=1024, waves=1, promotion_delay_steps=delay)
+    doc = verify_cpu(work, target=0.99)
     plan, sizes = doc["plan"], doc["sizes"]
-    assert doc["window"]["coverage"] == pytest.approx(0.5)  # the incident the plan reads
+    # the incident the plan reads: half the restores whole, or more when rows freed in time
+    assert 0.5 <= doc["window"]["coverage"] < 0.99
     assert (plan["rows_per_restore"], plan["concurrency"]) == (64, 24), doc["plan_text"]
     assert plan["rows"] == 24 * 64 + 16
     assert sizes["plan"]["measured"] >= 0.99, sizes

@@ -93,6 +93,20 @@ def test_restoring_requests_count_as_concurrency_seen_sample_by_sample():
     assert "kvscope_requests" in i.concurrency_seen.source
 
 
+def test_the_most_restores_any_cut_round_saw_beats_the_latest_cut():
+    # The first cut saw 30 restores at once, the latest (after the first loads) only 13:
+    # the histogram's lowest bucket holding every observation of the window bounds it.
+    h = S.CEILING_CONCURRENT_REQUESTS.name + "_bucket"
+    cum = {"16.0": 1, "20.0": 1, "24.0": 1, "28.0": 1, "32.0": 3, "+Inf": 3}
+    d = concurrency_window() | {L(h, le=le): [0, v] for le, v in cum.items()}
+    i = read_inputs(build_evidence(window(d)))
+    assert i.concurrency_seen.value == 32 and "bucket" in i.concurrency_seen.source
+    assert make_plan(i).concurrency == 32  # above the 24 the cut's coverage explains
+    # a window that is not the process lifetime: only the increase in it counts
+    old = concurrency_window() | {L(h, le=le): [v, v] for le, v in cum.items()}
+    assert read_inputs(build_evidence(window(old, lifetime=False))).concurrency_seen.value == 13
+
+
 def test_the_command_line_replaces_the_window():
     i = read_inputs(build_evidence(window(concurrency_window())),
                     Given(held_tokens=4096, concurrency=5, row_bytes=8192, rows=100))
