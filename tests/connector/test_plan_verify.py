@@ -27,14 +27,13 @@ vllm = pytest.importorskip("vllm")
 
 from kvscope.sim.plan_workload import Workload, verify_cpu  # noqa: E402
 
-# The model's first-come-first-served cut was checked on vLLM 0.26 (the GPU machines' release);
-# vLLM 0.33 restores more than that below the ceiling, so the concurrency read from a window
-# at half the rows comes out low there (the plan notes it; the CLI takes --concurrency).
+# vLLM 0.26 (the GPU machines' release) cuts first come, first served: the measured coverage
+# lies between the model's whole restores and one more. vLLM 0.33 orders the cut otherwise
+# (one run cut two of the first re-asks at 10 % fewer rows): there only the 5-point bound.
 ON_026 = vllm.__version__.startswith("0.26.")
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(not ON_026, reason="the coverage model was checked on vLLM 0.26")
 @pytest.mark.parametrize("delay", [0, 2], ids=["promotions-next-step", "promotions-2-steps-late"])
 def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss(delay):
     work = Workload(concurrency=24, prompt_tokens=1024, waves=1, promotion_delay_steps=delay)
@@ -48,5 +47,6 @@ def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss(delay):
     assert sizes["plan - 10 %"]["measured"] < 0.99, sizes
     for label, s in sizes.items():
         assert s["error"] <= 0.05, (label, s)
-        assert s["within_range"], (label, s)  # between the whole restores and one more
+        if ON_026:
+            assert s["within_range"], (label, s)  # between the whole restores and one more
     assert doc["passed"], doc["checks"]

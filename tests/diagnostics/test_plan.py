@@ -178,9 +178,11 @@ def test_a_healthy_window_says_its_rows_already_reach_the_target():
     assert any("already reaches the target" in x for x in p.notes)
 
 
-def test_vllm_033_is_flagged():
-    p = _plan(concurrency_window(vllm="0.33.0"))
-    assert any("checked on vLLM 0.26" in x for x in p.notes)
+def test_a_vllm_release_the_model_was_not_checked_on_is_flagged():
+    assert not _plan(concurrency_window(vllm="0.33.0")).notes  # checked on CPU
+    p = _plan(concurrency_window(vllm="0.34.1"))
+    assert any("vLLM 0.34.1: the coverage model was checked on vLLM 0.26 and 0.33" in x
+               for x in p.notes)
 
 
 # ---- the formatter: golden text, fixed clock ----------------------------------------------
