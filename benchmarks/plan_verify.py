@@ -52,7 +52,8 @@ def workload(args):
 
     return Workload(concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                     waves=args.waves, step_tokens=args.step_tokens, seed=args.seed,
-                    max_num_seqs=args.max_num_seqs or None)
+                    max_num_seqs=args.max_num_seqs or None,
+                    promotion_delay_steps=args.promotion_delay_steps)
 
 
 # ---- CPU ------------------------------------------------------------------------------------
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--waves", type=int, default=1)
     ap.add_argument("--step-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--promotion-delay-steps", type=int, default=0,
+                    help="CPU: promotions complete this many steps late (the GPU's timing)")
     ap.add_argument("--max-num-seqs", type=int, default=0,
                     help="vLLM's max_num_seqs (0: every re-ask at once)")
     ap.add_argument("--window-rows", type=int, default=0,
