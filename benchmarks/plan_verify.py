@@ -52,7 +52,6 @@ def workload(args):
 
     return Workload(concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                     waves=args.waves, step_tokens=args.step_tokens, seed=args.seed,
-                    max_num_seqs=args.max_num_seqs or None,
                     promotion_delay_steps=args.promotion_delay_steps)
 
 
@@ -106,7 +105,7 @@ def gpu_engine_run(args) -> dict:
               num_gpu_blocks_override=work.gpu_blocks, max_model_len=max_len,
               max_num_batched_tokens=work.step_tokens, gpu_memory_utilization=0.1,
               kv_transfer_config=ktc, enable_prefix_caching=True,
-              max_num_seqs=work.max_num_seqs or max(8, work.concurrency), load_format="dummy", seed=0)
+              max_num_seqs=max(8, work.concurrency), load_format="dummy", seed=0)
     up = time.monotonic() - t0
     drv = Driver(llm)
     shim = SimpleNamespace(connector=drv.sched.connector,
@@ -159,8 +158,7 @@ def _spawn(args, rows: int, out: str, window: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "engine", "--rows", str(rows), "--out", out,
            "--concurrency", str(args.concurrency), "--prompt-tokens", str(args.prompt_tokens),
            "--waves", str(args.waves), "--step-tokens", str(args.step_tokens),
-           "--seed", str(args.seed), "--fs-root", args.fs_root,
-           "--max-num-seqs", str(args.max_num_seqs)]
+           "--seed", str(args.seed), "--fs-root", args.fs_root]
     if window:
         cmd.append("--window")
     log = open(out + ".log", "w")  # noqa: SIM115  the child's; closed with the process
@@ -225,8 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--promotion-delay-steps", type=int, default=0,
                     help="CPU: promotions complete this many steps late (the GPU's timing)")
-    ap.add_argument("--max-num-seqs", type=int, default=0,
-                    help="vLLM's max_num_seqs (0: every re-ask at once)")
     ap.add_argument("--window-rows", type=int, default=0,
                     help="rows of the window's engine (default: half of all restores at once)")
     ap.add_argument("--target", type=float, default=0.99)

@@ -34,10 +34,6 @@ class Workload:
     waves: int = 1  # times every prompt is re-asked together (a flood before each)
     step_tokens: int = 256  # max_num_batched_tokens
     seed: int = 0
-    # vLLM's max_num_seqs (None: every re-ask at once). Fewer: the re-asks past it are looked
-    # up only once running requests finish, after the first restores' loads freed their rows:
-    # they wait behind the cut ones, as the GPU's re-asks did (their recompute fills the steps)
-    max_num_seqs: int | None = None
     promotion_delay_steps: int = 0  # a promotion completes this many steps later (a slow disk)
 
     @property
@@ -65,7 +61,7 @@ class Workload:
         cfg = EngineConfig(rows=rows, tiering=True, block_size=CHUNK,
                            num_gpu_blocks=self.gpu_blocks,
                            max_num_batched_tokens=self.step_tokens,
-                           max_num_seqs=self.max_num_seqs or max(8, self.concurrency),
+                           max_num_seqs=max(8, self.concurrency),
                            max_model_len=max(4096, self.prompt_tokens + 64),
                            promotion_delay_steps=self.promotion_delay_steps)
         for k, v in over.items():

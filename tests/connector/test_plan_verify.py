@@ -39,8 +39,13 @@ def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss(delay):
     work = Workload(concurrency=24, prompt_tokens=1024, waves=1, promotion_delay_steps=delay)
     doc = verify_cpu(work, target=0.99)
     plan, sizes = doc["plan"], doc["sizes"]
-    # the incident the plan reads: half the restores whole, or more when rows freed in time
-    assert 0.5 <= doc["window"]["coverage"] < 0.99
+    # the incident the plan reads: on vLLM 0.26 with promotions done by the next step, half
+    # the restores whole at half the rows; with promotions late (rows freed in time for later
+    # restores), or on 0.33 (a restore finding no free row waits), more, still short of it
+    if ON_026 and delay == 0:
+        assert doc["window"]["coverage"] == pytest.approx(0.5)
+    else:
+        assert 0.5 < doc["window"]["coverage"] < 0.99
     assert (plan["rows_per_restore"], plan["concurrency"]) == (64, 24), doc["plan_text"]
     assert plan["rows"] == 24 * 64 + 16
     assert sizes["plan"]["measured"] >= 0.99, sizes
