@@ -89,7 +89,10 @@ def run(rows: int, threads: int | None, world_size: int) -> dict:
     cfg = EngineConfig(rows=rows + 8, world_size=world_size, num_layers=LAYERS,
                        block_size=BLOCK, num_gpu_blocks=rows + 8,
                        max_num_batched_tokens=4 * BLOCK, max_model_len=tokens + BLOCK,
-                       kvscope_options={"checksum_threads": threads})
+                       kvscope_options={"checksum_threads": threads,
+                                        # one process: every rank shares the scheduler's
+                                        # file; "all" digests them, as a multi-node rank is
+                                        "checksum_scope": "all"})
     with CPUEngine(cfg) as e:
         assert e.row_bytes == world_size * (2 << 20), e.row_bytes
         target = prompt(1, tokens)

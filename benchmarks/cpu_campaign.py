@@ -56,7 +56,10 @@ class LiveEngine:
         self.e = CPUEngine(EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
                                         max_num_batched_tokens=16, vllm_metrics=True,
                                         fs_root=fs_root, step_time_s=0.01,
-                                        kvscope_options={"tier_probe_interval_s": PROBE_S}))
+                                        kvscope_options={"tier_probe_interval_s": PROBE_S,
+                                                         # the faults change the shared
+                                                         # file in place: every rank digested
+                                                         "checksum_scope": "all"}))
         self.server, _ = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
         self.ranks = [start_exporter([r.connector.kvscope_recorder], 0) for r in self.e.ranks]
         self.lock = threading.Lock()

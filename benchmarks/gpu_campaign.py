@@ -312,7 +312,10 @@ def run_faults(args, result: dict) -> None:
              "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
                                   "n_write_threads": 4}],
              # the tier probe every second, scaled to the runs like the replay's windows
-             "kvscope": {"checksum_policy": "refuse", "tier_probe_interval_s": PROBE_S}}
+             "kvscope": {"checksum_policy": "refuse", "tier_probe_interval_s": PROBE_S,
+                         # flip/drop_promotion change one host's file in place: every rank
+                         # digested, also those sharing the scheduler's file
+                         "checksum_scope": "all"}}
     s = Server(out, "faults", args.port, extra, {faults.ENV: fault_file(out)}, args.max_batched,
                args.tp)
     result.update(tmpfs=tmpfs, rows=args.rows, max_batched=args.max_batched, tp=args.tp,

@@ -195,6 +195,8 @@ def run_case(name: str) -> dict:
     observed = case["connector"] == "observed"
     if observed:
         extra["kvscope"] = {"exporter_port": port}
+        if case.get("measure_digest"):  # one host: only scope "all" digests at all
+            extra["kvscope"]["checksum_scope"] = "all"
     ktc = KVTransferConfig(
         kv_connector="ObservedOffloadingConnector" if observed else "OffloadingConnector",
         kv_connector_module_path="kvscope.connector" if observed else None,

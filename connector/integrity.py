@@ -14,8 +14,10 @@ bytes. So:
   own slot of the same rows in its own mapping and compares.
 
 Only rows a promotion filled are checked: the rest were written by the ranks
-themselves. Everything here runs per promotion / per load job, never per key
-looked up.
+themselves. Only ranks that do not map the scheduler's own region file are checked
+(``checksum_scope`` ``unshared``, the default; shared_region.py): the others read the
+promotion's bytes themselves. Everything here runs per promotion / per load job, never
+per key looked up.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from kvscope.connector import compat
 from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
+from kvscope.connector.shared_region import SharedRanks
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ErrorSite
 
@@ -35,14 +38,18 @@ class PromotedRows:
 
     def __init__(self, *, recorder: Recorder, policy: str, view: memoryview | None,
                  geometry: compat.RegionGeometry | None,
-                 digester: Digester | None = None) -> None:
+                 digester: Digester | None = None,
+                 ranks: SharedRanks | None = None) -> None:
         self.rec = recorder
         self.policy = policy
         # the ranks digest with the same algorithm (WorkerProxy, from the same settings)
         self.digester = digester or Digester()
         self.view = view  # the scheduler's view of the primary tier (tiering only)
         self.geometry = geometry
-        # key -> (row, per-rank digests) of rows filled by a completed promotion
+        # which ranks' slots to digest (None: every rank's)
+        self.ranks = ranks
+        # key -> (row, per-rank digests; None for a rank sharing the scheduler's file) of
+        # rows filled by a completed promotion
         self.expected: dict[bytes, tuple[int, tuple[int, ...]]] = {}
         # Refused loads: a rank's copy of these keys' rows differs from the
         # scheduler host's. Without this, vLLM's recompute would look the same
@@ -73,11 +80,22 @@ class PromotedRows:
         g, view = self.geometry, self.view
         with self._guard:
             n, size = g.world_size, g.slot_size
-            offsets = [g.slot_offset(int(row), r) for row in rows for r in range(n)]
+            ranks = self.ranks.to_digest() if self.ranks is not None else tuple(range(n))
+            if not ranks:  # every rank reads these very bytes: nothing to compare
+                return
+            k = len(ranks)
+            offsets = [g.slot_offset(int(row), r) for row in rows for r in ranks]
             # the promotion's rows, over a few threads
             digests = self.digester.many([view[o:o + size] for o in offsets])
-            for i, (key, row) in enumerate(zip(keys, rows)):
-                self.expected[key] = (row, tuple(digests[i * n:(i + 1) * n]))
+            if k == n:
+                for i, (key, row) in enumerate(zip(keys, rows)):
+                    self.expected[key] = (row, tuple(digests[i * n:(i + 1) * n]))
+            else:
+                for i, (key, row) in enumerate(zip(keys, rows)):
+                    per: list[int | None] = [None] * n
+                    for j, r in enumerate(ranks):
+                        per[r] = digests[i * k + j]
+                    self.expected[key] = (row, tuple(per))
             if len(self.expected) > 2 * g.rows:  # bound: at most rows are live anyway
                 for stale in list(self.expected)[: len(self.expected) - 2 * g.rows]:
                     del self.expected[stale]
@@ -136,10 +154,13 @@ class PromotedRows:
 
 
 def mismatched_rows(view: memoryview, geometry: compat.RegionGeometry, rank: int,
-                    expected: dict[int, tuple[int, ...]], digester: Digester) -> int:
-    """Worker side: rows whose slot for ``rank`` differs from the scheduler's digest."""
-    rows = list(expected.items())
+                    expected: dict[int, tuple[int | None, ...]],
+                    digester: Digester) -> tuple[int, int]:
+    """Worker side: (rows compared, rows whose slot for ``rank`` differs from the
+    scheduler's digest). A row without a digest for ``rank`` (the rank maps the scheduler's
+    own file) is not compared."""
+    rows = [(row, d[rank]) for row, d in expected.items() if d[rank] is not None]
     size = geometry.slot_size
     offsets = [geometry.slot_offset(int(row), rank) for row, _ in rows]
     got = digester.many([view[o:o + size] for o in offsets])  # the load's rows, a few threads
-    return sum(1 for (_, digests), digest in zip(rows, got) if digest != digests[rank])
+    return len(rows), sum(1 for (_, want), digest in zip(rows, got) if digest != want)

@@ -79,7 +79,8 @@ class ObservedOffloadingConnector(OffloadingConnector):
                                       self.kvscope_settings.checksum_threads),
                     stats_builder=stats_from_delta,
                     flush_interval_s=self.kvscope_settings.flush_interval_s,
-                    per_key_lookups=self.kvscope_settings.per_key_lookups)
+                    per_key_lookups=self.kvscope_settings.per_key_lookups,
+                    checksum_scope=self.kvscope_settings.checksum_scope)
                 faults.install_round_faults(self._kvscope_observer)  # test-only, off
                 scheduler_hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)
                 faults.install_promotion_faults(self._kvscope_observer)  # test-only, off

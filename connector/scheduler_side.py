@@ -49,6 +49,7 @@ from kvscope.connector.manager_proxy import ManagerProxy
 from kvscope.connector.request_states import RequestStates
 from kvscope.connector.round_verdicts import RoundVerdicts, offload_of
 from kvscope.connector.scan_cache import DeferredScans
+from kvscope.connector.shared_region import ChecksumScope, SharedRanks
 from kvscope.connector.step_gauges import StepGauges
 from kvscope.connector.store_refusals import RefusedStores
 from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S, TierProbe
@@ -79,7 +80,8 @@ class SchedulerObserver:
                  digester: Digester | None = None,
                  stats_builder: Callable[[Any], Any] | None = None,
                  flush_interval_s: float = FLUSH_INTERVAL_S,
-                 per_key_lookups: bool = False) -> None:
+                 per_key_lookups: bool = False,
+                 checksum_scope: str = ChecksumScope.UNSHARED) -> None:
         """``per_key_lookups``: record each key looked up even where the prefix scan's
         answer tells the lookups (prefix_scan.py; the setting of the same name)."""
         self.rec = recorder
@@ -98,9 +100,13 @@ class SchedulerObserver:
         self.log = LookupLog()
         self.lookups = LookupCounts(group_suffixes(lookup_groups)[0][0]
                                     if len(lookup_groups) == 1 else None)
+        self.shared_ranks = (SharedRanks(compat.scheduler_region(inner),
+                                         self.geometry.world_size, checksum_scope)
+                             if tiered and self.geometry is not None else None)
         self.rows = PromotedRows(recorder=recorder, policy=checksum_policy,
                                  view=compat.scheduler_view(inner) if tiered else None,
-                                 geometry=self.geometry, digester=digester)
+                                 geometry=self.geometry, digester=digester,
+                                 ranks=self.shared_ranks)
         per_chunk = compat.blocks_per_chunk(spec)
         self.requests = RequestStates([t * per_chunk for t in compat.group_tokens_per_block(spec)
                                        if t])

@@ -13,6 +13,7 @@ from typing import Any
 from kvscope.connector.aggregator import INTERVAL_S as FLUSH_INTERVAL_S
 from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
 from kvscope.connector.compat import load_failures
+from kvscope.connector.shared_region import ChecksumScope
 from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
 from kvscope.exporters.prometheus import DEFAULT_ADDR
 
@@ -32,6 +33,12 @@ class Settings:
     # kv_load_failure_policy="recompute" so refused loads are recomputed.
     checksum_policy: str = ChecksumPolicy.REFUSE
     checksum_algorithm: str = DEFAULT_ALGORITHM
+    # unshared (default) | all: whose slots are digested. unshared: only ranks that do not
+    # map the scheduler's own region file (another node's /dev/shm), the ones that can load
+    # stale rows; a rank mapping that file reads the promotion's bytes themselves
+    # (shared_region.py). all: every rank, which also catches bytes changed in place
+    # between a promotion and its load, for a pass over every promoted byte on both sides.
+    checksum_scope: str = ChecksumScope.UNSHARED
     # Threads that digest one promotion's or load's rows together (the caller is one of
     # them); None: half the CPUs, at most 8; 1: all on the calling thread.
     checksum_threads: int | None = None
@@ -73,6 +80,8 @@ class Settings:
                              f"got {f!r}")
         if not isinstance(s.per_key_lookups, bool):
             raise ValueError(f"per_key_lookups must be true or false, got {s.per_key_lookups!r}")
+        if s.checksum_scope not in ChecksumScope.ALL_SCOPES:
+            raise ValueError(f"checksum_scope must be one of {ChecksumScope.ALL_SCOPES}")
         if s.checksum_algorithm not in ALGORITHMS:
             raise ValueError(f"checksum_algorithm must be one of {sorted(ALGORITHMS)}")
         if s.checksum_threads is not None and not (isinstance(s.checksum_threads, int)

@@ -23,7 +23,7 @@ from kvscope.connector.request_states import STATES, RequestStates
 from kvscope.connector.tier_taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
-from kvscope.exporters.signals import GpuBlockState, PendingKind, RowState
+from kvscope.exporters.signals import GpuBlockState, PendingKind, RankCheck, RowState
 
 # The recorder's keys (metric, labels) of every snapshot gauge, built once
 _ROW_KEYS = tuple((signals.PRIMARY_ROWS, (s.value,))
@@ -36,6 +36,8 @@ _PENDING_KEYS = tuple(((signals.PENDING_TRANSFERS, (k.value,)),
                                 PendingKind.CASCADE))
 _IN_FLIGHT_KEY = (signals.REQUESTS_IN_FLIGHT, ())
 _QUARANTINED_KEY = (signals.QUARANTINED_KEYS, ())
+_DIGESTED_KEY = (signals.CHECKSUM_RANKS, (RankCheck.DIGESTED.value,))
+_SHARED_KEY = (signals.CHECKSUM_RANKS, (RankCheck.SHARED_REGION.value,))
 _GPU_TOTAL_KEY = (signals.GPU_BLOCKS, (GpuBlockState.TOTAL.value,))
 _GPU_IN_USE_KEY = (signals.GPU_BLOCKS, (GpuBlockState.IN_USE.value,))
 
@@ -104,6 +106,9 @@ class StepGauges:
         values.extend(zip(_STATE_KEYS, self.requests.counts))
         values.append((_IN_FLIGHT_KEY, len(self.requests)))
         values.append((_QUARANTINED_KEY, len(self.rows.quarantine)))
+        ranks = self.rows.ranks if self.rows.active else None
+        values.append((_DIGESTED_KEY, len(ranks.digested) if ranks is not None else 0))
+        values.append((_SHARED_KEY, len(ranks.shared) if ranks is not None else 0))
         in_use = self.gpu_blocks_in_use
         if in_use is not None:  # an int vLLM's thread changes meanwhile: read once
             values.append((_GPU_TOTAL_KEY, self.gpu_blocks_total))

@@ -21,6 +21,7 @@ refuses the load (``reason="checksum_error"``) under ``refuse``.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -31,11 +32,14 @@ from kvscope.connector.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Diges
 from kvscope.connector.compat import load_failures
 from kvscope.connector.integrity import mismatched_rows
 from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, TIMESTAMP_RESOLUTION_S
+from kvscope.connector.shared_region import remove_marker, write_marker
 from kvscope.connector.worker_tally import TransferTally
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ChecksumOutcome, Direction, ErrorSite, RefusalReason
+
+logger = logging.getLogger("kvscope")
 
 
 class WorkerProxy:
@@ -56,6 +60,15 @@ class WorkerProxy:
         rank = compat.region_rank(self._region)
         self.rank = rank if rank is not None else compat.process_rank()
         self._rank_label = str(self.rank)
+        # Next to the file this rank mapped: the scheduler reads it where it is its own file
+        # and then digests no promoted row for this rank (shared_region.py).
+        self._marker = None
+        if checksum_policy != ChecksumPolicy.OFF and self._region is not None:
+            try:
+                self._marker = write_marker(self._region, self.rank)
+            except OSError as exc:  # digests stay on for this rank: nothing is lost
+                logger.warning("kvscope: rank %s could not mark its region file (%s); its "
+                               "promoted rows stay digested", self.rank, exc)
         # in flight and finished, into the recorder at most every flush_interval_s (kvscope's
         # setting) while transfers keep coming, at once on a quiet step or for a reader
         # (worker_tally.py)
@@ -140,6 +153,8 @@ class WorkerProxy:
 
     def shutdown(self):
         self._digester.close()
+        remove_marker(self._marker)
+        self._marker = None
         return self._inner.shutdown()
 
     # ---- kvscope ------------------------------------------------------------------------
@@ -212,7 +227,8 @@ class WorkerProxy:
                 raise RuntimeError("no shared region mapped on this rank")
             view = memoryview(buf)
             try:
-                mismatched = mismatched_rows(view, g, self.rank, expected, self._digester)
+                compared, mismatched = mismatched_rows(view, g, self.rank, expected,
+                                                       self._digester)
             finally:
                 view.release()
         except Exception as exc:
@@ -222,7 +238,7 @@ class WorkerProxy:
             self._rec.inc(signals.LOADS_REFUSED,
                           (self._rank_label, RefusalReason.CHECKSUM_ERROR.value))
             return False
-        matched = len(expected) - mismatched
+        matched = compared - mismatched
         if matched:
             self._rec.inc(signals.ROW_CHECKSUMS, (self._rank_label, ChecksumOutcome.MATCH.value),
                           matched)

@@ -98,6 +98,9 @@ class Tiers:
     lost_keys: dict[str, Quantity] = field(default_factory=dict)
     root_present: dict[str, Quantity] = field(default_factory=dict)
     last_loss: dict[str, Quantity] = field(default_factory=dict)
+    # RankCheck value -> worker ranks whose promoted rows are digested / that map the
+    # scheduler's own region file (kvscope_checksum_ranks, summed over engines)
+    checksum_ranks: dict[str, Quantity] = field(default_factory=dict)
 
     def row(self, state: S.RowState) -> Quantity:
         return _q(self.rows, state.value)

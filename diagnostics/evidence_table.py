@@ -62,6 +62,7 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
         "lost_keys": Read(S.TIER_LOST_KEYS, S.L_TIER),
         "root_present": Read(S.TIER_ROOT_PRESENT, S.L_TIER, MIN),
         "last_loss": Read(S.TIER_LAST_LOSS_TIMESTAMP, S.L_TIER, MAX),
+        "checksum_ranks": Read(S.CHECKSUM_RANKS, S.L_CHECK),
     }),
     "pending": (Pending, {
         "transfers": Read(S.PENDING_TRANSFERS, S.L_KIND),

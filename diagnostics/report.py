@@ -178,6 +178,7 @@ def _summary(ev: Evidence) -> dict:
         "primary_row_bytes": ev.tiers.row_bytes.last if ev.tiers.row_bytes.present else None,
         "last_round_request_keys": {k: q.max for k, q in ev.rounds.last_request_keys.items()},
         "quarantined_keys": ev.tiers.quarantined_keys.last if ev.tiers.quarantined_keys.present else None,
+        "checksum_ranks": {k: q.last for k, q in ev.tiers.checksum_ranks.items()},
         "promotions": {k: q.increase for k, q in ev.tiers.promotions.items()},
         "cascades": {k: q.increase for k, q in ev.tiers.cascades.items()},
         "store_jobs": {k: q.increase for k, q in ev.tiers.store_jobs.items()},

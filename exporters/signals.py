@@ -71,6 +71,7 @@ L_CHECKSUM_POLICY = "checksum_policy"
 L_CHUNK_TOKENS = "chunk_tokens"
 L_MAX_BATCHED_TOKENS = "max_num_batched_tokens"
 L_WORLD_SIZE = "world_size"
+L_CHECK = "check"
 
 # Labels vLLM's stats pipeline puts in front of ours on its /metrics.
 VLLM_LABEL_MODEL = "model_name"
@@ -169,6 +170,13 @@ class Direction(str, Enum):
 class ChecksumOutcome(str, Enum):
     MATCH = "match"
     MISMATCH = "mismatch"
+
+
+class RankCheck(str, Enum):
+    """How a rank's copy of promoted rows is checked (connector/shared_region.py)."""
+
+    DIGESTED = "digested"  # compared with the scheduler's digests before each load
+    SHARED_REGION = "shared_region"  # maps the scheduler's own file: reads the very bytes
 
 
 class RefusalReason(str, Enum):
@@ -397,6 +405,14 @@ QUARANTINED_KEYS = Metric(
     "Keys kvscope answers MISS for because a rank refused to load their rows (checksum "
     "mismatch); released when the row is evicted, so the next promotion is checked afresh.",
 )
+CHECKSUM_RANKS = Metric(
+    "kvscope_checksum_ranks", Kind.GAUGE,
+    "Worker ranks by how their slot of promoted rows is checked: digested (compared with "
+    "the scheduler's digests before each load) or shared_region (the rank maps the "
+    "scheduler's own region file, so it reads the promoted bytes themselves). Both 0 "
+    "without a secondary tier or with checksum_policy off.",
+    (L_CHECK,), label_values={L_CHECK: _values(RankCheck)},
+)
 PRIMARY_ROW_BYTES = Metric(
     "kvscope_primary_row_bytes", Kind.GAUGE,
     "Bytes of one primary-tier row (one chunk of one KV group, every rank's slot); "
@@ -579,6 +595,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     OLDEST_PENDING_TRANSFER, REQUESTS,
     REQUESTS_IN_FLIGHT, SCHEDULER_STEPS, LAST_STEP_TIMESTAMP, INFO, KV_GROUP_INFO,
     TELEMETRY_ERRORS, PRIMARY_ROW_BYTES, LAST_ROUND_REQUEST_KEYS, QUARANTINED_KEYS,
+    CHECKSUM_RANKS,
     RESTORE_HELD_TOKENS, RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS,
     RESTORE_COVERAGE, RESTORE_CEILING_ROUNDS, LAST_CEILING_OFFERED_TOKENS, LAST_CEILING_HELD_TOKENS, LAST_CEILING_ROWS_NEEDED,
     LAST_CEILING_CONCURRENT_REQUESTS, CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
@@ -607,6 +624,7 @@ PRESET_VALUES: tuple[Metric, ...] = (
     TELEMETRY_ERRORS,
     RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS, RESTORE_CEILING_ROUNDS,
     ROW_CHECKSUMS, LOADS_REFUSED, LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS,
+    CHECKSUM_RANKS,
 )
 # Preset only by the kvscope that also labels kvscope_info with world_size (0 = no such
 # round yet): an input whose kvscope_info lacks that label predates the preset, and a value

@@ -183,6 +183,12 @@ def scheduler_view(manager: Any) -> memoryview | None:
     return getter().cast("B") if getter is not None else None
 
 
+def scheduler_region(manager: Any) -> Any | None:
+    """The SharedOffloadRegion the scheduler's primary tier maps (tiering; 0.26 and 0.33
+    keep it as ``_mmap_region``), or None."""
+    return getattr(primary_tier(manager), "_mmap_region", None)
+
+
 def worker_region(worker: Any) -> Any | None:
     """The SharedOffloadRegion a CPU offloading worker maps for its own rank.
 

@@ -75,7 +75,13 @@ def finding(ev: Evidence, checks: list[str]) -> Finding:
                  if ws is not None else
                  f"{k} rank{'s' if k != 1 else ''} reporting (world size unknown: a rank "
                  "missing from every series would not show, see the notes)")
-        lines.append(f"{ranks}; {n(compared)} row checksums compared, 0 mismatched")
+        line = f"{ranks}; {n(compared)} row checksums compared, 0 mismatched"
+        shared = ev.tiers.checksum_ranks.get(S.RankCheck.SHARED_REGION.value)
+        if shared is not None and shared.present and shared.last:
+            k = int(shared.last)
+            line += (f" ({k} rank{'s' if k != 1 else ''} on the scheduler's own region file "
+                     "read the promoted bytes themselves: nothing to compare)")
+        lines.append(line)
     age = ev.freshness.newest_age
     if age is not None:
         lines.append(f"last scheduler step {secs(age)} ago" + (" (engine idle)" if ev.idle else ""))

@@ -82,10 +82,16 @@ def stored_files(e: CPUEngine) -> int:
     return sum(f.endswith(".bin") for _, _, files in os.walk(e.fs_root) for f in files)
 
 
+# Both ranks map the scheduler's own region file here, and these faults change a rank's slot
+# in that file in place: only checksum_scope "all" digests ranks that share the file
+# (connector/shared_region.py).
+ALL_RANKS = {"checksum_scope": "all"}
+
+
 @pytest.mark.parametrize("fault", [faults.FLIP_PROMOTED, faults.DROP_PROMOTION])
 @pytest.mark.parametrize("policy", ["observe", "refuse"])
 def test_corrupted_promotion_on_rank_1(switch, fault, policy):
-    with engine(checksum_policy=policy) as (e, scrape):
+    with engine(checksum_policy=policy, kvscope_options=ALL_RANKS) as (e, scrape):
         first, again = ask_flood_reask(e, lambda: set_fault(switch, fault, rank=1))
         ex = scrape()
     if policy == "observe":  # engine truth: restored from disk, rank 1's wrong bytes served
@@ -107,6 +113,21 @@ def test_no_fault_file_no_effect(switch):
         ex = scrape()
     assert again.num_external_tokens == TOKENS and again.output == first.output
     assert ex.value(S.ROW_CHECKSUMS.name, outcome="mismatch") == 0
+
+
+def test_ranks_sharing_the_scheduler_region_cost_no_digest(switch):
+    """Default scope: both ranks map the scheduler's own region file, so the promotion is
+    digested for neither and no load is compared, yet the restore is whole and right."""
+    with engine(checksum_policy="refuse") as (e, scrape):
+        first, again = ask_flood_reask(e)
+        ex = scrape()
+        expected = dict(e.connector._kvscope_observer.rows.expected)
+    assert again.num_external_tokens == TOKENS and again.output == first.output
+    assert ex.value(S.PROMOTIONS.name, result="completed") > 0
+    assert ex.value(S.CHECKSUM_RANKS.name, check="shared_region") == 2
+    assert ex.value(S.CHECKSUM_RANKS.name, check="digested") == 0
+    assert expected == {}
+    assert ex.value(S.ROW_CHECKSUMS.name) == 0
 
 
 def test_stalled_reads_hold_the_request_until_cleared(switch):
@@ -224,7 +245,9 @@ def test_checksum_options_still_catch_a_flipped_slot(switch, monkeypatch, option
     from kvscope.connector import checksums
 
     monkeypatch.setattr(checksums, "PARALLEL_MIN_BYTES", 0)
-    with engine(checksum_policy="refuse", kvscope_options=options) as (e, scrape):
+    monkeypatch.setattr(checksums, "PARALLEL_MIN_ROW_BYTES", 0)
+    with engine(checksum_policy="refuse", kvscope_options={**options, **ALL_RANKS}) \
+            as (e, scrape):
         first, again = ask_flood_reask(e, lambda: set_fault(switch, fault, rank=1))
         ex = scrape()
     assert again.output == first.output

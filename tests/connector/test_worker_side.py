@@ -21,12 +21,23 @@ from tests.support.prometheus import free_port
 pytestmark = pytest.mark.vllm
 
 
-def test_stale_rows_refused_on_the_remote_rank_only():
-    with run_scenario("stale-rows") as sc:
+@pytest.mark.parametrize("scope", ["unshared", "all"])
+def test_stale_rows_refused_on_the_remote_rank_only(scope):
+    """Rank 1 maps a region file of its own (another node's /dev/shm); rank 0 maps the
+    scheduler's. By default (scope unshared) only rank 1's slots are digested: rank 0
+    reads the promotion's bytes themselves. Scope all digests rank 0 too."""
+    with run_scenario("stale-rows", kvscope_options={"checksum_scope": scope}) as sc:
         ex = Exposition.scrape(sc.metrics_url)
         facts = sc.facts
     assert ex.value(S.PROMOTIONS.name, result="completed") > 0
-    assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="match") > 0
+    if scope == "unshared":
+        assert ex.value(S.CHECKSUM_RANKS.name, check="shared_region") == 1
+        assert ex.value(S.CHECKSUM_RANKS.name, check="digested") == 1
+        assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="match") == 0
+    else:
+        assert ex.value(S.CHECKSUM_RANKS.name, check="shared_region") == 0
+        assert ex.value(S.CHECKSUM_RANKS.name, check="digested") == 2
+        assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="match") > 0
     assert ex.value(S.ROW_CHECKSUMS.name, rank="0", outcome="mismatch") == 0
     assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="mismatch") > 0
     assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="match") == 0

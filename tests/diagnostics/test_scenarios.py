@@ -112,6 +112,14 @@ def _check(name: str, report) -> None:
         together = ev.coverage.ceiling_concurrent_rows.max
         assert together > 12 and together % 8 == 0, text
         assert "Or admit at most 1 such long-prefix request at once" in top.next_step, text
+    elif name == "healthy":
+        shared = ev.tiers.checksum_ranks.get("shared_region")
+        if shared is not None and shared.present:  # both ranks map the scheduler's file
+            assert "0 row checksums compared, 0 mismatched (2 ranks on the scheduler's own " \
+                   "region file read the promoted bytes themselves" in ev_text, text
+            assert shared.last == 2, text
+        else:  # recorded before kvscope_checksum_ranks: every rank was digested
+            assert re.search(r"[1-9]\d* row checksums compared, 0 mismatched( \||$)", ev_text), text
     elif name == "stale-rows":
         assert "SERVED" not in ev_text, text
         assert re.search(r"\d+ load jobs? refused \(vLLM recomputed those tokens\)", ev_text), text
