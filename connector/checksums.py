@@ -41,6 +41,11 @@ DEFAULT_ALGORITHM = "xxh3"
 # Below this many bytes in one call the digests run on the calling thread: handing
 # work to other threads costs tens of microseconds, hashing 4 MiB about 0.4 ms.
 PARALLEL_MIN_BYTES = 4 << 20
+# ... and below this many bytes per buffer on average: each buffer's hash gives the GIL
+# back and takes it again, and at 32-64 KiB rows the threads spend their time handing
+# it over. On the H200's host 8,000 rows of 32 KiB took as long on 8 threads as on one
+# (0.054 / 0.048 s), rows of 128 KiB 2.9x less on 4 (benchmarks/README.md).
+PARALLEL_MIN_ROW_BYTES = 128 << 10
 MAX_AUTO_THREADS = 8
 
 
@@ -67,11 +72,14 @@ class Digester:
     (the calling thread takes one share, so it waits only for the slowest share)."""
 
     def __init__(self, algorithm: str = DEFAULT_ALGORITHM, threads: int | None = None,
-                 parallel_min_bytes: int | None = None) -> None:
+                 parallel_min_bytes: int | None = None,
+                 parallel_min_row_bytes: int | None = None) -> None:
         self.fn = ALGORITHMS[algorithm]
         self.threads = auto_threads() if threads is None else max(1, int(threads))
         self.parallel_min_bytes = (PARALLEL_MIN_BYTES if parallel_min_bytes is None
                                    else parallel_min_bytes)
+        self.parallel_min_row_bytes = (PARALLEL_MIN_ROW_BYTES if parallel_min_row_bytes is None
+                                       else parallel_min_row_bytes)
         self._pool: Executor | None = None
         self._pool_pid = 0  # a pool does not survive fork: make a new one in the child
         self._lock = threading.Lock()
@@ -94,7 +102,7 @@ class Digester:
         if n < 2:
             return [bufs]
         total = sum(len(b) for b in bufs)
-        if total < self.parallel_min_bytes:
+        if total < self.parallel_min_bytes or total < self.parallel_min_row_bytes * len(bufs):
             return [bufs]
         shares, start, acc, cut = [], 0, 0, total / n
         for i, b in enumerate(bufs):

@@ -26,7 +26,7 @@ def test_xxh3_is_the_one_shot_value():
                                                              1 << 19, 5, 1 << 20]])
 def test_many_equals_one_by_one(algorithm, threads, sizes):
     bufs = [memoryview(os.urandom(n)) for n in sizes]
-    d = Digester(algorithm, threads, parallel_min_bytes=0)
+    d = Digester(algorithm, threads, parallel_min_bytes=0, parallel_min_row_bytes=0)
     try:
         assert d.many(bufs) == [ALGORITHMS[algorithm](b) for b in bufs]
     finally:
@@ -43,7 +43,7 @@ def test_large_batches_run_on_several_threads(monkeypatch):
         return len(buf)
 
     monkeypatch.setitem(ALGORITHMS, "recording", recording)
-    d = Digester("recording", 3, parallel_min_bytes=0)
+    d = Digester("recording", 3, parallel_min_bytes=0, parallel_min_row_bytes=0)
     try:
         bufs = [memoryview(b"x" * 10)] * 3
         assert d.many(bufs) == [10, 10, 10]
@@ -64,6 +64,29 @@ def test_small_batches_stay_on_the_calling_thread(monkeypatch):
     assert d.many([memoryview(b"x" * 4096)] * 64) == [0] * 64
     assert seen == {threading.current_thread().name}
     assert d.parallel_min_bytes == checksums.PARALLEL_MIN_BYTES
+
+
+def test_small_rows_stay_on_the_calling_thread(monkeypatch):
+    """Past the batch threshold but rows under PARALLEL_MIN_ROW_BYTES each: one thread."""
+    seen: set[str] = set()
+
+    def recording(buf):
+        seen.add(threading.current_thread().name)
+        return len(buf)
+
+    monkeypatch.setitem(ALGORITHMS, "recording", recording)
+    small = checksums.PARALLEL_MIN_ROW_BYTES // 2
+    rows = (checksums.PARALLEL_MIN_BYTES // small) * 2
+    bufs = [memoryview(bytes(small))] * rows
+    d = Digester("recording", 4)
+    try:
+        assert d.many(bufs) == [small] * rows
+        assert seen == {threading.current_thread().name}
+        big = [memoryview(bytes(checksums.PARALLEL_MIN_ROW_BYTES))] * 64  # 8 MiB of big rows
+        assert d.many(big) == [checksums.PARALLEL_MIN_ROW_BYTES] * 64
+        assert len(seen) > 1
+    finally:
+        d.close()
 
 
 def test_auto_threads_is_bounded():
