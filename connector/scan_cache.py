@@ -55,7 +55,7 @@ class DeferredScans:
     """The row states of the last deferred scan of up to ``size`` requests (a long restore
     is a handful at once), each kept with the change log's length at its read."""
 
-    __slots__ = ("changes", "rows", "size", "_kept")
+    __slots__ = ("changes", "rows", "size", "_kept", "absent", "writing")
 
     def __init__(self, changes: PrimaryChanges, rows: Any, size: int = 8) -> None:
         """``rows``: a list of keys -> their primary rows' places (compat's TieredReader)."""
@@ -63,8 +63,12 @@ class DeferredScans:
         self.rows = rows
         self.size = size
         # id(req_context) -> [req_context, total, first key, last key, epoch, mark,
-        #                     places, key -> index (built at the first change)]
+        #                     places, key -> index (built at the first change),
+        #                     places absent, places being written]
         self._kept: dict[int, list] = {}
+        # of the places the latest call returned: absent, being written (kept up to date per
+        # change, so a deferred round is not two passes over its ~8,190 places a step)
+        self.absent = self.writing = 0
 
     def places(self, keys: list[bytes], req_context: Any) -> list[int]:
         """Each key's primary row place now (``keys``: one request's whole scan)."""
@@ -74,8 +78,9 @@ class DeferredScans:
                 or kept[4] != changes.epoch or kept[2] != keys[0] or kept[3] != keys[-1]):
             # the last key's hash chains the whole prefix: same ends, same keys
             places = self.rows(keys)
+            self.absent, self.writing = places.count(_ABSENT), places.count(_WRITING)
             kept = [req_context, total, keys[0], keys[-1], changes.epoch, len(changes.keys),
-                    places, None]
+                    places, None, self.absent, self.writing]
             kept_all = self._kept
             kept_all.pop(id(req_context), None)
             if len(kept_all) >= self.size:
@@ -89,21 +94,34 @@ class DeferredScans:
                 index = kept[7] = dict(zip(keys, range(total)))
             at = [j for j in map(index.get, log[mark:]) if j is not None]
             if at:
+                absent, writing = kept[8], kept[9]
                 for j, place in zip(at, self.rows([keys[j] for j in at])):
-                    places[j] = place
+                    old = places[j]
+                    if old != place:
+                        absent += (place == _ABSENT) - (old == _ABSENT)
+                        writing += (place == _WRITING) - (old == _WRITING)
+                        places[j] = place
+                kept[8], kept[9] = absent, writing
             kept[5] = len(log)
+        self.absent, self.writing = kept[8], kept[9]
         return places
 
 
 def count(places: list[int], m: int, promoted: int, stopped: bool,
-          last_missed: Any) -> tuple[int, int, int, int]:
+          last_missed: Any, totals: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
     """(HIT, HIT_PENDING, RETRY, MISS) of a deferred scan that consumed ``m`` keys, from the
     places of its keys: being written HIT_PENDING, absent RETRY, ready HIT; ``promoted``
     rows this scan's promotions wrote answered RETRY (0.26; 0.33: 0, they answer
     HIT_PENDING); the last key MISS where the scan stopped there, or where it is absent and
-    ``last_missed()`` says its secondary tiers answered MISS."""
-    seg = places if m == len(places) else places[:m]
-    pending, retry = seg.count(_WRITING) - promoted, seg.count(_ABSENT) + promoted
+    ``last_missed()`` says its secondary tiers answered MISS. ``totals``: (absent, being
+    written) over all of ``places`` where they are known (DeferredScans)."""
+    if totals is not None and m == len(places):
+        seg = places
+        absent, writing = totals
+    else:
+        seg = places if m == len(places) else places[:m]
+        absent, writing = seg.count(_ABSENT), seg.count(_WRITING)
+    pending, retry = writing - promoted, absent + promoted
     hit, miss = m - pending - retry, 0
     last = seg[-1]
     if stopped:  # the scan's last lookup was its MISS (never a promotion: that is RETRY)
