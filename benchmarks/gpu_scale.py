@@ -138,8 +138,8 @@ def total(samples: dict[str, float], name: str) -> float:
 
 
 def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: str,
-             deadline: float | None, out_path: str | None, checksum_policy: str = "refuse"
-             ) -> dict:
+             deadline: float | None, out_path: str | None, checksum_policy: str = "refuse",
+             checksum_threads: int | None = None, checksum_scope: str = "unshared") -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
     from gpu_scheduler_bound import free_port
@@ -162,14 +162,18 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
             "spec_name": "TieringOffloadingSpec",
             "secondary_tiers": [{"type": "fs", "root_dir": fs_root, "n_read_threads": 16,
                                  "n_write_threads": 16}],
-            "kvscope": {"exporter_port": port, "checksum_policy": checksum_policy}})
+            "kvscope": {"exporter_port": port, "checksum_policy": checksum_policy,
+                        "checksum_threads": checksum_threads,
+                        "checksum_scope": checksum_scope}})
     t0 = time.perf_counter()
     llm = LLM(model=d, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
               block_size=CHUNK, num_gpu_blocks_override=g["gpu_blocks"],
               max_model_len=g["max_len"], max_num_batched_tokens=8192, max_num_seqs=4,
               gpu_memory_utilization=0.5, enable_prefix_caching=True, enforce_eager=True,
               kv_transfer_config=ktc, disable_log_stats=False, seed=0)
-    res: dict = {**g, "checksum_policy": checksum_policy, "engine_up_s": round(time.perf_counter() - t0, 1), "pid": os.getpid(),
+    res: dict = {**g, "checksum_policy": checksum_policy,
+                 "checksum_threads": checksum_threads, "checksum_scope": checksum_scope,
+                 "engine_up_s": round(time.perf_counter() - t0, 1), "pid": os.getpid(),
                  "cmd": sys.argv}
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     worker = get_kv_transfer_group()
@@ -240,6 +244,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         settle()
         t1s = time.perf_counter()
         mark = len(answers.answers)
+        scan, lookups = per_call["scan"], per_call.get("s.get_num_new_matched_tokens")
+        r0 = (scan.calls, scan.seconds, lookups.calls if lookups else 0)
         again = ask(k)
         t2 = time.perf_counter()
         threads = thread_cpu.between(threads0, thread_cpu.snapshot())
@@ -251,6 +257,11 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
               "same_output": list(again.outputs[0].token_ids) == first_out.pop(k),
               "digest_wall_s": {n: round(c.seconds - d0[n], 4) for n, c in digests.items()},
               "calls_cpu_s": {n: round(c.seconds - calls0[n], 4) for n, c in per_call.items()},
+              # the re-ask alone: vLLM's prefix scans (how many: one per lookup of a step
+              # while the restore waits) and the connector's lookups
+              "reask": {"scan_calls": scan.calls - r0[0],
+                        "scan_cpu_s": round(scan.seconds - r0[1], 4),
+                        "lookup_calls": (lookups.calls if lookups else 0) - r0[2]},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
@@ -310,15 +321,17 @@ def _write(path: str, obj: dict) -> None:
 
 
 def summarize_files(paths: list[str]) -> dict:
-    by_case: dict[tuple[int, str], list[dict]] = {}
+    by_case: dict[tuple[int, str, str], list[dict]] = {}
     for p in paths:
         with open(p) as f:
             r = json.load(f)
-        by_case.setdefault((r["tokens"], r.get("checksum_policy", "refuse")), []).append(r)
+        # results before checksum_scope existed digested every rank ("all")
+        by_case.setdefault((r["tokens"], r.get("checksum_policy", "refuse"),
+                            r.get("checksum_scope", "all")), []).append(r)
     out = {}
-    for (tokens, policy), runs in sorted(by_case.items()):
+    for (tokens, policy, scope), runs in sorted(by_case.items()):
         iters = [i for r in runs for i in r["iters"][:len(r["iters"]) // 2 * 2]]
-        out[f"{tokens} {policy}"] = {"processes": len(runs), **summary(iters),
+        out[f"{tokens} {policy} {scope}"] = {"processes": len(runs), **summary(iters),
                                      "checks": [r.get("checks") for r in runs]}
     return out
 
@@ -336,6 +349,11 @@ def main() -> int:
                    help="stop between pairs so the run ends this many seconds after start")
     c.add_argument("--out")
     c.add_argument("--checksum-policy", default="refuse", choices=["refuse", "observe", "off"])
+    c.add_argument("--checksum-threads", type=int, default=None,
+                   help="kvscope's checksum_threads setting (default: its automatic choice)")
+    c.add_argument("--checksum-scope", default="unshared", choices=["unshared", "all"],
+                   help="kvscope's checksum_scope (unshared: TP=1 here shares the scheduler's "
+                        "file, so nothing is digested; all: every rank digested)")
     s = sub.add_parser("summarize")
     s.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -344,7 +362,7 @@ def main() -> int:
         return 0
     deadline = T_START + a.deadline_s if a.deadline_s else None
     res = run_case(a.tokens, a.rows, a.pairs, a.warmup, a.fs_root, deadline, a.out,
-                   a.checksum_policy)
+                   a.checksum_policy, a.checksum_threads, a.checksum_scope)
     print(json.dumps({k: v for k, v in res.items() if k != "iters"}))
     ok = (res["checks"]["telemetry_errors"] == 0 and res["checks"]["same_output"]
           and len(res["checks"]["restored"]) == 1
