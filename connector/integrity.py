@@ -50,7 +50,7 @@ class PromotedRows:
         self.ranks = ranks
         # key -> (row, per-rank digests; None for a rank sharing the scheduler's file) of
         # rows filled by a completed promotion
-        self.expected: dict[bytes, tuple[int, tuple[int, ...]]] = {}
+        self.expected: dict[bytes, tuple[int, tuple[int | None, ...]]] = {}
         # Refused loads: a rank's copy of these keys' rows differs from the
         # scheduler host's. Without this, vLLM's recompute would look the same
         # keys up, load and be refused again, forever. The manager proxy answers
@@ -87,15 +87,13 @@ class PromotedRows:
             offsets = [g.slot_offset(int(row), r) for row in rows for r in ranks]
             # the promotion's rows, over a few threads
             digests = self.digester.many([view[o:o + size] for o in offsets])
-            if k == n:
-                for i, (key, row) in enumerate(zip(keys, rows)):
-                    self.expected[key] = (row, tuple(digests[i * n:(i + 1) * n]))
-            else:
-                for i, (key, row) in enumerate(zip(keys, rows)):
-                    per: list[int | None] = [None] * n
-                    for j, r in enumerate(ranks):
-                        per[r] = digests[i * k + j]
-                    self.expected[key] = (row, tuple(per))
+            # a row's digests, one per rank in rank order (None: a rank not digested)
+            pad = [None] * n
+            for i, (key, row) in enumerate(zip(keys, rows)):
+                per = pad[:]
+                for r, d in zip(ranks, digests[i * k:(i + 1) * k]):
+                    per[r] = d
+                self.expected[key] = (row, tuple(per))
             if len(self.expected) > 2 * g.rows:  # bound: at most rows are live anyway
                 for stale in list(self.expected)[: len(self.expected) - 2 * g.rows]:
                     del self.expected[stale]

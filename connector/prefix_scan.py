@@ -146,10 +146,10 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             elif (places_of is not None and log.compact and m and not (evicted or refused)
                   and k0 == log.start and not (log.refusals or log.evictions)):
                 last = keys[m - 1]
-                places = places_of(keys, req_context)
+                places, absent, writing = places_of(keys, req_context)
                 log.counted = (*count(places, m, len(promoted) if promoted_retry else 0,
                                       m < total, lambda: last_answer(last, req_context),
-                                      (scans.absent, scans.writing)), m, last)
+                                      (absent, writing)), m, last)
             else:
                 consumed = keys[:m] if m < total else keys
                 results = read(consumed, req_context, m < total, promoted, evicted, refused)

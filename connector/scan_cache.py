@@ -55,7 +55,7 @@ class DeferredScans:
     """The row states of the last deferred scan of up to ``size`` requests (a long restore
     is a handful at once), each kept with the change log's length at its read."""
 
-    __slots__ = ("changes", "rows", "size", "_kept", "absent", "writing")
+    __slots__ = ("changes", "rows", "size", "_kept")
 
     def __init__(self, changes: PrimaryChanges, rows: Any, size: int = 8) -> None:
         """``rows``: a list of keys -> their primary rows' places (compat's TieredReader)."""
@@ -66,27 +66,25 @@ class DeferredScans:
         #                     places, key -> index (built at the first change),
         #                     places absent, places being written]
         self._kept: dict[int, list] = {}
-        # of the places the latest call returned: absent, being written (kept up to date per
-        # change, so a deferred round is not two passes over its ~8,190 places a step)
-        self.absent = self.writing = 0
 
-    def places(self, keys: list[bytes], req_context: Any) -> list[int]:
-        """Each key's primary row place now (``keys``: one request's whole scan)."""
+    def places(self, keys: list[bytes], req_context: Any) -> tuple[list[int], int, int]:
+        """Each key's primary row place now (``keys``: one request's whole scan), and how
+        many of them are absent and being written (kept up to date per change, so a
+        deferred round is not two passes over its ~8,190 places a step)."""
         changes, total = self.changes, len(keys)
         kept = self._kept.get(id(req_context))
         if (kept is None or kept[0] is not req_context or kept[1] != total
                 or kept[4] != changes.epoch or kept[2] != keys[0] or kept[3] != keys[-1]):
             # the last key's hash chains the whole prefix: same ends, same keys
             places = self.rows(keys)
-            self.absent, self.writing = places.count(_ABSENT), places.count(_WRITING)
             kept = [req_context, total, keys[0], keys[-1], changes.epoch, len(changes.keys),
-                    places, None, self.absent, self.writing]
+                    places, None, places.count(_ABSENT), places.count(_WRITING)]
             kept_all = self._kept
             kept_all.pop(id(req_context), None)
             if len(kept_all) >= self.size:
                 del kept_all[next(iter(kept_all))]
             kept_all[id(req_context)] = kept
-            return places
+            return places, kept[8], kept[9]
         log, mark, places = changes.keys, kept[5], kept[6]
         if len(log) > mark:
             index = kept[7]
@@ -103,8 +101,7 @@ class DeferredScans:
                         places[j] = place
                 kept[8], kept[9] = absent, writing
             kept[5] = len(log)
-        self.absent, self.writing = kept[8], kept[9]
-        return places
+        return places, kept[8], kept[9]
 
 
 def count(places: list[int], m: int, promoted: int, stopped: bool,

@@ -100,13 +100,12 @@ class SchedulerObserver:
         self.log = LookupLog()
         self.lookups = LookupCounts(group_suffixes(lookup_groups)[0][0]
                                     if len(lookup_groups) == 1 else None)
-        self.shared_ranks = (SharedRanks(compat.scheduler_region(inner),
-                                         self.geometry.world_size, checksum_scope)
-                             if tiered and self.geometry is not None else None)
         self.rows = PromotedRows(recorder=recorder, policy=checksum_policy,
                                  view=compat.scheduler_view(inner) if tiered else None,
                                  geometry=self.geometry, digester=digester,
-                                 ranks=self.shared_ranks)
+                                 ranks=SharedRanks(compat.scheduler_region(inner),
+                                                   self.geometry.world_size, checksum_scope)
+                                 if tiered and self.geometry is not None else None)
         per_chunk = compat.blocks_per_chunk(spec)
         self.requests = RequestStates([t * per_chunk for t in compat.group_tokens_per_block(spec)
                                        if t])

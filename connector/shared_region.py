@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvscope.connector import compat
+
 logger = logging.getLogger("kvscope")
 
 MARKER_SUFFIX = ".kvscope-rank"
@@ -45,15 +47,17 @@ class ChecksumScope:
 
 
 def region_identity(region: Any) -> str | None:
-    """``boot id:device:inode`` of the file behind ``region`` (a SharedOffloadRegion; in
-    vLLM 0.33 its first segment, which every mapper opens by the same path); None when it
-    cannot be told (no such file, no boot id): then nothing is taken as shared."""
+    """``boot id:device:inode`` of the file behind ``region`` (a SharedOffloadRegion:
+    ``compat.region_file``); None when it cannot be told (no path, no such file, no boot
+    id): then nothing is taken as shared."""
+    fd, path = compat.region_file(region)
+    if path is None:
+        return None
     try:
         with open(_BOOT_ID) as f:
             boot = f.read().strip()
-        fd = getattr(region, "fd", None)
-        st = os.fstat(fd) if isinstance(fd, int) else os.stat(region.mmap_path)
-    except (OSError, AttributeError, TypeError):
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
         return None
     return f"{boot}:{st.st_dev}:{st.st_ino}" if boot else None
 
@@ -65,8 +69,8 @@ def marker_path(region_path: str, rank: int) -> str:
 def write_marker(region: Any, rank: int) -> str | None:
     """This rank's marker next to the file it mapped (written whole: a temporary renamed);
     the marker's path, or None when the region's file cannot be told."""
-    identity, path = region_identity(region), getattr(region, "mmap_path", None)
-    if identity is None or not isinstance(path, str):
+    identity, path = region_identity(region), compat.region_file(region)[1]
+    if identity is None:
         return None
     marker = marker_path(path, rank)
     tmp = f"{marker}.{os.getpid()}.tmp"
@@ -91,8 +95,9 @@ class SharedRanks:
                  recheck_s: float = RECHECK_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.world_size = world_size
+        # None (scope all, or the file cannot be told): every rank digested, no marker read
         self.identity = region_identity(region) if scope == ChecksumScope.UNSHARED else None
-        self.path = getattr(region, "mmap_path", None)
+        self.path = compat.region_file(region)[1]
         self.shared: frozenset[int] = frozenset()  # a rank maps one file for its life
         self.digested: tuple[int, ...] = tuple(range(world_size))
         self._recheck_s = recheck_s
@@ -102,7 +107,7 @@ class SharedRanks:
     def to_digest(self) -> tuple[int, ...]:
         """The ranks not known to share the scheduler's file (per promotion: once every
         rank is known, a tuple read; until then the markers at most every recheck_s)."""
-        if self.digested and self.identity is not None and isinstance(self.path, str):
+        if self.digested and self.identity is not None:
             now = self._clock()
             if now >= self._next_check:
                 self._next_check = now + self._recheck_s

@@ -207,6 +207,14 @@ def region_rank(region: Any) -> int | None:
     return int(rank) if rank is not None else None
 
 
+def region_file(region: Any) -> tuple[int | None, str | None]:
+    """(fd, path) of the file a SharedOffloadRegion maps (``/dev/shm/vllm_offload_<engine>
+    .mmap``; in 0.33 its first segment, which every mapper opens by that path); None where
+    the region does not say."""
+    fd, path = getattr(region, "fd", None), getattr(region, "mmap_path", None)
+    return (fd if isinstance(fd, int) else None), (path if isinstance(path, str) else None)
+
+
 def region_buffer(region: Any) -> mmap.mmap | None:
     return getattr(region, "mmap_obj", None)
 
