@@ -16,6 +16,7 @@ class CallClock:
         self.clock = clock
         self.seconds = 0.0
         self.calls = 0
+        self.longest = 0.0  # the longest single call (reset by whoever reads it)
         self._sites: list[tuple[object, str]] = []
         self._saved: list[object] = []  # per site: its own attribute before the wrap
 
@@ -35,8 +36,11 @@ class CallClock:
             try:
                 return inner(*a, **kw)
             finally:
-                self.seconds += clock() - t0
+                spent = clock() - t0
+                self.seconds += spent
                 self.calls += 1
+                if spent > self.longest:
+                    self.longest = spent
 
         timed.inner = inner  # what it times (a test checks it is the current method)
         setattr(owner, name, timed)

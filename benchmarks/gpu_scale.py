@@ -246,6 +246,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         mark = len(answers.answers)
         scan, lookups = per_call["scan"], per_call.get("s.get_num_new_matched_tokens")
         r0 = (scan.calls, scan.seconds, lookups.calls if lookups else 0)
+        scan.longest = 0.0
         again = ask(k)
         t2 = time.perf_counter()
         threads = thread_cpu.between(threads0, thread_cpu.snapshot())
@@ -261,6 +262,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
               # while the restore waits) and the connector's lookups
               "reask": {"scan_calls": scan.calls - r0[0],
                         "scan_cpu_s": round(scan.seconds - r0[1], 4),
+                        # the first, which starts the restore's promotions (one per key)
+                        "scan_cpu_longest_s": round(scan.longest, 4),
                         "lookup_calls": (lookups.calls if lookups else 0) - r0[2]},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
@@ -310,7 +313,13 @@ def summary(iters: list[dict]) -> dict:
                                     "off": med([i["tokens_per_s"] for i in off])},
             "digest_share_of_restore_on": {"median": round(med(dig), 4),
                                            "max": round(max(dig), 4)},
-            "kvscope_threads_cpu_s_on": med([i["threads"]["kvscope"]["cpu_s"] for i in on])}
+            "kvscope_threads_cpu_s_on": med([i["threads"]["kvscope"]["cpu_s"] for i in on]),
+            # vLLM's scans during the re-ask: how many, their CPU, the longest one's
+            "reask_scans": {arm: {"calls": med([i["reask"]["scan_calls"] for i in xs]),
+                                  "cpu_s": med([i["reask"]["scan_cpu_s"] for i in xs]),
+                                  "longest_cpu_s": med([i["reask"].get("scan_cpu_longest_s", 0)
+                                                        for i in xs])}
+                            for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]}}
 
 
 def _write(path: str, obj: dict) -> None:

@@ -78,9 +78,14 @@ class ScanCursor:
     """Where a tapped tiering scan is (scheduler thread): open (``it``: the iterator vLLM's
     scan consumes) only while :func:`tiered_scan_tap` runs one. The primary tier's
     ``prepare_write`` tap (tier_taps.py) notes here what the lookup in progress did: the
-    keys its promotion wrote rows for, the keys it evicted, a refused promotion."""
+    keys its promotion wrote rows for, the keys it evicted, a refused promotion.
 
-    __slots__ = ("it", "n", "promoted", "evicted", "refused")
+    While the scan runs the tap only appends each call raw to ``writes`` (the iterator's
+    length hint, the keys, vLLM's answer: one tuple per promoted key, thousands in a long
+    restore's first scan); ``settle`` (set by the tap's owner) turns them into the lists
+    below as the scan returns (tier_taps.TierTaps._settle_scan)."""
+
+    __slots__ = ("it", "n", "promoted", "evicted", "refused", "writes", "settle")
 
     def __init__(self) -> None:
         self.it: Any = None
@@ -88,10 +93,13 @@ class ScanCursor:
         self.promoted: list[bytes] = []
         self.evicted: list[tuple[int, Any]] = []  # (index in the scan, keys)
         self.refused: list[tuple[int, int]] = []  # (index in the scan, keys)
+        # (the iterator's length hint: the lookup in progress is at n - hint - 1, keys, answer)
+        self.writes: list[tuple[int, Any, Any]] = []
+        self.settle: Callable[[], None] = _nothing
 
-    def position(self) -> int:
-        """The index, in the scan's keys, of the lookup in progress (C-level)."""
-        return self.n - self.it.__length_hint__() - 1
+
+def _nothing() -> None:
+    """A cursor's ``settle`` until a tap owns it."""
 
 
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
@@ -135,6 +143,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             n = inner_scan(it, req_context, *rest)
         finally:
             cursor.it = None
+            if cursor.writes:
+                cursor.settle()
         k0 = len(results_out)
         try:
             m = total - it.__length_hint__()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -32,6 +34,8 @@ _CASCADE_COMPLETED = (CascadeResult.COMPLETED.value,)
 _CASCADE_FAILED = (CascadeResult.FAILED.value,)
 _DISK_TO_CPU = (signals.RANK_MANAGER, Direction.DISK_TO_CPU.value)
 _CPU_TO_DISK = (signals.RANK_MANAGER, Direction.CPU_TO_DISK.value)
+# a prepare_write answer's keys given rows, and the keys it evicted (vLLM's PrepareStoreOutput)
+_STORED, _EVICTED = attrgetter("keys_to_store"), attrgetter("evicted_keys")
 
 
 def _nothing() -> None:
@@ -106,17 +110,22 @@ class TierTaps:
         expected, quarantine, forget = self.rows.expected, self.rows.quarantine, self.rows.forget
         changed = self.changes.keys.extend  # bounded by the per-job taps (_tap_row_changes)
 
+        writes = cursor.writes.append
+
         # Once per promoted key (vLLM promotes key by key during a lookup: thousands per
-        # long restore): counts kept here (only this thread writes them; flush() hands the
-        # recorder what they grew by), no lock and no context manager per call
+        # long restore's first scan). Inside a tapped scan (the usual case): one tuple
+        # appended, the rest done by _settle_scan as the scan returns. Outside one (the
+        # per-key tap's lookups): at once. Counts kept here (only this thread writes
+        # them; flush() hands the recorder what they grew by), no lock, no context manager.
         def prepare_write(keys, req_context, *a, **kw):
             out = original(keys, req_context, *a, **kw)
             try:
-                if out is None:
+                it = cursor.it
+                if it is not None:  # a tiering scan in progress (prefix_scan.py)
+                    writes((it.__length_hint__(), keys, out))
+                elif out is None:
                     counts[1] += len(keys)
                     log.add_refusal(len(keys))
-                    if cursor.it is not None:
-                        cursor.refused.append((cursor.position(), len(keys)))
                 else:
                     counts[0] += len(out.keys_to_store)
                     changed(out.keys_to_store)
@@ -124,10 +133,6 @@ class TierTaps:
                     if evicted:
                         changed(evicted)
                         log.add_evictions(evicted)
-                    if cursor.it is not None:  # a tiering scan in progress (prefix_scan.py)
-                        cursor.promoted.extend(out.keys_to_store)
-                        if evicted:
-                            cursor.evicted.append((cursor.position(), evicted))
                     if expected or quarantine:  # digests: forget rewritten rows' ones
                         forget(evicted)
                         forget(out.keys_to_store)
@@ -140,7 +145,46 @@ class TierTaps:
         # what a tap's remover puts back (benchmarks/kvscope_switch.py)
         prepare_write.__wrapped__ = original
         primary.prepare_write = prepare_write
+        cursor.settle = self._settle_scan
         self._tap_row_changes(primary)
+
+    def _settle_scan(self) -> None:
+        """A tapped scan returned (scheduler thread): what each promotion it started did,
+        noted at its lookup in the cursor (which the scan tap reads and writes into the
+        round), counted, and its rows marked changed. The round's refusals and evictions
+        are written once, by the scan tap, at their lookups' indexes. C-level passes over
+        the calls (a long restore's first scan promotes ~8,190 keys, each evicting a row);
+        a Python step only per eviction or refusal."""
+        cursor, counts = self.cursor, self._promotions_started
+        writes, last = cursor.writes, cursor.n - 1
+        try:
+            hints, keys, outs = zip(*writes)
+            if None in outs:  # refused promotions (no primary row): rare
+                for hint, ks, out in writes:
+                    if out is None:
+                        counts[1] += len(ks)
+                        cursor.refused.append((last - hint, len(ks)))
+                outs = tuple(out for out in outs if out is not None)
+                hints = tuple(w[0] for w in writes if w[2] is not None)
+            stored = list(chain.from_iterable(map(_STORED, outs)))
+            evicted = list(map(_EVICTED, outs))
+            counts[0] += len(stored)
+            cursor.promoted.extend(stored)
+            changed = self.changes.keys
+            changed.extend(stored)
+            if any(evicted):
+                changed.extend(chain.from_iterable(filter(None, evicted)))
+                cursor.evicted.extend([(last - h, gone) for h, gone in zip(hints, evicted)
+                                       if gone])
+            rows = self.rows
+            if rows.expected or rows.quarantine:  # digests: forget rewritten rows' ones
+                for gone in filter(None, evicted):
+                    rows.forget(gone)
+                rows.forget(stored)
+        except Exception as exc:
+            self.rec.error(ErrorSite.TIER, exc)
+        finally:
+            writes.clear()
 
     def _tap_row_changes(self, primary: Any) -> None:
         """The primary tier's other calls that change rows (per job): a store's rows

@@ -73,6 +73,23 @@ def checked_scans(monkeypatch):
             return
         log = self.log
         turn = [0]
+        if read is not None:
+            # Within a tapped scan kvscope's prepare_write tap only notes each promotion
+            # for the scan's end (tier_taps._settle_scan): the reference, the per-key log,
+            # records its refusals and evictions as they happen, at the lookup in progress
+            primary, cursor = self.taps.primary, self.taps.cursor
+            tap = primary.prepare_write
+
+            def write_noted(keys, req_context, *a, **kw):
+                out = tap(keys, req_context, *a, **kw)
+                if cursor.it is not None:
+                    if out is None:
+                        log.add_refusal(len(keys))
+                    elif out.evicted_keys:
+                        log.add_evictions(out.evicted_keys)
+                return out
+
+            primary.prepare_write = write_noted
 
         def checking(keys, req_context, *rest):
             k0, r0, e0 = len(log.keys), len(log.refusals), len(log.evictions)
