@@ -116,6 +116,21 @@ def quarantined_keys(cfg: Config):
     )
 
 
+def checksum_ranks(cfg: Config):
+    return c.stat(
+        "Ranks checked",
+        "Worker ranks by how their slot of promoted rows is checked. digested: compared with "
+        "the scheduler's digests before each load (a rank on another node). shared_region: "
+        "the rank maps the scheduler's own region file and reads the promoted bytes "
+        "themselves, so there is nothing to compare (checksum_scope unshared; 'all' digests "
+        "them too). All 0: checksums off, or no secondary tier. 0 compared above with only "
+        "shared_region ranks is expected, not a blind spot.",
+        [(f"sum by ({s.L_CHECK}) ({s.CHECKSUM_RANKS.name}{c.dsel(cfg)})",
+          f"{{{{{s.L_CHECK}}}}}")],
+        width=4, height=8,
+    )
+
+
 def checksums_by_rank(cfg: Config):
     return c.timeseries(
         "Row checksums by rank",
@@ -379,8 +394,9 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_row(db.Row("Row integrity"))
         .with_panel(checksum_mismatches(cfg))
         .with_panel(quarantined_keys(cfg))
-        .with_panel(checksums_by_rank(cfg).span(8))
-        .with_panel(loads_refused(cfg).span(8))
+        .with_panel(checksum_ranks(cfg))
+        .with_panel(checksums_by_rank(cfg).span(6))
+        .with_panel(loads_refused(cfg).span(6))
         .with_row(db.Row("Disk tier"))
         .with_panel(tier_keys_lost(cfg))
         .with_panel(tier_lost_and_present(cfg))
