@@ -55,6 +55,22 @@ class ManagerProxy:
         plain, tap = self._lookups
         object.__setattr__(self, "lookup", tap if on else plain)
 
+    def direct_for(self, owner: Any) -> Callable[[bool], None]:
+        """``direct(on)``: ``owner.manager`` (vLLM's connector scheduler's) is the real
+        manager while on, this proxy again after (prefix_scan.tiered_scan_tap: a scan
+        whose lookups the proxy does not record). Whoever replaced ``owner.manager``
+        since (kvscope's switch turning it off) is left in place."""
+        inner = self._inner
+
+        def direct(on: bool) -> None:
+            if on:
+                if owner.manager is self:
+                    owner.manager = inner
+            elif owner.manager is inner:
+                owner.manager = self
+
+        return direct
+
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:
         # vLLM calls manager.touch etc. every step). The real manager's bound

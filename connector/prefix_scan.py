@@ -106,7 +106,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                     reader: compat.TieredReader, cursor: ScanCursor,
                     quarantine: dict[bytes, None], per_key: Callable[[bool], None],
                     error: Callable[[ErrorSite, BaseException], None],
-                    scans: DeferredScans | None = None) -> Callable[..., Any]:
+                    scans: DeferredScans | None = None,
+                    direct: Callable[[bool], None] | None = None) -> Callable[..., Any]:
     """The scan's stand-in with a secondary tier (compat.tiered_scan_reader): vLLM's scan
     handed an iterator over its keys (how many it consumed: ``len(keys)`` less the
     iterator's length hint, no frame per key), then its lookups written into ``log``: an
@@ -116,6 +117,11 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     per-key tap's are. While a key is quarantined (kvscope answers MISS for it, per key)
     ``per_key(True)`` puts the per-key tap in place for that scan, ``per_key(False)``
     removes it after.
+
+    ``direct(True)`` hands vLLM's scan the real manager for its lookups, ``direct(False)``
+    puts the manager proxy back: the proxy's ``__getattr__`` keeps CPython from
+    specializing ``self.manager.lookup`` in vLLM's loop (~25 ns a key, every key of every
+    scan), and with the per-key tap off the proxy adds nothing to a lookup.
 
     With ``scans`` (scan_cache.py), a deferred scan of a plain round (``log.compact``) with
     no refused promotion or eviction is counted from the request's kept row states instead
@@ -139,9 +145,13 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         r0, e0 = len(refusals_out), len(evictions_out)
         it = cursor.it = iter(keys)
         cursor.n = total
+        if direct is not None:
+            direct(True)
         try:
             n = inner_scan(it, req_context, *rest)
         finally:
+            if direct is not None:
+                direct(False)
             cursor.it = None
             if cursor.writes:
                 cursor.settle()
@@ -200,11 +210,13 @@ def install_tiered(connector_scheduler: Any, log: LookupLog, reader: compat.Tier
                    cursor: ScanCursor, quarantine: dict[bytes, None],
                    per_key: Callable[[bool], None],
                    error: Callable[[ErrorSite, BaseException], None],
-                   scans: DeferredScans | None = None) -> bool:
+                   scans: DeferredScans | None = None,
+                   direct: Callable[[bool], None] | None = None) -> bool:
     """:func:`install` with a secondary tier (:func:`tiered_scan_tap`)."""
     inner = getattr(connector_scheduler, SCAN_METHOD)
     if getattr(inner, compat.WRAPPED_MARK, False):
         return False
     setattr(connector_scheduler, SCAN_METHOD,
-            tiered_scan_tap(inner, log, reader, cursor, quarantine, per_key, error, scans))
+            tiered_scan_tap(inner, log, reader, cursor, quarantine, per_key, error, scans,
+                            direct))
     return True

@@ -311,6 +311,38 @@ def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
     assert checked_scans["counted"] >= 2, checked_scans
 
 
+def test_a_tapped_scan_looks_keys_up_on_vllms_own_manager():
+    """While a tiering scan's tap reads its lookups (per-key tap off), vLLM's loop calls
+    its own manager, not the proxy (whose ``__getattr__`` CPython cannot specialize), and
+    the proxy is in place again after each scan."""
+    r = random.Random(3)
+    prompts = [[r.randrange(1, 30_000) for _ in range(300 * 16)] for _ in range(2)]
+    cfg = replace(EngineConfig(rows=330, num_gpu_blocks=500, max_num_batched_tokens=4096,
+                               max_num_seqs=4, max_model_len=300 * 16 + 64,
+                               promotion_delay_steps=2,
+                               kvscope_options={"per_key_lookups": False}),
+                  **ONE_GROUP_TIERING)
+    with CPUEngine(cfg) as e:
+        cs = e.connector._kvscope_observer.cs
+        proxy = cs.manager
+        inner, real = proxy._inner, proxy._inner.lookup
+        seen: list[bool] = []
+
+        def lookup(key, req_context, *rest):  # vLLM's own, as the scan reaches it
+            seen.append(cs.manager is inner)
+            return real(key, req_context, *rest)
+
+        inner.lookup = lookup
+        e.generate(prompts[0], 2, max_steps=1_000)
+        e.generate(prompts[1], 2, max_steps=1_000)
+        e.drain(max_steps=1_000)
+        e.generate(prompts[0], 2, max_steps=1_000)
+        e.drain(max_steps=1_000)
+        assert cs.manager is proxy
+    assert len(seen) > 300  # the re-ask's scans looked every key up
+    assert set(seen) == {True}
+
+
 def test_a_long_restore_reads_its_lookups_from_the_scan():
     with _long_restore(600, held=3)[0] as e:
         assert e.connector._kvscope_observer.lookups_from_scan
