@@ -81,11 +81,13 @@ class ScanCursor:
     keys its promotion wrote rows for, the keys it evicted, a refused promotion.
 
     While the scan runs the tap only appends each call raw to ``writes`` (the iterator's
-    length hint, the keys, vLLM's answer: one tuple per promoted key, thousands in a long
-    restore's first scan); ``settle`` (set by the tap's owner) turns them into the lists
-    below as the scan returns (tier_taps.TierTaps._settle_scan)."""
+    length hint and vLLM's answer: one tuple per promoted key, thousands in a long
+    restore's first scan) or ``refusals`` (the hint and the keys' count); ``settle`` (set by
+    the tap's owner) turns them into the lists below as the scan returns
+    (tier_taps.TierTaps._settle_scan). vLLM's answers are never compared (a dataclass's
+    ``__eq__`` is Python code)."""
 
-    __slots__ = ("it", "n", "promoted", "evicted", "refused", "writes", "settle")
+    __slots__ = ("it", "n", "promoted", "evicted", "refused", "writes", "refusals", "settle")
 
     def __init__(self) -> None:
         self.it: Any = None
@@ -93,8 +95,9 @@ class ScanCursor:
         self.promoted: list[bytes] = []
         self.evicted: list[tuple[int, Any]] = []  # (index in the scan, keys)
         self.refused: list[tuple[int, int]] = []  # (index in the scan, keys)
-        # (the iterator's length hint: the lookup in progress is at n - hint - 1, keys, answer)
-        self.writes: list[tuple[int, Any, Any]] = []
+        # (the iterator's length hint: the lookup in progress is at n - hint - 1, answer)
+        self.writes: list[tuple[int, Any]] = []
+        self.refusals: list[tuple[int, int]] = []  # (length hint, keys)
         self.settle: Callable[[], None] = _nothing
 
 
@@ -153,7 +156,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             if direct is not None:
                 direct(False)
             cursor.it = None
-            if cursor.writes:
+            if cursor.writes or cursor.refusals:
                 cursor.settle()
         k0 = len(results_out)
         try:

@@ -110,7 +110,7 @@ class TierTaps:
         expected, quarantine, forget = self.rows.expected, self.rows.quarantine, self.rows.forget
         changed = self.changes.keys.extend  # bounded by the per-job taps (_tap_row_changes)
 
-        writes = cursor.writes.append
+        writes, refusals = cursor.writes.append, cursor.refusals.append
 
         # Once per promoted key (vLLM promotes key by key during a lookup: thousands per
         # long restore's first scan). Inside a tapped scan (the usual case): one tuple
@@ -122,7 +122,10 @@ class TierTaps:
             try:
                 it = cursor.it
                 if it is not None:  # a tiering scan in progress (prefix_scan.py)
-                    writes((it.__length_hint__(), keys, out))
+                    if out is not None:
+                        writes((it.__length_hint__(), out))
+                    else:
+                        refusals((it.__length_hint__(), len(keys)))
                 elif out is None:
                     counts[1] += len(keys)
                     log.add_refusal(len(keys))
@@ -156,16 +159,14 @@ class TierTaps:
         the calls (a long restore's first scan promotes ~8,190 keys, each evicting a row);
         a Python step only per eviction or refusal."""
         cursor, counts = self.cursor, self._promotions_started
-        writes, last = cursor.writes, cursor.n - 1
+        writes, refusals, last = cursor.writes, cursor.refusals, cursor.n - 1
         try:
-            hints, keys, outs = zip(*writes)
-            if None in outs:  # refused promotions (no primary row): rare
-                for hint, ks, out in writes:
-                    if out is None:
-                        counts[1] += len(ks)
-                        cursor.refused.append((last - hint, len(ks)))
-                outs = tuple(out for out in outs if out is not None)
-                hints = tuple(w[0] for w in writes if w[2] is not None)
+            for hint, n in refusals:  # promotions that found no primary row: rare
+                counts[1] += n
+                cursor.refused.append((last - hint, n))
+            if not writes:
+                return
+            hints, outs = zip(*writes)
             stored = list(chain.from_iterable(map(_STORED, outs)))
             evicted = list(map(_EVICTED, outs))
             counts[0] += len(stored)
@@ -185,6 +186,7 @@ class TierTaps:
             self.rec.error(ErrorSite.TIER, exc)
         finally:
             writes.clear()
+            refusals.clear()
 
     def _tap_row_changes(self, primary: Any) -> None:
         """The primary tier's other calls that change rows (per job): a store's rows

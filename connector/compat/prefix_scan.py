@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Collection, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -238,7 +238,9 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
             results = [pending] * m
         else:
             results = list(map(by_ref_cnt.get, places, repeat(hit, m)))
-        if evicted:  # found (ready) and evicted by a later promotion of this scan: a HIT
+        # found (ready) and evicted by a later promotion of this scan: a HIT. A long
+        # restore's promotions evict other prompts' rows: a C-level test first
+        if evicted and not set(chain.from_iterable(g for _, g in evicted)).isdisjoint(keys):
             at = dict(zip(keys, range(m)))
             for i, gone in evicted:
                 for key in gone:
