@@ -119,7 +119,8 @@ def test_alerts(prom, phase):
 # kvscope series added to the contract after the campaigns were recorded: in no recording.
 # Their panels are checked against live engines instead (test_queries_reality.py).
 NEWER_THAN_CAMPAIGNS = frozenset(m.name for m in (
-    S.GPU_BLOCKS, S.IDLE_GPU_BLOCKS, S.HOST_MEMORY_AVAILABLE, S.PROCESS_RESIDENT_MEMORY))
+    S.GPU_BLOCKS, S.IDLE_GPU_BLOCKS, S.HOST_MEMORY_AVAILABLE, S.PROCESS_RESIDENT_MEMORY,
+    S.CHECKSUM_RANKS))
 
 
 def test_every_dashboard_query_returns_data(prom):
