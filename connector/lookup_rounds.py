@@ -24,6 +24,7 @@ from typing import Any
 
 from kvscope.connector import compat
 from kvscope.connector.coverage import MissCause
+from kvscope.connector.evictions import Evictions
 from kvscope.exporters import signals
 from kvscope.exporters.signals import Verdict
 
@@ -53,8 +54,8 @@ class LookupLog:
         self.results: list[Any] = []
         self.quarantined: list[int] = []  # indexes kvscope answered MISS itself
         self.refusals: list[tuple[int, int]] = []  # (index of the lookup in progress, keys)
-        # (index of the lookup in progress, keys a started promotion evicted)
-        self.evictions: list[tuple[int, Any]] = []
+        # (index of the lookup in progress, keys a started promotion evicted), kept flat
+        self.evictions = Evictions()
         self.start = -1  # index where the open round began; -1: no round open
         self._started_ns = 0
         # True while a plain round's call runs (scheduler_hooks.py): a deferred scan may then
@@ -76,7 +77,7 @@ class LookupLog:
     def add_evictions(self, keys: Any) -> None:
         """A promotion started during the open round evicted these keys' rows."""
         if self.start >= 0:
-            self.evictions.append((len(self.results), keys))
+            self.evictions.add(len(self.results), keys)
 
     # ---- rounds -----------------------------------------------------------------------
     def begin(self, started_ns: int = 0) -> None:
@@ -229,10 +230,10 @@ class Round:
     __slots__ = ("keys", "results", "quarantined", "refusals", "evictions", "started_ns")
 
     def __init__(self, log: LookupLog, start: int, quarantined: list[int],
-                 refusals: list[tuple[int, int]], evictions: list[tuple[int, Any]],
+                 refusals: list[tuple[int, int]], evictions: Evictions,
                  started_ns: int = 0) -> None:
         self.started_ns = started_ns
-        self.evictions = [(i - start, keys) for i, keys in evictions]
+        self.evictions = evictions.shifted(-start)
         self.results = log.results[start:]
         self.keys = log.keys[start:]
         self.quarantined = [i - start for i in quarantined]

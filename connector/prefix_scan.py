@@ -31,6 +31,7 @@ from typing import Any
 
 from kvscope.connector import compat
 from kvscope.connector.compat.prefix_scan import SCAN_METHOD
+from kvscope.connector.evictions import Evictions
 from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.connector.scan_cache import DeferredScans, count
 from kvscope.exporters.signals import ErrorSite
@@ -80,23 +81,22 @@ class ScanCursor:
     ``prepare_write`` tap (tier_taps.py) notes here what the lookup in progress did: the
     keys its promotion wrote rows for, the keys it evicted, a refused promotion.
 
-    While the scan runs the tap only appends each call raw to ``writes`` (the iterator's
-    length hint and vLLM's answer: one tuple per promoted key, thousands in a long
-    restore's first scan) or ``refusals`` (the hint and the keys' count); ``settle`` (set by
-    the tap's owner) turns them into the lists below as the scan returns
-    (tier_taps.TierTaps._settle_scan). vLLM's answers are never compared (a dataclass's
-    ``__eq__`` is Python code)."""
+    While the scan runs the tap copies each of vLLM's answers out flat (its keys into
+    ``promoted``, its evictions into ``evicted`` with the iterator's length hint for an
+    index) or notes a refusal (the hint and the keys' count) in ``refusals``: nothing kept
+    per promotion that the collector tracks (evictions.py). ``settle`` (set by the tap's
+    owner) counts them and turns hints into indexes as the scan returns
+    (tier_taps.TierTaps._settle_scan)."""
 
-    __slots__ = ("it", "n", "promoted", "evicted", "refused", "writes", "refusals", "settle")
+    __slots__ = ("it", "n", "promoted", "evicted", "refused", "refusals", "settle")
 
     def __init__(self) -> None:
         self.it: Any = None
         self.n = 0
+        # never rebound: the tap holds their bound methods
         self.promoted: list[bytes] = []
-        self.evicted: list[tuple[int, Any]] = []  # (index in the scan, keys)
+        self.evicted = Evictions()  # (index in the scan, keys); length hints until settled
         self.refused: list[tuple[int, int]] = []  # (index in the scan, keys)
-        # (the iterator's length hint: the lookup in progress is at n - hint - 1, answer)
-        self.writes: list[tuple[int, Any]] = []
         self.refusals: list[tuple[int, int]] = []  # (length hint, keys)
         self.settle: Callable[[], None] = _nothing
 
@@ -146,6 +146,10 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 per_key(False)
         total = len(keys)
         r0, e0 = len(refusals_out), len(evictions_out)
+        if promoted or evicted or refused:  # left by a scan vLLM's call raised out of
+            promoted.clear()
+            evicted.clear()
+            refused.clear()
         it = cursor.it = iter(keys)
         cursor.n = total
         if direct is not None:
@@ -156,7 +160,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             if direct is not None:
                 direct(False)
             cursor.it = None
-            if cursor.writes or cursor.refusals:
+            if promoted or cursor.refusals:
                 cursor.settle()
         k0 = len(results_out)
         try:
@@ -182,8 +186,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 del refusals_out[r0:]
                 refusals_out.extend((k0 + i, c) for i, c in refused)
                 if log.start >= 0:
-                    del evictions_out[e0:]
-                    evictions_out.extend((k0 + i, gone) for i, gone in evicted)
+                    evictions_out.truncate(e0)
+                    evictions_out.extend(evicted, k0)
         except Exception as exc:  # this scan's lookups are lost, the slots stay paired
             del keys_out[k0:], results_out[k0:]
             error(ErrorSite.LOOKUP, exc)

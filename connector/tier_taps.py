@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from itertools import chain
-from operator import attrgetter
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -34,8 +32,6 @@ _CASCADE_COMPLETED = (CascadeResult.COMPLETED.value,)
 _CASCADE_FAILED = (CascadeResult.FAILED.value,)
 _DISK_TO_CPU = (signals.RANK_MANAGER, Direction.DISK_TO_CPU.value)
 _CPU_TO_DISK = (signals.RANK_MANAGER, Direction.CPU_TO_DISK.value)
-# a prepare_write answer's keys given rows, and the keys it evicted (vLLM's PrepareStoreOutput)
-_STORED, _EVICTED = attrgetter("keys_to_store"), attrgetter("evicted_keys")
 
 
 def _nothing() -> None:
@@ -110,12 +106,15 @@ class TierTaps:
         expected, quarantine, forget = self.rows.expected, self.rows.quarantine, self.rows.forget
         changed = self.changes.keys.extend  # bounded by the per-job taps (_tap_row_changes)
 
-        writes, refusals = cursor.writes.append, cursor.refusals.append
+        promote, refusals = cursor.promoted.extend, cursor.refusals.append
+        ev = cursor.evicted
+        evicted_at, evicted_n, evicted_keys = ev.at.append, ev.n.append, ev.keys.extend
 
         # Once per promoted key (vLLM promotes key by key during a lookup: thousands per
-        # long restore's first scan). Inside a tapped scan (the usual case): one tuple
-        # appended, the rest done by _settle_scan as the scan returns. Outside one (the
-        # per-key tap's lookups): at once. Counts kept here (only this thread writes
+        # long restore's promoting scan). Inside a tapped scan (the usual case): vLLM's
+        # answer copied out flat, ints and keys only (evictions.py: nothing kept that the
+        # collector tracks), the rest done by _settle_scan as the scan returns. Outside one
+        # (the per-key tap's lookups): at once. Counts kept here (only this thread writes
         # them; flush() hands the recorder what they grew by), no lock, no context manager.
         def prepare_write(keys, req_context, *a, **kw):
             out = original(keys, req_context, *a, **kw)
@@ -123,7 +122,12 @@ class TierTaps:
                 it = cursor.it
                 if it is not None:  # a tiering scan in progress (prefix_scan.py)
                     if out is not None:
-                        writes((it.__length_hint__(), out))
+                        promote(out.keys_to_store)
+                        gone = out.evicted_keys
+                        if gone:  # the lookup in progress: at n - hint - 1
+                            evicted_at(it.__length_hint__())
+                            evicted_n(len(gone))
+                            evicted_keys(gone)
                     else:
                         refusals((it.__length_hint__(), len(keys)))
                 elif out is None:
@@ -152,41 +156,32 @@ class TierTaps:
         self._tap_row_changes(primary)
 
     def _settle_scan(self) -> None:
-        """A tapped scan returned (scheduler thread): what each promotion it started did,
-        noted at its lookup in the cursor (which the scan tap reads and writes into the
-        round), counted, and its rows marked changed. The round's refusals and evictions
-        are written once, by the scan tap, at their lookups' indexes. C-level passes over
-        the calls (a long restore's first scan promotes ~8,190 keys, each evicting a row);
-        a Python step only per eviction or refusal."""
+        """A tapped scan returned (scheduler thread): what its promotions did, noted flat
+        by the tap, counted, its rows marked changed, and each eviction's length hint made
+        the index of its lookup in the scan. The round's refusals and evictions are written
+        once, by the scan tap, at their lookups' indexes. C-level passes (a long restore's
+        promoting scan promotes ~8,190 keys, each evicting a row); a Python step only per
+        refused promotion."""
         cursor, counts = self.cursor, self._promotions_started
-        writes, refusals, last = cursor.writes, cursor.refusals, cursor.n - 1
+        stored, ev, last = cursor.promoted, cursor.evicted, cursor.n - 1
         try:
-            for hint, n in refusals:  # promotions that found no primary row: rare
+            for hint, n in cursor.refusals:  # promotions that found no primary row: rare
                 counts[1] += n
                 cursor.refused.append((last - hint, n))
-            if not writes:
-                return
-            hints, outs = zip(*writes)
-            stored = list(chain.from_iterable(map(_STORED, outs)))
-            evicted = list(map(_EVICTED, outs))
             counts[0] += len(stored)
-            cursor.promoted.extend(stored)
             changed = self.changes.keys
             changed.extend(stored)
-            if any(evicted):
-                changed.extend(chain.from_iterable(filter(None, evicted)))
-                cursor.evicted.extend([(last - h, gone) for h, gone in zip(hints, evicted)
-                                       if gone])
+            if ev:
+                changed.extend(ev.keys)
+                ev.at[:] = map(last.__sub__, ev.at)
             rows = self.rows
             if rows.expected or rows.quarantine:  # digests: forget rewritten rows' ones
-                for gone in filter(None, evicted):
-                    rows.forget(gone)
+                rows.forget(ev.keys)
                 rows.forget(stored)
         except Exception as exc:
             self.rec.error(ErrorSite.TIER, exc)
         finally:
-            writes.clear()
-            refusals.clear()
+            cursor.refusals.clear()
 
     def _tap_row_changes(self, primary: Any) -> None:
         """The primary tier's other calls that change rows (per job): a store's rows

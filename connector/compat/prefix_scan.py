@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Collection, Sequence
-from itertools import chain, repeat
+from itertools import repeat
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -165,8 +165,9 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
     """Where a deferred prefix scan's lookups can be read from vLLM's tiering manager right
     after the scan (still inside vLLM's call): a function of the keys the scan consumed, the
     request's context, whether the scan stopped before the end of its keys, the keys the
-    primary tier's promotions of this scan wrote rows for (``prepare_write``), the
-    ``(index, keys)`` its promotions evicted and the ``(index, keys)`` refused, that returns
+    primary tier's promotions of this scan wrote rows for (``prepare_write``), what they
+    evicted (kvscope's flat ``Evictions``: all the keys in ``keys``, ``(index, keys)`` pairs
+    when iterated) and the ``(index, keys)`` refused, that returns
     the results ``TieringOffloadingManager.lookup`` gave them (``TieredReader.read``, with
     the parts it is made of: scan_cache.py counts a request's scans from them); else None.
 
@@ -225,7 +226,7 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
         return retry if any_retry else miss
 
     def read(keys: Sequence[bytes], req_context: Any, stopped: bool,
-             promoted: Collection[bytes], evicted: Sequence[tuple[int, Any]],
+             promoted: Collection[bytes], evicted: Any,
              refused: Sequence[tuple[int, int]]) -> list:
         m = len(keys)
         if not m:
@@ -240,7 +241,7 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
             results = list(map(by_ref_cnt.get, places, repeat(hit, m)))
         # found (ready) and evicted by a later promotion of this scan: a HIT. A long
         # restore's promotions evict other prompts' rows: a C-level test first
-        if evicted and not set(chain.from_iterable(g for _, g in evicted)).isdisjoint(keys):
+        if evicted and not set(evicted.keys).isdisjoint(keys):
             at = dict(zip(keys, range(m)))
             for i, gone in evicted:
                 for key in gone:

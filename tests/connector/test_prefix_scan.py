@@ -120,7 +120,7 @@ def checked_scans(monkeypatch):
             assert shadow.keys == log.keys[k0:], (n, len(keys))
             assert shadow.results == log.results[k0:], (n, shadow.results, log.results[k0:])
             assert shadow.refusals == [(i - k0, c) for i, c in log.refusals[r0:]]
-            assert shadow.evictions == [(i - k0, ks) for i, ks in log.evictions[e0:]]
+            assert list(shadow.evictions) == [(i - k0, ks) for i, ks in list(log.evictions)[e0:]]
             seen[_kind(shadow.results)] += 1
             if shadow.refusals:
                 seen["refused a promotion"] += 1
