@@ -26,8 +26,14 @@ class CallClock:
         return self
 
     def _install(self, owner, name: str) -> object:
-        own = vars(owner).get(name, _ABSENT)
         inner = getattr(owner, name)
+        # the instance's own attribute, or _ABSENT where it resolves to its class's method:
+        # read through getattr, never vars(owner), which (CPython >= 3.11) builds the
+        # object's __dict__ and slows every later attribute read of it (vLLM's scan reads
+        # the connector scheduler's ``manager`` once per key)
+        is_class_method = (getattr(inner, "__self__", None) is owner and
+                           getattr(inner, "__func__", None) is getattr(type(owner), name, None))
+        own = _ABSENT if is_class_method else inner
 
         clock = self.clock
 
