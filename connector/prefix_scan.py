@@ -132,6 +132,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     keys_out, results_out = log.keys, log.results
     read, last_answer, promoted_retry = reader.read, reader.last_answer, reader.promoted_retry
     places_of = scans.places if scans is not None else None
+    all_written = scans.written if scans is not None else None
     add_keys, add_results, add_result = keys_out.extend, results_out.extend, results_out.append
     refusals_out, evictions_out = log.refusals, log.evictions
     hit, miss = compat.HIT, compat.MISS
@@ -182,6 +183,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 results = read(consumed, req_context, m < total, promoted, evicted, refused)
                 add_keys(consumed)
                 add_results(results)
+                if all_written is not None and m == total == len(promoted) and promoted == keys:
+                    all_written(keys, req_context)  # each key promoted: its row being written
             if refused or evicted:  # recorded at the scan's start: at their lookups instead
                 del refusals_out[r0:]
                 refusals_out.extend((k0 + i, c) for i, c in refused)

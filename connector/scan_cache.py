@@ -77,13 +77,8 @@ class DeferredScans:
                 or kept[4] != changes.epoch or kept[2] != keys[0] or kept[3] != keys[-1]):
             # the last key's hash chains the whole prefix: same ends, same keys
             places = self.rows(keys)
-            kept = [req_context, total, keys[0], keys[-1], changes.epoch, len(changes.keys),
-                    places, None, places.count(_ABSENT), places.count(_WRITING)]
-            kept_all = self._kept
-            kept_all.pop(id(req_context), None)
-            if len(kept_all) >= self.size:
-                del kept_all[next(iter(kept_all))]
-            kept_all[id(req_context)] = kept
+            kept = self._keep(keys, req_context, places, places.count(_ABSENT),
+                              places.count(_WRITING))
             return places, kept[8], kept[9]
         log, mark, places = changes.keys, kept[5], kept[6]
         if len(log) > mark:
@@ -102,6 +97,25 @@ class DeferredScans:
                 kept[8], kept[9] = absent, writing
             kept[5] = len(log)
         return places, kept[8], kept[9]
+
+
+    def written(self, keys: list[bytes], req_context: Any) -> None:
+        """A scan of the request's whole ``keys`` promoted each of them (a restore from disk's
+        promoting scan): every row is being written now, kept so without reading them (the
+        next deferred scan would read all ~8,190 again)."""
+        self._keep(keys, req_context, [_WRITING] * len(keys), 0, len(keys))
+
+    def _keep(self, keys: list[bytes], req_context: Any, places: list[int], absent: int,
+              writing: int) -> list:
+        changes = self.changes
+        kept = [req_context, len(keys), keys[0], keys[-1], changes.epoch, len(changes.keys),
+                places, None, absent, writing]
+        kept_all = self._kept
+        kept_all.pop(id(req_context), None)
+        if len(kept_all) >= self.size:
+            del kept_all[next(iter(kept_all))]
+        kept_all[id(req_context)] = kept
+        return kept
 
 
 def count(places: list[int], m: int, promoted: int, stopped: bool,
