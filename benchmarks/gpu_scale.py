@@ -37,11 +37,13 @@ Tiny Llama with dummy weights (4 layers, hidden 256, 2 KV heads: 32 KiB of KV pe
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import sys
 import tempfile
+import threading
 import time
 
 import thread_cpu
@@ -192,6 +194,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                                                               "many"),
                "rank0": CallClock(time.perf_counter).wrap(worker.kvscope_worker._digester,
                                                           "many")}
+    collections = Collections()
     sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True,
                         detokenize=False)
     tiny = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
@@ -247,7 +250,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         scan, lookups = per_call["scan"], per_call.get("s.get_num_new_matched_tokens")
         r0 = (scan.calls, scan.seconds, lookups.calls if lookups else 0)
         scan.longest = 0.0
+        gc0 = collections.now()
         again = ask(k)
+        reask_gc = collections.since(gc0)
         t2 = time.perf_counter()
         threads = thread_cpu.between(threads0, thread_cpu.snapshot())
         first_out[k + 1] = list(new.outputs[0].token_ids)
@@ -262,9 +267,12 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
               # while the restore waits) and the connector's lookups
               "reask": {"scan_calls": scan.calls - r0[0],
                         "scan_cpu_s": round(scan.seconds - r0[1], 4),
-                        # the first, which starts the restore's promotions (one per key)
+                        # the longest: the one that starts the restore's promotions (one
+                        # per key; on CPU the second, after the fs tier's existence checks)
                         "scan_cpu_longest_s": round(scan.longest, 4),
-                        "lookup_calls": (lookups.calls if lookups else 0) - r0[2]},
+                        "lookup_calls": (lookups.calls if lookups else 0) - r0[2],
+                        # the process's collections while it ran (any thread's)
+                        "gc": reask_gc},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
@@ -283,6 +291,34 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     if out_path:
         _write(out_path, res)
     return res
+
+
+class Collections:
+    """The process's garbage collections (gc.callbacks), per generation, and their wall time
+    (they hold the GIL: every thread waits): a restore's own allocations decide how many
+    run during it (benchmarks/README, ``promoting_scan.py``: kvscope's once ran 86 inside
+    a 131k restore's promoting scan on CPU, vLLM's none)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = 0.0
+        self._t0: dict[int, float] = {}
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict) -> None:
+        tid = threading.get_ident()
+        if phase == "start":
+            self._t0[tid] = time.perf_counter()
+            return
+        self.count[info["generation"]] += 1
+        self.seconds += time.perf_counter() - self._t0.pop(tid, time.perf_counter())
+
+    def since(self, then: tuple[list[int], float]) -> dict:
+        return {"collections": [a - b for a, b in zip(self.count, then[0])],
+                "s": round(self.seconds - then[1], 4)}
+
+    def now(self) -> tuple[list[int], float]:
+        return self.count[:], self.seconds
 
 
 def checks(iters: list[dict], before: dict, after: dict, on_restored: int) -> dict:
@@ -318,7 +354,9 @@ def summary(iters: list[dict]) -> dict:
             "reask_scans": {arm: {"calls": med([i["reask"]["scan_calls"] for i in xs]),
                                   "cpu_s": med([i["reask"]["scan_cpu_s"] for i in xs]),
                                   "longest_cpu_s": med([i["reask"].get("scan_cpu_longest_s", 0)
-                                                        for i in xs])}
+                                                        for i in xs]),
+                                  "gc_s": med([i["reask"].get("gc", {}).get("s", 0)
+                                               for i in xs])}
                             for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]}}
 
 
