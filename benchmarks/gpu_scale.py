@@ -43,7 +43,6 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 
 import thread_cpu
@@ -51,6 +50,7 @@ from call_clock import CallClock
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import interval, pair_logs
+from scheduler_gc_diag import GCClock
 
 T_START = time.monotonic()
 CHUNK = 16
@@ -194,7 +194,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                                                               "many"),
                "rank0": CallClock(time.perf_counter).wrap(worker.kvscope_worker._digester,
                                                           "many")}
-    collections = Collections()
+    # the process's collections (any thread's): kvscope's once ran 86 inside a 131k
+    # restore's promoting scan on CPU, vLLM's none (benchmarks/README, promoting_scan.py)
+    collections = GCClock()
+    gc.callbacks.append(collections)
     sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True,
                         detokenize=False)
     tiny = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
@@ -250,9 +253,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         scan, lookups = per_call["scan"], per_call.get("s.get_num_new_matched_tokens")
         r0 = (scan.calls, scan.seconds, lookups.calls if lookups else 0)
         scan.longest = 0.0
-        gc0 = collections.now()
+        gc0 = collections.totals()
         again = ask(k)
-        reask_gc = collections.since(gc0)
+        gc1 = collections.totals()
         t2 = time.perf_counter()
         threads = thread_cpu.between(threads0, thread_cpu.snapshot())
         first_out[k + 1] = list(new.outputs[0].token_ids)
@@ -272,7 +275,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         "scan_cpu_longest_s": round(scan.longest, 4),
                         "lookup_calls": (lookups.calls if lookups else 0) - r0[2],
                         # the process's collections while it ran (any thread's)
-                        "gc": reask_gc},
+                        "gc": {"collections": [b - a for a, b in zip(gc0[0], gc1[0])],
+                               "s": round(gc1[1] - gc0[1], 4)}},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
@@ -291,34 +295,6 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     if out_path:
         _write(out_path, res)
     return res
-
-
-class Collections:
-    """The process's garbage collections (gc.callbacks), per generation, and their wall time
-    (they hold the GIL: every thread waits): a restore's own allocations decide how many
-    run during it (benchmarks/README, ``promoting_scan.py``: kvscope's once ran 86 inside
-    a 131k restore's promoting scan on CPU, vLLM's none)."""
-
-    def __init__(self) -> None:
-        self.count = [0, 0, 0]
-        self.seconds = 0.0
-        self._t0: dict[int, float] = {}
-        gc.callbacks.append(self)
-
-    def __call__(self, phase: str, info: dict) -> None:
-        tid = threading.get_ident()
-        if phase == "start":
-            self._t0[tid] = time.perf_counter()
-            return
-        self.count[info["generation"]] += 1
-        self.seconds += time.perf_counter() - self._t0.pop(tid, time.perf_counter())
-
-    def since(self, then: tuple[list[int], float]) -> dict:
-        return {"collections": [a - b for a, b in zip(self.count, then[0])],
-                "s": round(self.seconds - then[1], 4)}
-
-    def now(self) -> tuple[list[int], float]:
-        return self.count[:], self.seconds
 
 
 def checks(iters: list[dict], before: dict, after: dict, on_restored: int) -> dict:

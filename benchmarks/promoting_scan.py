@@ -8,7 +8,7 @@ the primary tier, asked again: restored from the fs tier, each promotion held ``
 steps so the re-ask's scan repeats. The engine's startup heap is frozen, as vLLM's EngineCore
 freezes it (``freeze_gc_heap``). Per scan of the re-ask: thread CPU (``time.thread_time``) around the
 outermost ``_maximal_prefix_lookup`` (kvscope's tap and vLLM's scan), the collections that ran
-inside it (``gc.callbacks``) and the primary rows it put in flight (compat.row_states: the
+inside it (scheduler_gc_diag.GCClock; the files before 2026-12-04 19:50 timed them in wall time) and the primary rows it put in flight (compat.row_states: the
 promoting scan is the one that did). Then, on the same deferred keys and tier state, vLLM's
 own scan alone (the class's method with vLLM's manager, no tap), ``--reps`` times: what
 vLLM's code costs in each process, whatever kvscope's tap does. One arm per fresh process,
@@ -32,6 +32,7 @@ import time
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import scale_workload as w  # this directory
+from scheduler_gc_diag import GCClock
 from scheduler_overhead import OBSERVED, STOCK
 
 ARMS = {"stock": STOCK, "observed": OBSERVED}
@@ -55,16 +56,8 @@ def child(arm: str, tokens: int, delay: int, reps: int) -> dict:
         cs = e.connector.connector_scheduler
         manager = getattr(cs.manager, "_inner", cs.manager)  # vLLM's, under kvscope's proxy
         primary = manager.primary_tier
-        spent: list[float] = []
-        t_gc = [0.0]
-
-        def on_gc(phase: str, info: dict) -> None:
-            if phase == "start":
-                t_gc[0] = time.perf_counter()
-            else:
-                spent.append(time.perf_counter() - t_gc[0])
-
-        gc.callbacks.append(on_gc)
+        collections = GCClock()
+        gc.callbacks.append(collections)
         scans: list[dict] = []
         same: list[float] = []
         outer = getattr(cs, SCAN_METHOD)
@@ -80,14 +73,15 @@ def child(arm: str, tokens: int, delay: int, reps: int) -> dict:
                         same.append(time.thread_time() - t0)
                 finally:
                     cs.manager = saved
-            flight0, c0 = compat.row_states(primary)[2], len(spent)
+            flight0, (n0, s0) = compat.row_states(primary)[2], collections.totals()
             t0 = time.thread_time()
             try:
                 return outer(keys, *rest)
             finally:
                 cpu = time.thread_time() - t0
-                scans.append({"cpu_ms": round(cpu * 1e3, 3), "collections": len(spent) - c0,
-                              "gc_ms": round(sum(spent[c0:]) * 1e3, 3),
+                n1, s1 = collections.totals()
+                scans.append({"cpu_ms": round(cpu * 1e3, 3), "collections": sum(n1) - sum(n0),
+                              "gc_ms": round((s1 - s0) * 1e3, 3),
                               "put_in_flight": compat.row_states(primary)[2] - flight0})
 
         rid = e.add_request(target, w.OUT)
@@ -97,7 +91,7 @@ def child(arm: str, tokens: int, delay: int, reps: int) -> dict:
             e.run_until_done([rid], max_steps=10_000)
         finally:
             setattr(cs, SCAN_METHOD, outer)
-            gc.callbacks.remove(on_gc)
+            gc.callbacks.remove(collections)
         again = e.finished[rid]
     promoting = max(range(len(scans)), key=lambda i: scans[i]["put_in_flight"])
     return {"arm": arm, "tokens": tokens, "keys": s.keys, "rows": s.rows, "delay": delay,

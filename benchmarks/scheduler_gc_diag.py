@@ -61,6 +61,14 @@ class GCClock:
     def in_engine(self, label: str) -> float:
         return sum(s for (w, _), (_, s) in self.spent.items() if w == label)
 
+    def totals(self) -> tuple[list[int], float]:
+        """(collections per generation, their seconds), summed over every thread."""
+        n, spent = [0, 0, 0], 0.0
+        for (_, g), (c, t) in self.spent.items():
+            n[g] += c
+            spent += t
+        return n, spent
+
     def table(self) -> dict:
         return {f"{w}/gen{g}": [n, round(s, 4)] for (w, g), (n, s) in sorted(self.spent.items())}
 

@@ -98,7 +98,6 @@ class DeferredScans:
             kept[5] = len(log)
         return places, kept[8], kept[9]
 
-
     def written(self, keys: list[bytes], req_context: Any) -> None:
         """A scan of the request's whole ``keys`` promoted each of them (a restore from disk's
         promoting scan): every row is being written now, kept so without reading them (the
