@@ -136,6 +136,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     add_keys, add_results, add_result = keys_out.extend, results_out.extend, results_out.append
     refusals_out, evictions_out = log.refusals, log.evictions
     hit, miss = compat.HIT, compat.MISS
+    # what a lookup that started a promotion answers (0.26 RETRY, 0.33 HIT_PENDING)
+    promoted_answer = compat.RETRY if promoted_retry else compat.HIT_PENDING
     promoted, evicted, refused = cursor.promoted, cursor.evicted, cursor.refused
 
     def scan(keys, req_context, *rest):
@@ -180,11 +182,18 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                                       (absent, writing)), m, last)
             else:
                 consumed = keys[:m] if m < total else keys
-                results = read(consumed, req_context, m < total, promoted, evicted, refused)
+                if m and len(promoted) == m and promoted == consumed:
+                    # each lookup promoted its own key (a restore from disk's promoting
+                    # scan): each answered as a started promotion does, no row read; the
+                    # request's rows are all being written now
+                    results = [promoted_answer] * m
+                    if all_written is not None and m == total:
+                        all_written(keys, req_context)
+                else:
+                    results = read(consumed, req_context, m < total, promoted, evicted,
+                                   refused)
                 add_keys(consumed)
                 add_results(results)
-                if all_written is not None and m == total == len(promoted) and promoted == keys:
-                    all_written(keys, req_context)  # each key promoted: its row being written
             if refused or evicted:  # recorded at the scan's start: at their lookups instead
                 del refusals_out[r0:]
                 refusals_out.extend((k0 + i, c) for i, c in refused)

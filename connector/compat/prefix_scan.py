@@ -240,8 +240,6 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
         m = len(keys)
         if not m:
             return []
-        if len(promoted) == m and promoted == keys:  # each lookup promoted its own key (a
-            return [promoted_answer] * m  # restore from disk's promoting scan): as it answers
         ref_cnts = list(map(_REF_CNT, rows_of(keys)))
         places = ref_cnts
         if promoted and promoted_answer is retry:  # rows this scan's promotions wrote: -2
