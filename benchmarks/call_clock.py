@@ -35,6 +35,13 @@ class CallClock:
                            getattr(inner, "__func__", None) is getattr(type(owner), name, None))
         own = _ABSENT if is_class_method else inner
 
+        timed = self._timed(inner, name)
+        timed.inner = inner  # what it times (a test checks it is the current method)
+        setattr(owner, name, timed)
+        return own
+
+    def _timed(self, inner, name: str):
+        """The wrapper installed over ``inner`` (a subclass may also read the arguments)."""
         clock = self.clock
 
         def timed(*a, **kw):
@@ -48,9 +55,7 @@ class CallClock:
                 if spent > self.longest:
                     self.longest = spent
 
-        timed.inner = inner  # what it times (a test checks it is the current method)
-        setattr(owner, name, timed)
-        return own
+        return timed
 
     def unwrap(self) -> None:
         """Each wrapped attribute as it was (an instance's own, or none: the class's)."""

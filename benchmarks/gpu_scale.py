@@ -50,6 +50,7 @@ from call_clock import CallClock
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import interval, pair_logs
+from promotion_count import PromotionCount
 from scheduler_gc_diag import GCClock
 
 T_START = time.monotonic()
@@ -189,6 +190,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                 **clocks_per_call(worker, WORKER_CALLS, "w."),
                 "scan": CallClock().wrap(switch.cs, SCAN_METHOD)}
     switch.clocks += list(per_call.values())
+    # what vLLM promoted per re-ask (a churning restore promotes more keys than it has)
+    promotions = PromotionCount(switch.manager)
+    switch.clocks.append(promotions)
     # digests: wall time (they fan out over kvscope's digest threads)
     digests = {"scheduler": CallClock(time.perf_counter).wrap(switch.observer.rows.digester,
                                                               "many"),
@@ -254,7 +258,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         r0 = (scan.calls, scan.seconds, lookups.calls if lookups else 0)
         scan.longest = 0.0
         gc0 = collections.totals()
+        p0 = promotions.snapshot()
         again = ask(k)
+        p1 = promotions.snapshot()
         gc1 = collections.totals()
         t2 = time.perf_counter()
         threads = thread_cpu.between(threads0, thread_cpu.snapshot())
@@ -276,7 +282,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         "lookup_calls": (lookups.calls if lookups else 0) - r0[2],
                         # the process's collections while it ran (any thread's)
                         "gc": {"collections": [b - a for a, b in zip(gc0[0], gc1[0])],
-                               "s": round(gc1[1] - gc0[1], 4)}},
+                               "s": round(gc1[1] - gc0[1], 4)},
+                        # vLLM's promotions: jobs, keys (> the prompt's: churned), failed keys
+                        "promotions": dict(zip(("jobs", "keys", "failed_keys"),
+                                               (b - a for a, b in zip(p0, p1))))},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)

@@ -129,3 +129,30 @@ def test_clocks_on_the_connectors_time_what_each_state_calls():
         assert e.connector.get_num_new_matched_tokens.inner is hook
         assert (connectors(e)[0].get_finished.inner.__func__
                 is ObservedOffloadingConnector.get_finished)
+
+
+def test_promotion_count_reads_vllms_promotions_in_both_states(monkeypatch):
+    """gpu_scale's promotion probe (benchmarks/promotion_count.py) counts the keys vLLM's
+    tiering manager promoted from the fs tier, on top of whatever the tier's methods are
+    (kvscope's taps while on, vLLM's own while off). Judged by what the engine loaded: with
+    the prompt's rows evicted from a 16-row primary tier, every restored key was promoted."""
+    monkeypatch.syspath_prepend("benchmarks")  # the benchmarks import their siblings
+    from promotion_count import PromotionCount
+
+    with CPUEngine(EngineConfig(rows=16, num_gpu_blocks=16, tiering=True)) as e:
+        switch = KvscopeSwitch(e.scheduler, connectors(e))
+        promotions = PromotionCount(switch.manager)
+        switch.clocks.append(promotions)
+        first = e.generate(prompt(3, 96), 2)
+        for on, floods in ((False, (4, 5, 6)), (True, (7, 8, 9))):
+            _flood(e, floods)  # 18 rows: the prompt's 6 leave the primary tier
+            _settle(e)
+            switch.set(on)
+            before = promotions.snapshot()
+            again = e.generate(prompt(3, 96), 2)
+            e.drain()
+            jobs, keys, failed = (b - a for a, b in zip(before, promotions.snapshot()))
+            assert again.num_external_tokens == 96, again  # restored, all of it
+            assert again.output == first.output
+            assert keys == 96 // 16, (on, keys)
+            assert 1 <= jobs <= keys and failed == 0
