@@ -342,7 +342,18 @@ def summary(iters: list[dict]) -> dict:
                                                         for i in xs]),
                                   "gc_s": med([i["reask"].get("gc", {}).get("s", 0)
                                                for i in xs])}
-                            for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]}}
+                            for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]},
+            # re-asks that promoted more keys than the first (a churn), and failed keys
+            "reask_promotions": {arm: _promotions(xs) for arm, xs in (("on", on), ("off", off))
+                                 if any("promotions" in i.get("reask", {}) for i in xs)}}
+
+
+def _promotions(iters: list[dict]) -> dict:
+    iters = [i for i in iters if "promotions" in i.get("reask", {})]  # runs before J: none
+    keys = [i["reask"]["promotions"]["keys"] for i in iters]
+    return {"keys_min": min(keys), "keys_max": max(keys),
+            "reasks_over_min": sum(k > min(keys) for k in keys),
+            "failed_keys": sum(i["reask"]["promotions"]["failed_keys"] for i in iters)}
 
 
 def _write(path: str, obj: dict) -> None:
