@@ -41,6 +41,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -259,6 +260,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         scan.longest = 0.0
         gc0 = collections.totals()
         p0 = promotions.snapshot()
+        promotions.longest_job_s = 0.0
         again = ask(k)
         p1 = promotions.snapshot()
         gc1 = collections.totals()
@@ -284,8 +286,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         "gc": {"collections": [b - a for a, b in zip(gc0[0], gc1[0])],
                                "s": round(gc1[1] - gc0[1], 4)},
                         # vLLM's promotions: jobs, keys (> the prompt's: churned), failed keys
-                        "promotions": dict(zip(("jobs", "keys", "failed_keys"),
-                                               (b - a for a, b in zip(p0, p1))))},
+                        "promotions": {**dict(zip(("jobs", "keys", "failed_keys"),
+                                                  (b - a for a, b in zip(p0, p1)))),
+                                       "longest_job_s": round(promotions.longest_job_s, 4)}},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
@@ -351,9 +354,11 @@ def summary(iters: list[dict]) -> dict:
 def _promotions(iters: list[dict]) -> dict:
     iters = [i for i in iters if "promotions" in i.get("reask", {})]  # runs before J: none
     keys = [i["reask"]["promotions"]["keys"] for i in iters]
+    jobs = [i["reask"]["promotions"]["longest_job_s"] for i in iters]
     return {"keys_min": min(keys), "keys_max": max(keys),
             "reasks_over_min": sum(k > min(keys) for k in keys),
-            "failed_keys": sum(i["reask"]["promotions"]["failed_keys"] for i in iters)}
+            "failed_keys": sum(i["reask"]["promotions"]["failed_keys"] for i in iters),
+            "longest_job_s": {"median": statistics.median(jobs), "max": max(jobs)}}
 
 
 def _write(path: str, obj: dict) -> None:

@@ -12,6 +12,8 @@ tell which (benchmarks/README, gpu_scale.py: runs A, C and I)."""
 
 from __future__ import annotations
 
+import time
+
 from call_clock import CallClock
 
 
@@ -21,6 +23,11 @@ class PromotionCount(CallClock):
         self.jobs = 0  # promotion jobs submitted
         self.keys = 0  # keys in them
         self.failed_keys = 0  # keys whose promotion completed unsuccessfully
+        # the longest job, submitted to completed (wall; reset by whoever reads it): the
+        # fs tier's reads, and how long vLLM took to see them done
+        self.longest_job_s = 0.0
+        self._started: dict[int, float] = {}  # id of a job's key list (vLLM passes the same
+        # list to complete_write) -> when it was submitted
         for tier in manager.secondary_tiers:
             self.wrap(tier, "submit_load")
         self.wrap(manager.primary_tier, "complete_write")
@@ -33,11 +40,15 @@ class PromotionCount(CallClock):
             def submit_load(job, *a, **kw):
                 self.jobs += 1
                 self.keys += len(job.keys)
+                self._started[id(job.keys)] = time.perf_counter()
                 return inner(job, *a, **kw)
             return submit_load
 
         def complete_write(keys, *a, **kw):  # (keys, req_context, success=True)
             if not (a[1] if len(a) > 1 else kw.get("success", True)):
                 self.failed_keys += len(keys)
+            t0 = self._started.pop(id(keys), None)
+            if t0 is not None:
+                self.longest_job_s = max(self.longest_job_s, time.perf_counter() - t0)
             return inner(keys, *a, **kw)
         return complete_write

@@ -156,3 +156,5 @@ def test_promotion_count_reads_vllms_promotions_in_both_states(monkeypatch):
             assert again.output == first.output
             assert keys == 96 // 16, (on, keys)
             assert 1 <= jobs <= keys and failed == 0
+            assert not promotions._started  # every job seen completing (its read timed)
+            assert promotions.longest_job_s > 0
