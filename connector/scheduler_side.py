@@ -199,7 +199,7 @@ class SchedulerObserver:
         self._offload_prefix = compat.offload_prefix_capture(connector_scheduler)
         self._declare_series()
         self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
-                               interval_s=tier_probe_interval_s).start()
+                               interval_s=tier_probe_interval_s, busy=self.taps.busy).start()
         recorder.before_read = self.drain  # a reader sees every event recorded before
         self.agg.start()
         self.group_stores.owner = self.agg.thread  # it may yield the GIL while counting

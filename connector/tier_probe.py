@@ -19,6 +19,14 @@ written anew before the probe looked), is counted once
 Off the scheduler thread: file-system calls may block on a sick volume, and they
 must never stall a step. Errors are caught, counted
 (``kvscope_telemetry_errors_total{where="tier_probe"}``) and logged once.
+
+While vLLM's tier I/O is in flight (``busy``: a promotion or a cascade, or one within the
+last ``QUIET_S``) the probe waits, at most ``MAX_DEFER_S``. Its Python work between
+system calls holds the GIL, and so do vLLM's read and write threads between theirs: a long
+restore is its reads, and a thread beside them that keeps the GIL for a few milliseconds
+slows every one of them (on the H200 a 131k-token restore's reads are most of its
+1.2-1.8 s; the probe's intakes took ~30 ms of GIL per re-ask there). Taken in once the
+tier is quiet, a burst of cascades costs one intake of its newest keys, not one per tick.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 from kvscope.connector import compat
@@ -46,6 +55,11 @@ INTAKE_S = 0.25
 WRITTEN_JOBS = 1024
 # Keys whose files one probe checks: the latest written. os.stat each, off-thread.
 SAMPLE_KEYS = 1024
+# The tier counts as busy this long after its last job started or finished (vLLM starts a
+# restore's promotions a step or two after the cascades before it end).
+QUIET_S = 0.5
+# The longest the probe waits for a quiet tier: under sustained traffic it runs anyway.
+MAX_DEFER_S = 30.0
 _ERROR = (ErrorSite.TIER_PROBE.value,)
 
 
@@ -53,11 +67,16 @@ class TierProbe:
     """Checks, off the scheduler thread, that recently written tier data still exists."""
 
     def __init__(self, *, recorder: Recorder, tiers: list[Any], written: deque,
-                 interval_s: float = DEFAULT_INTERVAL_S, sample_keys: int = SAMPLE_KEYS) -> None:
+                 interval_s: float = DEFAULT_INTERVAL_S, sample_keys: int = SAMPLE_KEYS,
+                 busy: Callable[[], bool] | None = None,
+                 max_defer_s: float = MAX_DEFER_S) -> None:
         self.rec = recorder
         self.written = written  # (tier name, keys) per completed cascade, from the taps
         self.interval_s = interval_s
         self.sample_keys = sample_keys
+        self.busy = busy  # vLLM's tier I/O in flight (TierTaps.busy); None: never waits
+        self.max_defer_s = max_defer_s
+        self.deferred = 0  # ticks skipped for a busy tier (tests read it)
         # probed tiers: the file-backed ones (a name once: it is the series' label); none
         # when the probe is off (no series then: a gauge nobody updates would lie)
         self.tiers: dict[str, Any] = {}
@@ -94,13 +113,27 @@ class TierProbe:
 
     def _run(self) -> None:
         intake_s = min(self.interval_s, INTAKE_S)
-        checked = time.monotonic()
+        checked = ran = time.monotonic()
         while not self._stop.wait(intake_s):
-            if time.monotonic() - checked >= self.interval_s:
-                checked = time.monotonic()
+            now = time.monotonic()
+            if now - ran < self.max_defer_s and self._tier_busy():
+                self.deferred += 1
+                continue
+            ran = now
+            if now - checked >= self.interval_s:
+                checked = now
                 self.probe()
             else:
                 self.intake()
+
+    def _tier_busy(self) -> bool:
+        if self.busy is None:
+            return False
+        try:
+            return self.busy()
+        except Exception as exc:
+            self._error(exc)
+            return False
 
     def intake(self) -> None:
         """Take the newly written keys in (their files' identities). Never raises."""

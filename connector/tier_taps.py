@@ -20,7 +20,7 @@ from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.connector.prefix_scan import ScanCursor
 from kvscope.connector.scan_cache import PrimaryChanges
-from kvscope.connector.tier_probe import WRITTEN_JOBS
+from kvscope.connector.tier_probe import QUIET_S, WRITTEN_JOBS
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CascadeResult, Direction, ErrorSite, PromotionResult
@@ -70,6 +70,9 @@ class TierTaps:
         self.primary = compat.primary_tier(manager)
         self.tiers = compat.secondary_tiers(manager)
         self.promotions: dict[int, TierJob] = {}  # scheduler thread (digests at completion)
+        # When vLLM last submitted a tier job or saw one finish (scheduler thread; read by
+        # the tier probe's, which waits for the tier to go quiet: busy())
+        self.last_io = [0.0]
         self.cascades: dict[int, TierJob] = {}  # the aggregator thread (journal order)
         # (tier, keys) of completed cascades, for the tier probe's thread (tier_probe.py),
         # appended on the aggregator thread
@@ -243,9 +246,12 @@ class TierTaps:
         get_finished_jobs = tier.get_finished_jobs
         guard = self._guard
 
+        last_io = self.last_io
+
         def tap_submit_load(job, *a, **kw):
             with guard:
-                self.promotions[job.job_id] = TierJob(time.monotonic(), job, name)
+                last_io[0] = now = time.monotonic()
+                self.promotions[job.job_id] = TierJob(now, job, name)
             return submit_load(job, *a, **kw)
 
         journal, monotonic, rec = self.journal, time.monotonic, self.rec
@@ -257,7 +263,8 @@ class TierTaps:
         # thread); a plain try, no context-manager frames, no object kept here.
         def tap_submit_store(job, *a, **kw):
             try:
-                extend((cascade_started, 3, job, name, monotonic()))
+                last_io[0] = now = monotonic()
+                extend((cascade_started, 3, job, name, now))
             except Exception as exc:
                 rec.error(ErrorSite.TIER, exc)
             return submit_store(job, *a, **kw)
@@ -270,7 +277,7 @@ class TierTaps:
             results = list(get_finished_jobs(*a, **kw))
             if results:
                 try:
-                    now = monotonic()
+                    last_io[0] = now = monotonic()
                     for res in results:
                         job_id = res.job_id
                         if job_id in promotions:
@@ -288,6 +295,13 @@ class TierTaps:
         tier.submit_store = tap_submit_store
         tier.get_finished_jobs = tap_get_finished_jobs
         setattr(tier, compat.WRAPPED_MARK, True)
+
+    def busy(self) -> bool:
+        """Any thread: vLLM's tier I/O is in flight (a promotion, a cascade the aggregator
+        has seen start) or was within the last ``QUIET_S``. Its read and write threads need
+        the GIL between their system calls; a long restore waits on them (tier_probe.py)."""
+        return bool(self.promotions or self.cascades
+                    or time.monotonic() - self.last_io[0] < QUIET_S)
 
     def _promotion_done(self, job_id: int, success: bool, now: float) -> None:
         """Scheduler thread: a promotion (a tier job of :attr:`promotions`) finished."""

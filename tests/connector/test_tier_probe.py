@@ -140,3 +140,51 @@ def test_interval_zero_runs_no_probe_and_exports_none_of_its_series():
     assert ex.has(S.CASCADES.name)
     for m in (S.TIER_LOST_KEYS, S.TIER_ROOT_PRESENT, S.TIER_LAST_LOSS_TIMESTAMP):
         assert not ex.series(m.name), m.name
+
+
+def test_the_probe_waits_while_a_promotion_is_in_flight_then_goes_on():
+    """vLLM's fs reads need the GIL between their system calls, and a long restore is its
+    reads: the probe (Python work on its own thread) must not run beside them. Held in
+    flight by a slow disk (promotion_delay_steps), the restore's promotion keeps the probe
+    waiting; once it lands and the tier is quiet, the probe goes on."""
+    with engine(promotion_delay_steps=100) as (e, scrape):  # landing 100 steps on
+        target, first = stored_then_flooded(e)
+        probes_after(e, 1)
+        taps = e.connector._kvscope_observer.taps
+        rid = e.add_request(target, 4)
+        for _ in range(3):
+            e.step()
+        assert taps.promotions and rid not in e.finished  # engine truth: it waits on the disk
+        p = probe(e)
+        probes, deferred = p.probes, p.deferred
+        until(lambda: p.deferred >= deferred + 20, what="20 ticks deferred")
+        assert p.probes == probes  # not one probe beside the reads
+        e.run_until_done([rid])  # drained: the held promotion released
+        e.drain()
+        probes_after(e, 2)
+        ex = scrape()
+    again = e.finished[rid]
+    assert again.num_external_tokens == TOKENS and again.output == first.output
+    assert ex.value(S.TIER_LOST_KEYS.name) == 0 and ex.value(S.TELEMETRY_ERRORS.name) == 0
+
+
+def test_a_busy_tier_defers_the_probe_at_most_max_defer_s():
+    """Under sustained tier traffic the probe runs anyway: a tier never quiet must not blind
+    it. A second probe on the same real tier, told the tier is always busy."""
+    from collections import deque
+
+    from kvscope.connector.tier_probe import TierProbe
+
+    with engine() as (e, _):
+        p = probe(e)
+        always_busy = TierProbe(recorder=e.connector.kvscope_recorder,
+                                tiers=list(p.tiers.values()), written=deque(),
+                                interval_s=PROBE_S, busy=lambda: True, max_defer_s=0.3).start()
+        try:
+            until(lambda: always_busy.probes + always_busy.deferred >= 1, what="a tick")
+            started = time.monotonic()
+            until(lambda: always_busy.probes >= 2, what="2 probes of an always busy tier")
+            assert always_busy.deferred >= 2 * int(0.3 / PROBE_S) - 2
+            assert time.monotonic() - started >= 0.3  # each waited its max_defer_s
+        finally:
+            always_busy.close()
