@@ -57,6 +57,12 @@ JOURNAL_LIMIT = 1_000_000
 # thread waits at most that long for the GIL, not a whole drain (the interpreter's own
 # switch interval is 5 ms).
 YIELD_EVERY = 128
+# The longest this thread holds its aggregation back while a restore's reads are in flight
+# (``busy``): vLLM's fs read threads need the GIL between their system calls, and beside
+# vLLM's engine thread re-scanning the waiting request every step they get little of it, so
+# every millisecond of GIL this thread takes then is taken from them (benchmarks/README,
+# restore_convoy.py). A scrape still drains at once; vLLM's stats path lags by this at most.
+MAX_DEFER_S = 10.0
 
 
 def journal_events(items: list) -> int:
@@ -87,6 +93,11 @@ class Aggregator:
         self.cpu_s = 0.0  # this thread's CPU time (time.thread_time), for the benchmark
         self._refresh = refresh
         self._quiet = quiet
+        # vLLM's tier reads in flight (TierTaps.reading, set by the owner once its taps
+        # exist); None: never held back
+        self.busy: Callable[[], bool] | None = None
+        self.max_defer_s = MAX_DEFER_S
+        self.deferred = 0  # wake-ups held back (tests read it)
         # Held until close() releases it: the thread waits with one C-level timed acquire
         # (a threading.Event's wait is Python code around it: ~1.5x the CPU per wake-up,
         # 20 wake-ups a second) and is woken at once by close()
@@ -111,10 +122,19 @@ class Aggregator:
 
     def _loop(self) -> None:
         stopped = self._stop.acquire
+        held_since = None  # when this thread first held an aggregation back for a restore
         # interval_s read at each wake-up: a benchmark may change it while the engine runs
         while not stopped(timeout=self.interval_s):
             try:
                 if self.journal:
+                    busy = self.busy
+                    if busy is not None and busy():
+                        now = time.monotonic()
+                        held_since = held_since or now
+                        if now - held_since < self.max_defer_s:
+                            self.deferred += 1
+                            continue
+                    held_since = None
                     self._refresh()
                 elif self._quiet is not None:
                     self._quiet()

@@ -296,6 +296,10 @@ class TierTaps:
         tier.get_finished_jobs = tap_get_finished_jobs
         setattr(tier, compat.WRAPPED_MARK, True)
 
+    def reading(self) -> bool:
+        """Any thread: a promotion (a restore's reads from a secondary tier) is in flight."""
+        return bool(self.promotions)
+
     def busy(self) -> bool:
         """Any thread: vLLM's tier I/O is in flight (a promotion, a cascade the aggregator
         has seen start) or was within the last ``QUIET_S``. Its read and write threads need

@@ -63,3 +63,65 @@ def test_a_dead_aggregator_is_counted_and_changes_no_counter():
     assert alive["alive"] and alive["errors"] == 0
     assert not dead["alive"] and dead["errors"] > 0
     assert dead["journal"] <= 8  # events: drained by the scheduler thread as it went
+
+
+def _until(cond, what: str, timeout: float = 20.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _restore_in_flight(e: CPUEngine):
+    """A prompt flooded out to disk, asked again: its promotion held in flight (a slow disk,
+    promotion_delay_steps) while the test does not step the engine."""
+    target = prompt(1, PROMPT_TOKENS)
+    first = _ask_then_flood(e, target, PROMPT_TOKENS)
+    rid = e.add_request(target, 4)
+    for _ in range(3):
+        e.step()
+    observer = e.connector._kvscope_observer
+    assert observer.taps.promotions and rid not in e.finished  # engine truth: it waits
+    return observer, rid, first
+
+
+FAST = {"flush_interval_s": 0.02}
+
+
+def test_the_aggregator_holds_back_while_a_restore_reads_then_drains():
+    """vLLM's fs read threads need the GIL between their system calls; beside vLLM's engine
+    thread re-scanning the waiting request every step they get little of it, and the
+    aggregator's draining took from that little (benchmarks/README, restore_convoy.py). So
+    it waits while a promotion is in flight, and catches up once it landed: every event
+    applied, counters equal to what the engine restored."""
+    with CPUEngine(EngineConfig(rows=12, promotion_delay_steps=100,
+                                kvscope_options=FAST)) as e:
+        observer, rid, _ = _restore_in_flight(e)
+        held = observer.agg.deferred
+        _until(lambda: observer.agg.deferred >= held + 10, "10 wake-ups held back")
+        assert observer.journal  # the steps' events wait, none applied beside the reads
+        e.run_until_done([rid])
+        e.drain()
+        _until(lambda: not observer.journal, "the journal drained after the restore")
+        restored = sum(f.num_external_tokens for f in e.finished.values())
+        rec = e.connector.kvscope_recorder
+        assert e.finished[rid].num_external_tokens > 0
+        assert rec.value(S.HIT_TOKENS) == restored
+        assert rec.value(S.SCHEDULER_STEPS) == e.steps
+        assert rec.value(S.TELEMETRY_ERRORS) == 0
+
+
+def test_a_restore_that_never_lands_holds_the_aggregator_back_at_most_max_defer_s():
+    """A read that never completes (a stalled disk) must not stop aggregation: after
+    max_defer_s the journal is drained anyway, the promotion still in flight."""
+    with CPUEngine(EngineConfig(rows=12, promotion_delay_steps=100,
+                                kvscope_options=FAST)) as e:
+        observer, rid, _ = _restore_in_flight(e)
+        observer.agg.max_defer_s = 0.3
+        _until(lambda: not observer.journal, "the journal drained past max_defer_s")
+        assert observer.taps.promotions and rid not in e.finished
+        assert observer.agg.deferred >= 1
+        e.run_until_done([rid])

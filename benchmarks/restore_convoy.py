@@ -1,0 +1,140 @@
+"""A long restore whose disk reads race vLLM's engine thread for the GIL, on CPU: kvscope
+switched on and off in one process (ABBA pairs, kvscope_switch.py), vLLM's real scheduler,
+the fs tier's read threads racing the steps (``settle_tiers`` off), as beside a real engine.
+
+Why: while a restore waits for its promotions, vLLM's engine thread re-scans the request's
+keys every step (pure Python, nothing else to run), and the fs tier's read threads need the
+GIL between their system calls. On the H200 a 131k-token restore's reads take ~1 s, and once
+in a while 25 s (benchmarks/README, gpu_scale.py runs J and K: one job of 8,187 reads
+starved by the engine thread's scans, no churn, no failure). On this 2-core machine that
+starved regime is the usual one, so an A/B here measures what kvscope does to a restore in
+the regime where it is slowest: its reads' time and the restore's, per arm.
+
+Per iteration (gpu_scale.py's, on CPU): prompt k+1 asked (its prefill evicts prompt k from
+the GPU blocks and the primary tier, its chunks cascade to disk), the tiers settled, then
+prompt k asked again: the timed restore. Engine truth per re-ask: tokens vLLM loaded from the
+tiers and the output, equal to the first ask's; vLLM's promotions (promotion_count.py).
+
+    python benchmarks/restore_convoy.py --tokens 32768 --pairs 20 --out benchmarks/results/restore_convoy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import thread_cpu
+from kvscope_switch import KvscopeSwitch, quiet
+from pair_stats import interval, pair_logs
+from promotion_count import PromotionCount
+
+BLOCK = 16
+OUT = 2
+
+
+def settle(e, manager, limit: int = 20_000) -> None:
+    """No request, no connector job, no tier job (vLLM's own test): steps until then."""
+    for _ in range(limit):
+        if quiet(e.scheduler) and not manager.has_pending_work():
+            return
+        e.step()
+        time.sleep(0.001)  # the fs tier's threads finish what is in flight
+    raise RuntimeError(f"engine not settled after {limit} steps")
+
+
+def run(tokens: int, pairs: int, warmup: int) -> dict:
+    from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
+    from kvscope.sim.cpu_model import prompt
+
+    keys = tokens // BLOCK
+    cfg = EngineConfig(rows=keys + keys // 8, tiering=True, world_size=1, kv_groups=1,
+                       num_gpu_blocks=keys + 64, max_num_batched_tokens=8192, max_num_seqs=4,
+                       max_model_len=tokens + 4 * BLOCK, settle_tiers=False)
+    res: dict = {"tokens": tokens, "keys": keys, "rows": cfg.rows, "cmd": sys.argv,
+                 "cpus": os.cpu_count()}
+    with CPUEngine(cfg) as e:
+        switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
+        promotions = PromotionCount(switch.manager)
+        switch.clocks.append(promotions)
+        first = {0: e.generate(prompt(0, tokens), OUT, max_steps=10**6).output}
+        order = [k % 2 == 0 for k in range(warmup)]
+        for j in range(pairs):
+            order += [True, False] if j % 2 == 0 else [False, True]
+        iters = []
+        for k, on in enumerate(order):
+            settle(e, switch.manager)
+            switch.set(on)
+            first[k + 1] = e.generate(prompt(k + 1, tokens), OUT, max_steps=10**6).output
+            settle(e, switch.manager)  # its cascades on disk: every row of the restore free
+            p0, s0, th0 = promotions.snapshot(), e.steps, thread_cpu.snapshot()
+            promotions.longest_job_s = 0.0
+            t0 = time.perf_counter()
+            again = e.generate(prompt(k, tokens), OUT, max_steps=10**6)
+            s = time.perf_counter() - t0
+            jobs, promoted, failed = (b - a for a, b in zip(p0, promotions.snapshot()))
+            threads = thread_cpu.between(th0, thread_cpu.snapshot())
+            it = {"k": k, "on": on, "s": round(s, 4), "steps": e.steps - s0,
+                  "loaded": again.num_external_tokens,
+                  "same_output": again.output == first.pop(k),
+                  "promotions": {"jobs": jobs, "keys": promoted, "failed_keys": failed,
+                                 "longest_job_s": round(promotions.longest_job_s, 4)},
+                  "threads": {n: round(v["cpu_s"], 4) for n, v in threads.items()}}
+            print(json.dumps(it), flush=True)
+            if k >= warmup:
+                iters.append(it)
+        settle(e, switch.manager)
+        switch.set(True)
+        from scale_workload import telemetry_errors
+
+        res["telemetry_errors"] = telemetry_errors(e)
+    res["iters"] = iters
+    res["checks"] = {"loaded": sorted({i["loaded"] for i in iters}),
+                     "same_output": all(i["same_output"] for i in iters),
+                     "promoted_keys": sorted({i["promotions"]["keys"] for i in iters}),
+                     "failed_keys": sum(i["promotions"]["failed_keys"] for i in iters)}
+    res["summary"] = summary(iters)
+    return res
+
+
+def summary(iters: list[dict]) -> dict:
+    out = interval(pair_logs(iters))
+    for arm, name in ((True, "on"), (False, "off")):
+        xs = [i for i in iters if i["on"] is arm]
+        out[name] = {"median_restore_s": statistics.median(i["s"] for i in xs),
+                     "median_read_job_s": statistics.median(i["promotions"]["longest_job_s"]
+                                                            for i in xs),
+                     "median_steps": statistics.median(i["steps"] for i in xs),
+                     "median_kvscope_threads_cpu_s": statistics.median(
+                         i["threads"]["kvscope"] for i in xs)}
+    reads = [(on["promotions"]["longest_job_s"], off["promotions"]["longest_job_s"])
+             for on, off in ((a, b) if a["on"] else (b, a)
+                             for a, b in zip(iters[0::2], iters[1::2]))]
+    out["read_job"] = interval(pair_logs([{"on": True, "s": a} if j == 0 else
+                                          {"on": False, "s": b}
+                                          for a, b in reads for j in (0, 1)]))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    res = run(a.tokens, a.pairs, a.warmup)
+    text = json.dumps(res, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    print(json.dumps(res["summary"], indent=1))
+    print(json.dumps(res["checks"]), res["telemetry_errors"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
