@@ -50,7 +50,7 @@ import thread_cpu
 from call_clock import CallClock
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import interval, pair_logs
+from pair_stats import abba, interval, pair_logs
 from promotion_count import PromotionCount
 from scheduler_gc_diag import GCClock
 
@@ -223,9 +223,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         return llm.generate([prompt(k, tokens)], sp, use_tqdm=False)[0]
 
     first_out = {0: list(ask(0).outputs[0].token_ids)}
-    order = [k % 2 == 0 for k in range(warmup)]
-    for j in range(pairs):
-        order += [True, False] if j % 2 == 0 else [False, True]
+    order = abba(warmup, pairs)
     iters: list[dict] = []
     before = None
     pair_s: list[float] = []

@@ -22,6 +22,15 @@ import statistics
 import gpu_scheduler_bound as gsb  # this directory
 
 
+def abba(warmup: int, pairs: int) -> list[bool]:
+    """The arms in order (True: on): ``warmup`` alternating, then ABBA pairs (on-off, off-on,
+    ...), so a drift of the host's speed falls on both arms alike."""
+    order = [k % 2 == 0 for k in range(warmup)]
+    for j in range(pairs):
+        order += [True, False] if j % 2 == 0 else [False, True]
+    return order
+
+
 def pair_logs(iters: list[dict]) -> list[float]:
     """log(t_off / t_on) per pair: log of tokens/s(on) / tokens/s(off)."""
     out = []

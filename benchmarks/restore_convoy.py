@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -29,8 +30,9 @@ import time
 
 import thread_cpu
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import interval, pair_logs
+from pair_stats import abba, interval, pair_logs, pairs_of
 from promotion_count import PromotionCount
+from scale_workload import telemetry_errors
 
 BLOCK = 16
 OUT = 2
@@ -61,11 +63,8 @@ def run(tokens: int, pairs: int, warmup: int) -> dict:
         promotions = PromotionCount(switch.manager)
         switch.clocks.append(promotions)
         first = {0: e.generate(prompt(0, tokens), OUT, max_steps=10**6).output}
-        order = [k % 2 == 0 for k in range(warmup)]
-        for j in range(pairs):
-            order += [True, False] if j % 2 == 0 else [False, True]
         iters = []
-        for k, on in enumerate(order):
+        for k, on in enumerate(abba(warmup, pairs)):
             settle(e, switch.manager)
             switch.set(on)
             first[k + 1] = e.generate(prompt(k + 1, tokens), OUT, max_steps=10**6).output
@@ -88,8 +87,6 @@ def run(tokens: int, pairs: int, warmup: int) -> dict:
                 iters.append(it)
         settle(e, switch.manager)
         switch.set(True)
-        from scale_workload import telemetry_errors
-
         res["telemetry_errors"] = telemetry_errors(e)
     res["iters"] = iters
     res["checks"] = {"loaded": sorted({i["loaded"] for i in iters}),
@@ -110,12 +107,10 @@ def summary(iters: list[dict]) -> dict:
                      "median_steps": statistics.median(i["steps"] for i in xs),
                      "median_kvscope_threads_cpu_s": statistics.median(
                          i["threads"]["kvscope"] for i in xs)}
-    reads = [(on["promotions"]["longest_job_s"], off["promotions"]["longest_job_s"])
-             for on, off in ((a, b) if a["on"] else (b, a)
-                             for a, b in zip(iters[0::2], iters[1::2]))]
-    out["read_job"] = interval(pair_logs([{"on": True, "s": a} if j == 0 else
-                                          {"on": False, "s": b}
-                                          for a, b in reads for j in (0, 1)]))
+    # the read job's ratio as the restore's: log(off / on) per pair
+    out["read_job"] = interval([math.log(off["promotions"]["longest_job_s"]
+                                         / on["promotions"]["longest_job_s"])
+                                for on, off in pairs_of(iters)])
     return out
 
 

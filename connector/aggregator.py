@@ -65,6 +65,30 @@ YIELD_EVERY = 128
 MAX_DEFER_S = 10.0
 
 
+class HoldBack:
+    """A periodic thread's work held back while ``busy()`` (vLLM's tier I/O in flight), for
+    at most ``max_s`` at a time: under sustained traffic it runs anyway. The aggregator's
+    and the tier probe's (tier_probe.py)."""
+
+    def __init__(self, busy: Callable[[], bool] | None, max_s: float) -> None:
+        self.busy = busy  # None: never held back
+        self.max_s = max_s
+        self.held = 0  # wake-ups held back (tests read it)
+        self._since: float | None = None  # when the current hold began
+
+    def hold(self) -> bool:
+        """True: skip this wake-up's work. May raise what ``busy`` raises."""
+        if self.busy is not None and self.busy():
+            now = time.monotonic()
+            if self._since is None:
+                self._since = now
+            if now - self._since < self.max_s:
+                self.held += 1
+                return True
+        self._since = None
+        return False
+
+
 def journal_events(items: list) -> int:
     """How many whole events a flat journal holds (a reader's count: a benchmark, a test);
     ValueError if its last event is cut."""
@@ -93,11 +117,9 @@ class Aggregator:
         self.cpu_s = 0.0  # this thread's CPU time (time.thread_time), for the benchmark
         self._refresh = refresh
         self._quiet = quiet
-        # vLLM's tier reads in flight (TierTaps.reading, set by the owner once its taps
-        # exist); None: never held back
-        self.busy: Callable[[], bool] | None = None
-        self.max_defer_s = MAX_DEFER_S
-        self.deferred = 0  # wake-ups held back (tests read it)
+        # while vLLM's tier reads are in flight (its busy: TierTaps.reading, set by the owner
+        # once its taps exist)
+        self.hold_back = HoldBack(None, MAX_DEFER_S)
         # Held until close() releases it: the thread waits with one C-level timed acquire
         # (a threading.Event's wait is Python code around it: ~1.5x the CPU per wake-up,
         # 20 wake-ups a second) and is woken at once by close()
@@ -122,19 +144,13 @@ class Aggregator:
 
     def _loop(self) -> None:
         stopped = self._stop.acquire
-        held_since = None  # when this thread first held an aggregation back for a restore
+        hold = self.hold_back.hold
         # interval_s read at each wake-up: a benchmark may change it while the engine runs
         while not stopped(timeout=self.interval_s):
             try:
                 if self.journal:
-                    busy = self.busy
-                    if busy is not None and busy():
-                        now = time.monotonic()
-                        held_since = held_since or now
-                        if now - held_since < self.max_defer_s:
-                            self.deferred += 1
-                            continue
-                    held_since = None
+                    if hold():
+                        continue
                     self._refresh()
                 elif self._quiet is not None:
                     self._quiet()

@@ -198,7 +198,7 @@ class SchedulerObserver:
         self._tier_guard = recorder.guard(ErrorSite.TIER)
         self._offload_prefix = compat.offload_prefix_capture(connector_scheduler)
         self._declare_series()
-        self.agg.busy = self.taps.reading
+        self.agg.hold_back.busy = self.taps.reading
         self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
                                interval_s=tier_probe_interval_s, busy=self.taps.busy).start()
         recorder.before_read = self.drain  # a reader sees every event recorded before

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.connector import compat
+from kvscope.connector.aggregator import HoldBack
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ErrorSite
@@ -74,9 +75,8 @@ class TierProbe:
         self.written = written  # (tier name, keys) per completed cascade, from the taps
         self.interval_s = interval_s
         self.sample_keys = sample_keys
-        self.busy = busy  # vLLM's tier I/O in flight (TierTaps.busy); None: never waits
-        self.max_defer_s = max_defer_s
-        self.deferred = 0  # ticks skipped for a busy tier (tests read it)
+        # while vLLM's tier I/O is in flight (TierTaps.busy); None: never waits
+        self.hold_back = HoldBack(busy, max_defer_s)
         # probed tiers: the file-backed ones (a name once: it is the series' label); none
         # when the probe is off (no series then: a gauge nobody updates would lie)
         self.tiers: dict[str, Any] = {}
@@ -113,24 +113,19 @@ class TierProbe:
 
     def _run(self) -> None:
         intake_s = min(self.interval_s, INTAKE_S)
-        checked = ran = time.monotonic()
+        checked = time.monotonic()
         while not self._stop.wait(intake_s):
-            now = time.monotonic()
-            if now - ran < self.max_defer_s and self._tier_busy():
-                self.deferred += 1
+            if self._held():
                 continue
-            ran = now
-            if now - checked >= self.interval_s:
-                checked = now
+            if time.monotonic() - checked >= self.interval_s:
+                checked = time.monotonic()
                 self.probe()
             else:
                 self.intake()
 
-    def _tier_busy(self) -> bool:
-        if self.busy is None:
-            return False
+    def _held(self) -> bool:
         try:
-            return self.busy()
+            return self.hold_back.hold()
         except Exception as exc:
             self._error(exc)
             return False

@@ -100,8 +100,8 @@ def test_the_aggregator_holds_back_while_a_restore_reads_then_drains():
     with CPUEngine(EngineConfig(rows=12, promotion_delay_steps=100,
                                 kvscope_options=FAST)) as e:
         observer, rid, _ = _restore_in_flight(e)
-        held = observer.agg.deferred
-        _until(lambda: observer.agg.deferred >= held + 10, "10 wake-ups held back")
+        held = observer.agg.hold_back.held
+        _until(lambda: observer.agg.hold_back.held >= held + 10, "10 wake-ups held back")
         assert observer.journal  # the steps' events wait, none applied beside the reads
         e.run_until_done([rid])
         e.drain()
@@ -120,8 +120,8 @@ def test_a_restore_that_never_lands_holds_the_aggregator_back_at_most_max_defer_
     with CPUEngine(EngineConfig(rows=12, promotion_delay_steps=100,
                                 kvscope_options=FAST)) as e:
         observer, rid, _ = _restore_in_flight(e)
-        observer.agg.max_defer_s = 0.3
+        observer.agg.hold_back.max_s = 0.3
         _until(lambda: not observer.journal, "the journal drained past max_defer_s")
         assert observer.taps.promotions and rid not in e.finished
-        assert observer.agg.deferred >= 1
+        assert observer.agg.hold_back.held >= 1
         e.run_until_done([rid])

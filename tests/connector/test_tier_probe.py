@@ -156,8 +156,8 @@ def test_the_probe_waits_while_a_promotion_is_in_flight_then_goes_on():
             e.step()
         assert taps.promotions and rid not in e.finished  # engine truth: it waits on the disk
         p = probe(e)
-        probes, deferred = p.probes, p.deferred
-        until(lambda: p.deferred >= deferred + 20, what="20 ticks deferred")
+        probes, held = p.probes, p.hold_back.held
+        until(lambda: p.hold_back.held >= held + 20, what="20 ticks held back")
         assert p.probes == probes  # not one probe beside the reads
         e.run_until_done([rid])  # drained: the held promotion released
         e.drain()
@@ -181,10 +181,10 @@ def test_a_busy_tier_defers_the_probe_at_most_max_defer_s():
                                 tiers=list(p.tiers.values()), written=deque(),
                                 interval_s=PROBE_S, busy=lambda: True, max_defer_s=0.3).start()
         try:
-            until(lambda: always_busy.probes + always_busy.deferred >= 1, what="a tick")
+            until(lambda: always_busy.probes + always_busy.hold_back.held >= 1, what="a tick")
             started = time.monotonic()
             until(lambda: always_busy.probes >= 2, what="2 probes of an always busy tier")
-            assert always_busy.deferred >= 2 * int(0.3 / PROBE_S) - 2
+            assert always_busy.hold_back.held >= 2 * int(0.3 / PROBE_S) - 2
             assert time.monotonic() - started >= 0.3  # each waited its max_defer_s
         finally:
             always_busy.close()
