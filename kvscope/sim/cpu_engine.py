@@ -49,7 +49,7 @@ from kvscope.sim.engine_config import EngineConfig, build_vllm_configs
 from kvscope.sim.engine_leftovers import sweep_leftovers
 from kvscope.sim.engine_results import Finished, RequestResults
 from kvscope.sim.engine_step import EngineStepping
-from kvscope.sim.promotion_delay import DelayedPromotions
+from kvscope.sim.promotion_delay import CompletionsAtStepEnd, DelayedPromotions
 
 __all__ = ["CPUEngine", "EngineConfig", "Finished", "Rank", "prompt", "sweep_leftovers"]
 
@@ -108,6 +108,8 @@ class CPUEngine(EngineStepping):
         self._aggregator = KVOutputAggregator(cfg.world_size)
         self._delayed = [DelayedPromotions(pool, cfg.promotion_delay_steps)
                          for pool in self._tier_pools()] if cfg.promotion_delay_steps else []
+        self._at_step_end = [CompletionsAtStepEnd(pool) for pool in self._tier_pools()
+                             ] if cfg.settle_tiers else []
         self.stat_logger = None
         if cfg.vllm_metrics:
             from vllm.v1.metrics.loggers import PrometheusStatLogger

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kvscope.sim.cpu_model import PatternModel
     from kvscope.sim.engine_config import EngineConfig
     from kvscope.sim.engine_results import RequestResults
-    from kvscope.sim.promotion_delay import DelayedPromotions
+    from kvscope.sim.promotion_delay import CompletionsAtStepEnd, DelayedPromotions
 
 
 class EngineStepping:
@@ -41,6 +41,7 @@ class EngineStepping:
     scheduler_seconds: float
     _aggregator: KVOutputAggregator
     _delayed: list[DelayedPromotions]
+    _at_step_end: list[CompletionsAtStepEnd]
     _results: RequestResults
 
     def step(self) -> None:
@@ -100,7 +101,8 @@ class EngineStepping:
         Models disk I/O faster than one forward and makes scenarios repeatable:
         the fs tier's jobs (promotions, cascades) and its async existence checks,
         both started by this step's ``on_schedule_end``, are done when the next
-        step looks up. Completions are left where vLLM collects them.
+        step looks up. vLLM collects the jobs finished by now at its next poll, and only
+        those (:class:`~kvscope.sim.promotion_delay.CompletionsAtStepEnd`).
         """
         manager = getattr(self.connector.connector_scheduler, "manager", None)
         for tier in getattr(manager, "secondary_tiers", ()) or ():
@@ -118,3 +120,5 @@ class EngineStepping:
                        for key, st in list(lookups._lookup_state.items())):
                     break
                 time.sleep(0.0002)
+        for completions in self._at_step_end:
+            completions.step_ended()

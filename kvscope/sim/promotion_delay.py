@@ -16,6 +16,7 @@ vLLM starts it, only the disk is slower. Jobs reach the pool in submission order
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -44,3 +45,34 @@ class DelayedPromotions:
         self._held = [h for h in self._held if not due(h)]
         for _, args, kwargs in ready:
             self._submit(*args, **kwargs)
+
+
+class CompletionsAtStepEnd:
+    """The fs tier's finished jobs, seen by vLLM only as of the last step's end.
+
+    Settling the tier after each step makes every job of a step done by the next, but a
+    job started inside ``schedule()`` (a promotion at one request's lookup, a cascade)
+    may also finish before a later lookup of the same ``schedule()`` call, whose poll
+    then frees or readies its rows: whether it did depends on the I/O threads' timing
+    against the scheduler's loop (on a loaded 2-core machine one restore more or fewer
+    fits, with stock vLLM as with kvscope). Handing vLLM the jobs finished by the
+    settle point, and holding any that finish later until the next one, makes "done by
+    the next step" exact. Wraps the pool instance's ``get_finished`` (instance-attribute
+    shadowing), beneath the tier and kvscope's taps.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self._collect: Callable[[], list] = pool.get_finished
+        self._ready: list = []
+        pool.get_finished = self._get_finished
+
+    def _get_finished(self) -> list:
+        ready, self._ready = self._ready, []
+        return ready
+
+    def step_ended(self) -> None:
+        """The tier is settled: what finished so far is vLLM's from now on."""
+        # in submission order (job ids count up), not the threads' finishing order: vLLM
+        # makes a cascaded row evictable as it collects the job, so that order is the rows'
+        # LRU order, and with it which rows the next stores evict
+        self._ready.extend(sorted(self._collect(), key=lambda job: job[0]))
