@@ -48,14 +48,22 @@ def settle(e, manager, limit: int = 20_000) -> None:
     raise RuntimeError(f"engine not settled after {limit} steps")
 
 
+def engine_config(tokens: int):
+    """One prompt's rows and GPU blocks, and a little more; the fs tier's threads racing."""
+    from kvscope.sim.cpu_engine import EngineConfig
+
+    keys = tokens // BLOCK
+    return EngineConfig(rows=keys + keys // 8, tiering=True, world_size=1, kv_groups=1,
+                        num_gpu_blocks=keys + 64, max_num_batched_tokens=8192, max_num_seqs=4,
+                        max_model_len=tokens + 4 * BLOCK, settle_tiers=False)
+
+
 def run(tokens: int, pairs: int, warmup: int) -> dict:
-    from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
+    from kvscope.sim.cpu_engine import CPUEngine
     from kvscope.sim.cpu_model import prompt
 
     keys = tokens // BLOCK
-    cfg = EngineConfig(rows=keys + keys // 8, tiering=True, world_size=1, kv_groups=1,
-                       num_gpu_blocks=keys + 64, max_num_batched_tokens=8192, max_num_seqs=4,
-                       max_model_len=tokens + 4 * BLOCK, settle_tiers=False)
+    cfg = engine_config(tokens)
     res: dict = {"tokens": tokens, "keys": keys, "rows": cfg.rows, "cmd": sys.argv,
                  "cpus": os.cpu_count()}
     with CPUEngine(cfg) as e:
