@@ -58,6 +58,19 @@ def engine_config(tokens: int):
                         max_model_len=tokens + 4 * BLOCK, settle_tiers=False)
 
 
+def evict_with_next(e, switch: KvscopeSwitch, k: int, on: bool, tokens: int) -> list[int]:
+    """kvscope switched ``on`` or off, prompt k+1 asked (it evicts prompt k, whose chunks
+    are on disk) and the engine settled, so every row of prompt k's restore is free: the
+    step before each timed re-ask. Returns prompt k+1's output."""
+    from kvscope.sim.cpu_model import prompt
+
+    settle(e, switch.manager)
+    switch.set(on)
+    out = e.generate(prompt(k + 1, tokens), OUT, max_steps=10**6).output
+    settle(e, switch.manager)  # its cascades on disk: every row of the restore free
+    return out
+
+
 def run(tokens: int, pairs: int, warmup: int) -> dict:
     from kvscope.sim.cpu_engine import CPUEngine
     from kvscope.sim.cpu_model import prompt
@@ -73,10 +86,7 @@ def run(tokens: int, pairs: int, warmup: int) -> dict:
         first = {0: e.generate(prompt(0, tokens), OUT, max_steps=10**6).output}
         iters = []
         for k, on in enumerate(abba(warmup, pairs)):
-            settle(e, switch.manager)
-            switch.set(on)
-            first[k + 1] = e.generate(prompt(k + 1, tokens), OUT, max_steps=10**6).output
-            settle(e, switch.manager)  # its cascades on disk: every row of the restore free
+            first[k + 1] = evict_with_next(e, switch, k, on, tokens)
             p0, s0, th0 = promotions.snapshot(), e.steps, thread_cpu.snapshot()
             promotions.longest_job_s = 0.0
             t0 = time.perf_counter()

@@ -20,7 +20,8 @@ import pstats
 import sys
 
 from kvscope_switch import KvscopeSwitch
-from restore_convoy import OUT, engine_config, settle
+from pair_stats import abba
+from restore_convoy import OUT, engine_config, evict_with_next
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 OURS = ("connector" + os.sep, "exporters" + os.sep)
@@ -38,10 +39,11 @@ def report(stats: pstats.Stats, label: str, steps: int) -> list[str]:
         if rel.startswith(OURS):
             ours.append((tt, calls, f"{rel}:{line}({name})"))
     ours.sort(reverse=True)
+    own = sum(t for t, _, _ in ours)
     lines = [f"{label}: {steps} steps, {stats.total_tt:.2f} s profiled; vLLM's prefix scans "
              f"{scan[0]} calls {scan[1]:.2f} s, {lookups[0] / max(steps, 1):.0f} keys looked up "
-             f"per step; kvscope's own functions {sum(t for t, _, _ in ours):.3f} s "
-             f"({100 * sum(t for t, _, _ in ours) / stats.total_tt:.2f} %)"]
+             f"per step; kvscope's own functions {own:.3f} s "
+             f"({100 * own / stats.total_tt:.2f} %)"]
     lines += [f"    {tt:.3f} s  {calls:>7} calls  {where}" for tt, calls, where in ours[:8]]
     return lines
 
@@ -59,11 +61,8 @@ def main() -> int:
     with CPUEngine(engine_config(a.tokens)) as e:
         switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
         e.generate(prompt(0, a.tokens), OUT, max_steps=10**6)
-        for k, on in enumerate((True, False, False, True)):  # ABBA
-            settle(e, switch.manager)
-            switch.set(on)
-            e.generate(prompt(k + 1, a.tokens), OUT, max_steps=10**6)
-            settle(e, switch.manager)
+        for k, on in enumerate(abba(0, 2)):
+            evict_with_next(e, switch, k, on, a.tokens)
             prof, s0 = cProfile.Profile(), e.steps
             prof.enable()
             again = e.generate(prompt(k, a.tokens), OUT, max_steps=10**6)

@@ -12,6 +12,9 @@ in flight, the one after finds it done (a disk slower than a forward, by a fixed
 Wraps the fs tier's thread pool instance (``enqueue_load``; instance-attribute shadowing),
 beneath the tier and kvscope's taps on it: vLLM and kvscope see the promotion start when
 vLLM starts it, only the disk is slower. Jobs reach the pool in submission order.
+
+:class:`CompletionsAtStepEnd` is the other half of that clock on a settled engine: the
+tier's finished jobs reach vLLM as of each step's end, in submission order.
 """
 
 from __future__ import annotations
