@@ -50,7 +50,7 @@ import thread_cpu
 from call_clock import CallClock
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import abba, interval, pair_logs
+from pair_stats import abba, hodges_lehmann, interval, pair_logs, paired_diffs, pairs_of
 from promotion_count import PromotionCount
 from scheduler_gc_diag import GCClock
 
@@ -251,6 +251,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         # the restore fewer free rows (its promotions refused, a wait as long as the disk's
         # writes) in whichever arm it happened to fall (run A: one re-ask of 27.9 s)
         settle()
+        threads1 = thread_cpu.snapshot()  # before the clock starts: it reads /proc
         t1s = time.perf_counter()
         mark = len(answers.answers)
         scan, lookups = per_call["scan"], per_call.get("s.get_num_new_matched_tokens")
@@ -263,7 +264,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         p1 = promotions.snapshot()
         gc1 = collections.totals()
         t2 = time.perf_counter()
-        threads = thread_cpu.between(threads0, thread_cpu.snapshot())
+        threads2 = thread_cpu.snapshot()
+        threads = thread_cpu.between(threads0, threads2)
         first_out[k + 1] = list(new.outputs[0].token_ids)
         it = {"k": k, "on": on, "s": round(t2 - t1s, 4), "prefill_s": round(t1 - t, 4),
               "settle_s": round(t1s - t1, 4),
@@ -286,7 +288,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         # vLLM's promotions: jobs, keys (> the prompt's: churned), failed keys
                         "promotions": {**dict(zip(("jobs", "keys", "failed_keys"),
                                                   (b - a for a, b in zip(p0, p1)))),
-                                       "longest_job_s": round(promotions.longest_job_s, 4)}},
+                                       "longest_job_s": round(promotions.longest_job_s, 4)},
+                        # the threads' CPU during the re-ask alone (kvscope's aggregator
+                        # holds back while the promotion reads: does its drain fall in here?)
+                        "threads": thread_cpu.between(threads1, threads2)},
               "threads": threads}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
@@ -329,6 +334,10 @@ def summary(iters: list[dict]) -> dict:
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     dig = [sum(i["digest_wall_s"].values()) / i["s"] for i in on]
     return {**interval(pair_logs(iters)),
+            "hodges_lehmann": hodges_lehmann(pair_logs(iters)),
+            # where the on-arm's time went, pair by pair (fields every iteration has)
+            "paired": paired_diffs(pairs_of(iters), {
+                k: f for k, f in PAIRED_FIELDS.items() if all(_has(f, i) for i in iters)}),
             "median_restore_s": {"on": med([i["s"] for i in on]),
                                  "off": med([i["s"] for i in off])},
             "median_tokens_per_s": {"on": med([i["tokens_per_s"] for i in on]),
@@ -347,6 +356,31 @@ def summary(iters: list[dict]) -> dict:
             # re-asks that promoted more keys than the first (a churn), and failed keys
             "reask_promotions": {arm: _promotions(xs) for arm, xs in (("on", on), ("off", off))
                                  if any("promotions" in i.get("reask", {}) for i in xs)}}
+
+
+# Per iteration: the restore, vLLM's promotion job (its reads) and the rest of the re-ask,
+# vLLM's scans during it (all; the longest, the promoting one), the threads' CPU
+PAIRED_FIELDS = {
+    "restore_s": lambda i: i["s"],
+    "promotion_job_s": lambda i: i["reask"]["promotions"]["longest_job_s"],
+    "restore_less_job_s": lambda i: i["s"] - i["reask"]["promotions"]["longest_job_s"],
+    "scan_cpu_s": lambda i: i["reask"]["scan_cpu_s"],
+    "promoting_scan_cpu_s": lambda i: i["reask"]["scan_cpu_longest_s"],
+    "scans": lambda i: i["reask"]["scan_calls"],
+    "lookup_call_cpu_s": lambda i: i["calls_cpu_s"]["s.get_num_new_matched_tokens"],
+    "engine_cpu_s": lambda i: i["threads"]["engine"]["cpu_s"],
+    "kvscope_cpu_s": lambda i: i["threads"]["kvscope"]["cpu_s"],
+    "kvscope_cpu_in_reask_s": lambda i: i["reask"]["threads"]["kvscope"]["cpu_s"],
+    "other_threads_cpu_s": lambda i: i["threads"]["other"]["cpu_s"],
+}
+
+
+def _has(field, it: dict) -> bool:
+    try:
+        field(it)
+    except (KeyError, TypeError):
+        return False
+    return True
 
 
 def _promotions(iters: list[dict]) -> dict:

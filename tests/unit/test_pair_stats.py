@@ -117,3 +117,53 @@ def test_a_case_stops_before_a_pair_that_could_outrun_its_deadline():
     assert not gwp.out_of_time(100.0, 110.0, [])  # no pair timed yet: run one
     assert not gwp.out_of_time(100.0, 121.0, [5.0, 5.5])  # 21 s left >= 2 x 5.5 + 10
     assert gwp.out_of_time(100.0, 120.0, [5.0, 5.5])  # 20 s left < 21
+
+
+def test_hodges_lehmann_keeps_its_estimate_through_one_pathological_pair(ps):
+    # GPU run K: 71 ordinary pairs and one 25-s on-iteration (a pair log of ~-2.8)
+    rng = random.Random(11)
+    logs = [0.01 + rng.gauss(0, 0.1) for _ in range(71)]
+    clean = ps.hodges_lehmann(logs)
+    hl = ps.hodges_lehmann([*logs, -2.8])
+    mean = ps.interval([*logs, -2.8])
+    assert abs(math.log(hl["ratio_on_over_off"]) - math.log(clean["ratio_on_over_off"])) < 0.01
+    assert math.log(mean["ratio_on_over_off"]) < math.log(clean["ratio_on_over_off"]) - 0.03
+    lo, hi = hl["signed_rank_95ci"]
+    assert lo < hl["ratio_on_over_off"] < hi
+
+
+def test_hodges_lehmann_interval_covers_the_centre_about_95_percent_of_the_time(ps):
+    rng = random.Random(5)
+    centre, covered, trials = 0.02, 0, 400
+    for _ in range(trials):
+        # a symmetric, heavy-tailed spread (the signed-rank test's assumption is symmetry)
+        logs = [centre + rng.gauss(0, 0.05) * (4 if rng.random() < 0.1 else 1)
+                for _ in range(40)]
+        lo, hi = ps.hodges_lehmann(logs)["signed_rank_95ci"]
+        covered += math.log(lo) <= centre <= math.log(hi)
+    assert 0.92 <= covered / trials <= 0.985, covered
+
+
+def test_hodges_lehmann_interval_ranks_match_the_exact_signed_rank_test_at_20_pairs(ps):
+    # the exact null distribution of the signed-rank statistic for n = 20: the interval's
+    # lower end is the C-th smallest Walsh average, C = the largest c with
+    # P(T <= c - 1) <= 0.025; the normal approximation may be one rank wider, never narrower
+    n = 20
+    ways = [1] + [0] * (n * (n + 1) // 2)
+    for r in range(1, n + 1):
+        for t in range(len(ways) - 1, r - 1, -1):
+            ways[t] += ways[t - r]
+    total, cdf, exact_c = 2 ** n, 0, 0
+    for c in range(len(ways)):
+        cdf += ways[c]
+        if cdf / total > 0.025:
+            exact_c = c  # P(T <= c - 1) <= 0.025 < P(T <= c)
+            break
+    rng = random.Random(3)
+    logs = [rng.uniform(-0.5, 0.5) for _ in range(n)]  # Walsh averages ~0.005 apart
+    walsh = sorted((logs[i] + logs[j]) / 2 for i in range(n) for j in range(i, n))
+    lo, hi = ps.hodges_lehmann(logs)["signed_rank_95ci"]
+    at = lambda k: round(math.exp(walsh[k]), 4)  # noqa: E731 - as the result is rounded
+    assert lo in {at(exact_c - 1), at(exact_c - 2)}, (lo, at(exact_c - 1))
+    assert hi in {at(-exact_c), at(-exact_c + 1)}, (hi, at(-exact_c))
+    assert at(exact_c - 1) != at(exact_c + 1)  # the ranks are told apart at this rounding
