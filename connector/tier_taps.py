@@ -120,7 +120,10 @@ class TierTaps:
         # (the per-key tap's lookups): at once. Counts kept here (only this thread writes
         # them; flush() hands the recorder what they grew by), no lock, no context manager.
         def prepare_write(keys, req_context, *a, **kw):
-            out = original(keys, req_context, *a, **kw)
+            # vLLM passes (keys, req_context): a plain call then, not one spread from
+            # *a/**kw (~0.1 us less per promoted key; a 400k restore promotes 25,000)
+            out = original(keys, req_context, *a, **kw) if a or kw else original(
+                keys, req_context)
             try:
                 it = cursor.it
                 if it is not None:  # a tiering scan in progress (prefix_scan.py)

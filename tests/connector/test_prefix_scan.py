@@ -392,3 +392,20 @@ def _differences(a: list, b: list) -> list:
             out += [(k[0].name, k[1], da.get(k), db.get(k)) for k in sorted(
                 set(da) | set(db), key=repr) if da.get(k) != db.get(k)]
     return out
+
+
+def test_the_primary_tiers_tap_hands_vllm_exactly_the_arguments_it_was_given():
+    # the tap calls vLLM's prepare_write plainly when given (keys, req_context), as vLLM
+    # calls it, and spreads anything more: an argument vLLM's does not take fails as it
+    # would without kvscope (nothing dropped, nothing added)
+    with CPUEngine(EngineConfig(rows=64, tiering=True)) as e:
+        primary = e.connector._kvscope_observer.taps.primary
+        tap = primary.prepare_write
+        own = tap.__wrapped__
+        assert own is not tap and getattr(own, "__self__", None) is primary
+        for extra, kw in (((7,), {}), ((), {"extra": 7}), ((7,), {"extra": 7})):
+            with pytest.raises(TypeError) as vllms:
+                own([b"k"], None, *extra, **kw)
+            with pytest.raises(TypeError) as tapped:
+                tap([b"k"], None, *extra, **kw)
+            assert str(tapped.value) == str(vllms.value)
