@@ -24,14 +24,19 @@ the run kvscope's hit counter grew by exactly the tokens restored while on and
 ``kvscope_telemetry_errors_total`` stayed 0. Reported: the geometric mean over pairs of
 restore_s(off) / restore_s(on) (= tokens/s on / off) with a t and a bootstrap 95 % CI.
 
-Tiny Llama with dummy weights (4 layers, hidden 256, 2 KV heads: 32 KiB of KV per
-16-token block), built on the spot. Needs the in-process engine
+A Llama with dummy weights built on the spot: ``--shape tiny`` (4 layers, hidden 256, 2 KV
+heads: 32 KiB of KV per 16-token block; the scheduler's CPU is most of a restore) or ``1b``
+(Llama-3.2-1B's: 16 layers, 8 KV heads, 512 KiB a block; with ``--prune-fs`` each prompt's
+fs files are removed once it is not asked again, or tmpfs fills). Needs the in-process engine
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and a disk directory for the fs tier:
 
     python3 benchmarks/gpu_scale.py case --tokens 131000 --pairs 12 --fs-root /tmp/fs \\
         --deadline-s 520 --out R.json
     python3 benchmarks/gpu_scale.py case ... --checksum-policy off   # kvscope without digests
-    python3 benchmarks/gpu_scale.py summarize R.json [R2.json ...]
+    python3 benchmarks/gpu_scale.py case ... --hold-modes reads,none  # the aggregator's
+        # hold-back during a restore's reads on / off, alternated by ABBA blocks in one process
+    python3 benchmarks/gpu_scale.py case ... --shape 1b --prune-fs    # a real model's rows
+    python3 benchmarks/gpu_scale.py summarize R.json [R2.json ...]       # gpu_scale_summary.py
 """
 
 from __future__ import annotations
@@ -41,31 +46,42 @@ import gc
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 
 import thread_cpu
 from call_clock import CallClock
+from gpu_scale_summary import by_hold, summarize_files, summary
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import abba, hodges_lehmann, interval, pair_logs, paired_diffs, pairs_of
+from pair_stats import abba
 from promotion_count import PromotionCount
 from scheduler_gc_diag import GCClock
 
 T_START = time.monotonic()
 CHUNK = 16
-KV_BLOCK_BYTES = 32 * 1024  # 4 layers x K,V x 2 heads x 64 x 16 tokens x bf16
+# Model shapes (dummy weights): tiny is every run's before 2026-12-05 (the scheduler's CPU is
+# most of a restore); 1b is Llama-3.2-1B's (16 layers, 8 KV heads: 512 KiB of KV a block)
+SHAPES = {"tiny": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+          "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64}}
 VOCAB = 32_000
 OUT_TOKENS = 4
 SETTLE_PROMPT = {"prompt_token_ids": [7, 8, 9]}  # shorter than a block: stores nothing
 
 
-def write_config(d: str, max_len: int) -> None:
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-           "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 64, "vocab_size": VOCAB,
+def kv_block_bytes(shape: str) -> int:
+    """KV bytes of one 16-token block: layers x K,V x KV heads x head dim x tokens x bf16
+    (tiny: 32 KiB)."""
+    m = SHAPES[shape]
+    return m["num_hidden_layers"] * 2 * m["num_key_value_heads"] * m["head_dim"] * CHUNK * 2
+
+
+def write_config(d: str, max_len: int, shape: str = "tiny") -> None:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SHAPES[shape],
+           "vocab_size": VOCAB,
            "max_position_embeddings": max_len, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "bos_token_id": 1,
            "eos_token_id": 2, "hidden_act": "silu"}
@@ -76,6 +92,24 @@ def write_config(d: str, max_len: int) -> None:
 def prompt(k: int, tokens: int) -> dict:
     r = random.Random(7_919 * (k + 11))
     return {"prompt_token_ids": [r.randrange(3, VOCAB) for _ in range(tokens)]}
+
+
+def prune(root: str, before: float) -> int:
+    """Remove the fs tier's block files written before ``before`` (wall clock): prompts not
+    asked again. vLLM's fs tier looks a key up by its file's existence and keeps no index,
+    so nothing refers to them; with 512 KiB blocks (1b) a 131k prompt is 4 GiB of tmpfs."""
+    n = 0
+    for path, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".bin"):
+                f = os.path.join(path, name)
+                try:
+                    if os.stat(f).st_mtime < before:
+                        os.unlink(f)
+                        n += 1
+                except FileNotFoundError:
+                    pass
+    return n
 
 
 def geometry(tokens: int, rows: int | None) -> dict:
@@ -143,7 +177,9 @@ def total(samples: dict[str, float], name: str) -> float:
 
 def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: str,
              deadline: float | None, out_path: str | None, checksum_policy: str = "refuse",
-             checksum_threads: int | None = None, checksum_scope: str = "unshared") -> dict:
+             checksum_threads: int | None = None, checksum_scope: str = "unshared",
+             hold_modes: tuple[str, ...] = ("reads",), shape: str = "tiny",
+             prune_fs: bool = False) -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
     from gpu_scheduler_bound import free_port
@@ -155,14 +191,14 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
 
     g = geometry(tokens, rows)
     d = tempfile.mkdtemp(prefix="kvscope-scale-")
-    write_config(d, g["max_len"])
+    write_config(d, g["max_len"], shape)
     os.makedirs(fs_root, exist_ok=True)
     port = free_port()
     ktc = KVTransferConfig(
         kv_connector="ObservedOffloadingConnector", kv_connector_module_path="kvscope.connector",
         kv_role="kv_both",
         kv_connector_extra_config={
-            "cpu_bytes_to_use": g["rows"] * KV_BLOCK_BYTES, "block_size": CHUNK,
+            "cpu_bytes_to_use": g["rows"] * kv_block_bytes(shape), "block_size": CHUNK,
             "spec_name": "TieringOffloadingSpec",
             "secondary_tiers": [{"type": "fs", "root_dir": fs_root, "n_read_threads": 16,
                                  "n_write_threads": 16}],
@@ -183,6 +219,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     worker = get_kv_transfer_group()
     switch = KvscopeSwitch(scheduler, [worker])
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
+    res.update(hold_modes=list(hold_modes), shape=shape, kv_block_bytes=kv_block_bytes(shape),
+               prune_fs=prune_fs)
+    hold_back, reading = switch.observer.agg.hold_back, switch.observer.taps.reading
     answers = Answers(scheduler.connector)
     switch.clocks.append(answers)
     # the engine thread's CPU per connector call (which call kvscope's time is in), and
@@ -238,12 +277,17 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                 res["stopped"] = "deadline"
                 break
         settle()
+        # the aggregator's hold-back for this pair (kvscope's default: while a restore's
+        # promotion reads; none: it drains every interval), in blocks of two ABBA pairs
+        mode = hold_modes[max(0, k - warmup) // 4 % len(hold_modes)]
+        hold_back.busy = reading if mode == "reads" else None
         switch.set(on)
         if k == warmup:
             before = scrape(url)
         d0 = {n: c.seconds for n, c in digests.items()}
         calls0 = {n: c.seconds for n, c in per_call.items()}
         threads0 = thread_cpu.snapshot()
+        asked_at = time.time()  # the fs tier's files of prompt k+1 are younger
         t = time.perf_counter()
         new = ask(k + 1)
         t1 = time.perf_counter()
@@ -266,8 +310,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         t2 = time.perf_counter()
         threads2 = thread_cpu.snapshot()
         threads = thread_cpu.between(threads0, threads2)
+        pruned = prune(fs_root, asked_at) if prune_fs else None  # prompt k is never asked again
         first_out[k + 1] = list(new.outputs[0].token_ids)
-        it = {"k": k, "on": on, "s": round(t2 - t1s, 4), "prefill_s": round(t1 - t, 4),
+        it = {"k": k, "on": on, "hold": mode, "s": round(t2 - t1s, 4), "prefill_s": round(t1 - t, 4),
               "settle_s": round(t1s - t1, 4),
               "restored": again.num_cached_tokens or 0,
               "loaded": answers.loaded_since(mark),
@@ -292,7 +337,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         # the threads' CPU during the re-ask alone (kvscope's aggregator
                         # holds back while the promotion reads: does its drain fall in here?)
                         "threads": thread_cpu.between(threads1, threads2)},
-              "threads": threads}
+              "threads": threads, "pruned_files": pruned}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
         if k >= warmup:
@@ -307,6 +352,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     res.update(iters=iters, checks=checks(iters, before or {}, after, on_restored))
     if len(iters) >= 2:
         res["summary"] = summary(iters)
+        res.update(by_hold(iters))
     if out_path:
         _write(out_path, res)
     return res
@@ -326,94 +372,11 @@ def checks(iters: list[dict], before: dict, after: dict, on_restored: int) -> di
             "pending_transfers_after": total(after, S.PENDING_TRANSFERS.name)}
 
 
-def summary(iters: list[dict]) -> dict:
-    n = len(iters) // 2 * 2
-    iters = iters[:n]
-    on = [i for i in iters if i["on"]]
-    off = [i for i in iters if not i["on"]]
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    dig = [sum(i["digest_wall_s"].values()) / i["s"] for i in on]
-    return {**interval(pair_logs(iters)),
-            "hodges_lehmann": hodges_lehmann(pair_logs(iters)),
-            # where the on-arm's time went, pair by pair (fields every iteration has)
-            "paired": paired_diffs(pairs_of(iters), {
-                k: f for k, f in PAIRED_FIELDS.items() if all(_has(f, i) for i in iters)}),
-            "median_restore_s": {"on": med([i["s"] for i in on]),
-                                 "off": med([i["s"] for i in off])},
-            "median_tokens_per_s": {"on": med([i["tokens_per_s"] for i in on]),
-                                    "off": med([i["tokens_per_s"] for i in off])},
-            "digest_share_of_restore_on": {"median": round(med(dig), 4),
-                                           "max": round(max(dig), 4)},
-            "kvscope_threads_cpu_s_on": med([i["threads"]["kvscope"]["cpu_s"] for i in on]),
-            # vLLM's scans during the re-ask: how many, their CPU, the longest one's
-            "reask_scans": {arm: {"calls": med([i["reask"]["scan_calls"] for i in xs]),
-                                  "cpu_s": med([i["reask"]["scan_cpu_s"] for i in xs]),
-                                  "longest_cpu_s": med([i["reask"].get("scan_cpu_longest_s", 0)
-                                                        for i in xs]),
-                                  "gc_s": med([i["reask"].get("gc", {}).get("s", 0)
-                                               for i in xs])}
-                            for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]},
-            # re-asks that promoted more keys than the first (a churn), and failed keys
-            "reask_promotions": {arm: _promotions(xs) for arm, xs in (("on", on), ("off", off))
-                                 if any("promotions" in i.get("reask", {}) for i in xs)}}
-
-
-# Per iteration: the restore, vLLM's promotion job (its reads) and the rest of the re-ask,
-# vLLM's scans during it (all; the longest, the promoting one), the threads' CPU
-PAIRED_FIELDS = {
-    "restore_s": lambda i: i["s"],
-    "promotion_job_s": lambda i: i["reask"]["promotions"]["longest_job_s"],
-    "restore_less_job_s": lambda i: i["s"] - i["reask"]["promotions"]["longest_job_s"],
-    "scan_cpu_s": lambda i: i["reask"]["scan_cpu_s"],
-    "promoting_scan_cpu_s": lambda i: i["reask"]["scan_cpu_longest_s"],
-    "scans": lambda i: i["reask"]["scan_calls"],
-    "lookup_call_cpu_s": lambda i: i["calls_cpu_s"]["s.get_num_new_matched_tokens"],
-    "engine_cpu_s": lambda i: i["threads"]["engine"]["cpu_s"],
-    "kvscope_cpu_s": lambda i: i["threads"]["kvscope"]["cpu_s"],
-    "kvscope_cpu_in_reask_s": lambda i: i["reask"]["threads"]["kvscope"]["cpu_s"],
-    "other_threads_cpu_s": lambda i: i["threads"]["other"]["cpu_s"],
-}
-
-
-def _has(field, it: dict) -> bool:
-    try:
-        field(it)
-    except (KeyError, TypeError):
-        return False
-    return True
-
-
-def _promotions(iters: list[dict]) -> dict:
-    iters = [i for i in iters if "promotions" in i.get("reask", {})]  # runs before J: none
-    keys = [i["reask"]["promotions"]["keys"] for i in iters]
-    jobs = [i["reask"]["promotions"]["longest_job_s"] for i in iters]
-    return {"keys_min": min(keys), "keys_max": max(keys),
-            "reasks_over_min": sum(k > min(keys) for k in keys),
-            "failed_keys": sum(i["reask"]["promotions"]["failed_keys"] for i in iters),
-            "longest_job_s": {"median": statistics.median(jobs), "max": max(jobs)}}
-
-
 def _write(path: str, obj: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(tmp, path)
-
-
-def summarize_files(paths: list[str]) -> dict:
-    by_case: dict[tuple[int, str, str], list[dict]] = {}
-    for p in paths:
-        with open(p) as f:
-            r = json.load(f)
-        # results before checksum_scope existed digested every rank ("all")
-        by_case.setdefault((r["tokens"], r.get("checksum_policy", "refuse"),
-                            r.get("checksum_scope", "all")), []).append(r)
-    out = {}
-    for (tokens, policy, scope), runs in sorted(by_case.items()):
-        iters = [i for r in runs for i in r["iters"][:len(r["iters"]) // 2 * 2]]
-        out[f"{tokens} {policy} {scope}"] = {"processes": len(runs), **summary(iters),
-                                     "checks": [r.get("checks") for r in runs]}
-    return out
 
 
 def main() -> int:
@@ -434,6 +397,13 @@ def main() -> int:
     c.add_argument("--checksum-scope", default="unshared", choices=["unshared", "all"],
                    help="kvscope's checksum_scope (unshared: TP=1 here shares the scheduler's "
                         "file, so nothing is digested; all: every rank digested)")
+    c.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    c.add_argument("--prune-fs", action="store_true",
+                   help="after each re-ask remove the fs files of prompts not asked again")
+    c.add_argument("--hold-modes", default="reads",
+                   help="comma-separated, alternated by blocks of two pairs: reads (kvscope's "
+                        "default: the aggregator holds back while a restore's promotion "
+                        "reads) and/or none (it drains every interval)")
     s = sub.add_parser("summarize")
     s.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -442,7 +412,8 @@ def main() -> int:
         return 0
     deadline = T_START + a.deadline_s if a.deadline_s else None
     res = run_case(a.tokens, a.rows, a.pairs, a.warmup, a.fs_root, deadline, a.out,
-                   a.checksum_policy, a.checksum_threads, a.checksum_scope)
+                   a.checksum_policy, a.checksum_threads, a.checksum_scope,
+                   tuple(m for m in a.hold_modes.split(",") if m), a.shape, a.prune_fs)
     print(json.dumps({k: v for k, v in res.items() if k != "iters"}))
     ok = (res["checks"]["telemetry_errors"] == 0 and res["checks"]["same_output"]
           and len(res["checks"]["restored"]) == 1

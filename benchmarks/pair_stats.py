@@ -89,6 +89,27 @@ def paired_diffs(pairs: list[tuple[dict, dict]], fields: dict[str, Callable[[dic
     return out
 
 
+def by_tag(iters: list[dict], tag: str) -> dict[str, list[dict]]:
+    """Iterations split by a per-pair tag (both of a pair carry the same): each part keeps
+    its pairs whole and in order, so :func:`pairs_of` pairs it as the whole run."""
+    out: dict[str, list[dict]] = {}
+    for a, b in zip(iters[0::2], iters[1::2]):
+        assert a.get(tag) == b.get(tag), "a pair's iterations carry one tag"
+        out.setdefault(str(a.get(tag)), []).extend((a, b))
+    return out
+
+
+def ratio_between(logs_a: list[float], logs_b: list[float]) -> dict:
+    """How two sets of pairs' on/off ratios differ: exp(mean b - mean a) with a Welch t
+    95 % interval (b's ratio over a's; > 1: the on arm costs less under b)."""
+    ma, mb = statistics.mean(logs_a), statistics.mean(logs_b)
+    va, vb = statistics.variance(logs_a) / len(logs_a), statistics.variance(logs_b) / len(logs_b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(logs_a) - 1) + vb ** 2 / (len(logs_b) - 1))
+    half = gsb.t975(int(df)) * math.sqrt(va + vb)
+    return {"b_over_a": round(math.exp(mb - ma), 4),
+            "t_95ci": [round(math.exp(mb - ma - half), 4), round(math.exp(mb - ma + half), 4)]}
+
+
 def _field(it: dict, name: str) -> float:
     if name == "engine_blocked_s":  # wall time the engine thread neither ran nor queued
         e = it["threads"]["engine"]

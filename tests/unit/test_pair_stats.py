@@ -167,3 +167,29 @@ def test_hodges_lehmann_interval_ranks_match_the_exact_signed_rank_test_at_20_pa
     assert lo in {at(exact_c - 1), at(exact_c - 2)}, (lo, at(exact_c - 1))
     assert hi in {at(-exact_c), at(-exact_c + 1)}, (hi, at(-exact_c))
     assert at(exact_c - 1) != at(exact_c + 1)  # the ranks are told apart at this rounding
+
+
+def test_pairs_split_by_their_tag_stay_whole_and_the_parts_ratios_compare(ps):
+    # gpu_scale --hold-modes reads,none: blocks of two ABBA pairs alternate the mode; the
+    # on arm costs 2 % more under "reads" here, nothing under "none"
+    rng = random.Random(8)
+    its = []
+    for j in range(120):
+        mode = ("reads", "none")[j // 2 % 2]
+        for on in ((True, False) if j % 2 == 0 else (False, True)):
+            cost = 1.02 if on and mode == "reads" else 1.0
+            its.append({"on": on, "hold": mode, "s": 1.5 * cost * math.exp(rng.gauss(0, 0.015))})
+    parts = ps.by_tag(its, "hold")
+    assert sorted(parts) == ["none", "reads"]
+    assert all(len(p) == 120 for p in parts.values())
+    for p in parts.values():  # each part pairs one on with one off, as the whole run does
+        assert all(on["on"] and not off["on"] for on, off in ps.pairs_of(p))
+    diff = ps.ratio_between(ps.pair_logs(parts["reads"]), ps.pair_logs(parts["none"]))
+    lo, hi = diff["t_95ci"]
+    assert lo <= 1.02 <= hi and lo > 1.0, diff
+    same = ps.ratio_between(ps.pair_logs(parts["none"][:60]), ps.pair_logs(parts["none"][60:]))
+    assert same["t_95ci"][0] <= 1.0 <= same["t_95ci"][1], same
+    with pytest.raises(AssertionError):
+        ps.by_tag([{"on": True, "hold": "reads", "s": 1}, {"on": False, "hold": "none", "s": 1}],
+                  "hold")
+

@@ -1,0 +1,121 @@
+"""gpu_scale.py's results summarized (its ``summarize`` subcommand): per case, the on/off
+restore ratio over the ABBA pairs (t, bootstrap and Hodges-Lehmann intervals), where the
+on-arm's time went pair by pair, vLLM's scans and promotions per re-ask, and with several
+hold modes in a run each mode's summary and how they differ.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from pair_stats import (
+    by_tag,
+    hodges_lehmann,
+    interval,
+    pair_logs,
+    paired_diffs,
+    pairs_of,
+    ratio_between,
+)
+
+
+def summary(iters: list[dict]) -> dict:
+    n = len(iters) // 2 * 2
+    iters = iters[:n]
+    on = [i for i in iters if i["on"]]
+    off = [i for i in iters if not i["on"]]
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    dig = [sum(i["digest_wall_s"].values()) / i["s"] for i in on]
+    return {**interval(pair_logs(iters)),
+            "hodges_lehmann": hodges_lehmann(pair_logs(iters)),
+            # where the on-arm's time went, pair by pair (fields every iteration has)
+            "paired": paired_diffs(pairs_of(iters), {
+                k: f for k, f in PAIRED_FIELDS.items() if all(_has(f, i) for i in iters)}),
+            "median_restore_s": {"on": med([i["s"] for i in on]),
+                                 "off": med([i["s"] for i in off])},
+            "median_tokens_per_s": {"on": med([i["tokens_per_s"] for i in on]),
+                                    "off": med([i["tokens_per_s"] for i in off])},
+            "digest_share_of_restore_on": {"median": round(med(dig), 4),
+                                           "max": round(max(dig), 4)},
+            "kvscope_threads_cpu_s_on": med([i["threads"]["kvscope"]["cpu_s"] for i in on]),
+            # vLLM's scans during the re-ask: how many, their CPU, the longest one's
+            "reask_scans": {arm: {"calls": med([i["reask"]["scan_calls"] for i in xs]),
+                                  "cpu_s": med([i["reask"]["scan_cpu_s"] for i in xs]),
+                                  "longest_cpu_s": med([i["reask"].get("scan_cpu_longest_s", 0)
+                                                        for i in xs]),
+                                  "gc_s": med([i["reask"].get("gc", {}).get("s", 0)
+                                               for i in xs])}
+                            for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]},
+            # re-asks that promoted more keys than the first (a churn), and failed keys
+            "reask_promotions": {arm: _promotions(xs) for arm, xs in (("on", on), ("off", off))
+                                 if any("promotions" in i.get("reask", {}) for i in xs)}}
+
+
+# Per iteration: the restore, vLLM's promotion job (its reads) and the rest of the re-ask,
+# vLLM's scans during it (all; the longest, the promoting one), the threads' CPU
+PAIRED_FIELDS = {
+    "restore_s": lambda i: i["s"],
+    "promotion_job_s": lambda i: i["reask"]["promotions"]["longest_job_s"],
+    "restore_less_job_s": lambda i: i["s"] - i["reask"]["promotions"]["longest_job_s"],
+    "scan_cpu_s": lambda i: i["reask"]["scan_cpu_s"],
+    "promoting_scan_cpu_s": lambda i: i["reask"]["scan_cpu_longest_s"],
+    "scans": lambda i: i["reask"]["scan_calls"],
+    "lookup_call_cpu_s": lambda i: i["calls_cpu_s"]["s.get_num_new_matched_tokens"],
+    "engine_cpu_s": lambda i: i["threads"]["engine"]["cpu_s"],
+    "kvscope_cpu_s": lambda i: i["threads"]["kvscope"]["cpu_s"],
+    "kvscope_cpu_in_reask_s": lambda i: i["reask"]["threads"]["kvscope"]["cpu_s"],
+    "other_threads_cpu_s": lambda i: i["threads"]["other"]["cpu_s"],
+}
+
+
+def _has(field, it: dict) -> bool:
+    try:
+        field(it)
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
+def by_hold(iters: list[dict]) -> dict:
+    """With more than one hold mode in the run: each mode's summary, and how the on arm's
+    cost differs between them (none over reads: > 1 when not holding costs less)."""
+    parts = by_tag(iters, "hold")
+    if len(parts) < 2:
+        return {}
+    out: dict = {"by_hold": {m: summary(p) for m, p in parts.items() if len(p) >= 4}}
+    if "reads" in parts and "none" in parts:
+        out["hold_none_over_reads"] = ratio_between(pair_logs(parts["reads"]),
+                                                    pair_logs(parts["none"]))
+    return out
+
+
+def _promotions(iters: list[dict]) -> dict:
+    iters = [i for i in iters if "promotions" in i.get("reask", {})]  # runs before J: none
+    keys = [i["reask"]["promotions"]["keys"] for i in iters]
+    jobs = [i["reask"]["promotions"]["longest_job_s"] for i in iters]
+    return {"keys_min": min(keys), "keys_max": max(keys),
+            "reasks_over_min": sum(k > min(keys) for k in keys),
+            "failed_keys": sum(i["reask"]["promotions"]["failed_keys"] for i in iters),
+            "longest_job_s": {"median": statistics.median(jobs), "max": max(jobs)}}
+
+
+def summarize_files(paths: list[str]) -> dict:
+    """Per case (tokens, checksum policy and scope, the model's shape; the tiny shape is
+    named only where it is not the one), the processes' pairs pooled."""
+    by_case: dict[tuple[int, str, str, str], list[dict]] = {}
+    for p in paths:
+        with open(p) as f:
+            r = json.load(f)
+        # results before checksum_scope existed digested every rank ("all"); before shape
+        # existed every run was the tiny model
+        by_case.setdefault((r["tokens"], r.get("checksum_policy", "refuse"),
+                            r.get("checksum_scope", "all"), r.get("shape", "tiny")),
+                           []).append(r)
+    out = {}
+    for (tokens, policy, scope, shape), runs in sorted(by_case.items()):
+        iters = [i for r in runs for i in r["iters"][:len(r["iters"]) // 2 * 2]]
+        name = f"{tokens} {policy} {scope}" + ("" if shape == "tiny" else f" {shape}")
+        out[name] = {"processes": len(runs), **summary(iters), **by_hold(iters),
+                     "checks": [r.get("checks") for r in runs]}
+    return out
