@@ -16,6 +16,12 @@ prompt k asked again: the timed restore. Engine truth per re-ask: tokens vLLM lo
 tiers and the output, equal to the first ask's; vLLM's promotions (promotion_count.py).
 
     python benchmarks/restore_convoy.py --tokens 32768 --pairs 20 --out benchmarks/results/restore_convoy.json
+
+``--step-time-s`` gives each step a wall time in which the engine thread sleeps (a GPU
+forward's wait: the reads get the GIL then, as on the H200 in its usual regime);
+``--hold-modes reads,none`` alternates, by blocks of two ABBA pairs, whether kvscope's
+aggregator holds back while a restore's promotion reads (its default) or drains every
+interval, and reports each mode's ratio and how they differ (``by_hold``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import time
 
 import thread_cpu
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import abba, interval, pair_logs, pairs_of
+from pair_stats import abba, by_tag, interval, pair_logs, pairs_of, ratio_between
 from promotion_count import PromotionCount
 from scale_workload import telemetry_errors
 
@@ -48,14 +54,15 @@ def settle(e, manager, limit: int = 20_000) -> None:
     raise RuntimeError(f"engine not settled after {limit} steps")
 
 
-def engine_config(tokens: int):
+def engine_config(tokens: int, step_time_s: float = 0.0):
     """One prompt's rows and GPU blocks, and a little more; the fs tier's threads racing."""
     from kvscope.sim.cpu_engine import EngineConfig
 
     keys = tokens // BLOCK
     return EngineConfig(rows=keys + keys // 8, tiering=True, world_size=1, kv_groups=1,
                         num_gpu_blocks=keys + 64, max_num_batched_tokens=8192, max_num_seqs=4,
-                        max_model_len=tokens + 4 * BLOCK, settle_tiers=False)
+                        max_model_len=tokens + 4 * BLOCK, settle_tiers=False,
+                        step_time_s=step_time_s)
 
 
 def evict_with_next(e, switch: KvscopeSwitch, k: int, on: bool, tokens: int) -> list[int]:
@@ -71,21 +78,26 @@ def evict_with_next(e, switch: KvscopeSwitch, k: int, on: bool, tokens: int) -> 
     return out
 
 
-def run(tokens: int, pairs: int, warmup: int) -> dict:
+def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
+        hold_modes: tuple[str, ...] = ("reads",)) -> dict:
     from kvscope.sim.cpu_engine import CPUEngine
     from kvscope.sim.cpu_model import prompt
 
     keys = tokens // BLOCK
-    cfg = engine_config(tokens)
+    cfg = engine_config(tokens, step_time_s)
     res: dict = {"tokens": tokens, "keys": keys, "rows": cfg.rows, "cmd": sys.argv,
-                 "cpus": os.cpu_count()}
+                 "cpus": os.cpu_count(), "step_time_s": step_time_s,
+                 "hold_modes": list(hold_modes)}
     with CPUEngine(cfg) as e:
         switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
         promotions = PromotionCount(switch.manager)
         switch.clocks.append(promotions)
+        hold_back, reading = switch.observer.agg.hold_back, switch.observer.taps.reading
         first = {0: e.generate(prompt(0, tokens), OUT, max_steps=10**6).output}
         iters = []
         for k, on in enumerate(abba(warmup, pairs)):
+            mode = hold_modes[max(0, k - warmup) // 4 % len(hold_modes)]
+            hold_back.busy = reading if mode == "reads" else None
             first[k + 1] = evict_with_next(e, switch, k, on, tokens)
             p0, s0, th0 = promotions.snapshot(), e.steps, thread_cpu.snapshot()
             promotions.longest_job_s = 0.0
@@ -94,7 +106,7 @@ def run(tokens: int, pairs: int, warmup: int) -> dict:
             s = time.perf_counter() - t0
             jobs, promoted, failed = (b - a for a, b in zip(p0, promotions.snapshot()))
             threads = thread_cpu.between(th0, thread_cpu.snapshot())
-            it = {"k": k, "on": on, "s": round(s, 4), "steps": e.steps - s0,
+            it = {"k": k, "on": on, "hold": mode, "s": round(s, 4), "steps": e.steps - s0,
                   "loaded": again.num_external_tokens,
                   "same_output": again.output == first.pop(k),
                   "promotions": {"jobs": jobs, "keys": promoted, "failed_keys": failed,
@@ -112,6 +124,12 @@ def run(tokens: int, pairs: int, warmup: int) -> dict:
                      "promoted_keys": sorted({i["promotions"]["keys"] for i in iters}),
                      "failed_keys": sum(i["promotions"]["failed_keys"] for i in iters)}
     res["summary"] = summary(iters)
+    parts = by_tag(iters, "hold")
+    if len(parts) > 1:
+        res["by_hold"] = {m: summary(p) for m, p in parts.items()}
+        if "reads" in parts and "none" in parts:
+            res["hold_none_over_reads"] = ratio_between(pair_logs(parts["reads"]),
+                                                        pair_logs(parts["none"]))
     return res
 
 
@@ -137,14 +155,18 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--step-time-s", type=float, default=0.0)
+    ap.add_argument("--hold-modes", default="reads")
     ap.add_argument("--out")
     a = ap.parse_args()
-    res = run(a.tokens, a.pairs, a.warmup)
+    res = run(a.tokens, a.pairs, a.warmup, a.step_time_s,
+              tuple(m for m in a.hold_modes.split(",") if m))
     text = json.dumps(res, indent=1)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text + "\n")
-    print(json.dumps(res["summary"], indent=1))
+    print(json.dumps({k: res[k] for k in ("summary", "by_hold", "hold_none_over_reads")
+                      if k in res}, indent=1))
     print(json.dumps(res["checks"]), res["telemetry_errors"])
     return 0
 
