@@ -21,12 +21,15 @@ tiers and the output, equal to the first ask's; vLLM's promotions (promotion_cou
 forward's wait: the reads get the GIL then, as on the H200 in its usual regime);
 ``--hold-modes reads,none`` alternates, by blocks of two ABBA pairs, whether kvscope's
 aggregator holds back while a restore's promotion reads (its default) or drains every
-interval, and reports each mode's ratio and how they differ (``by_hold``).
+interval, and reports each mode's ratio and how they differ (``by_hold``). Every re-ask also
+records the garbage collections that ran in it (count per generation, their thread CPU:
+``gc``); ``--gc-freeze`` freezes the heap once the engine is built, as vLLM's EngineCore does.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -39,6 +42,7 @@ from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import abba, by_tag, interval, pair_logs, pairs_of, ratio_between
 from promotion_count import PromotionCount
 from scale_workload import telemetry_errors
+from scheduler_gc_diag import GCClock
 
 BLOCK = 16
 OUT = 2
@@ -79,7 +83,7 @@ def evict_with_next(e, switch: KvscopeSwitch, k: int, on: bool, tokens: int) -> 
 
 
 def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
-        hold_modes: tuple[str, ...] = ("reads",)) -> dict:
+        hold_modes: tuple[str, ...] = ("reads",), gc_freeze: bool = False) -> dict:
     from kvscope.sim.cpu_engine import CPUEngine
     from kvscope.sim.cpu_model import prompt
 
@@ -87,8 +91,13 @@ def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
     cfg = engine_config(tokens, step_time_s)
     res: dict = {"tokens": tokens, "keys": keys, "rows": cfg.rows, "cmd": sys.argv,
                  "cpus": os.cpu_count(), "step_time_s": step_time_s,
-                 "hold_modes": list(hold_modes)}
+                 "hold_modes": list(hold_modes), "gc_freeze": gc_freeze}
+    collections = GCClock()
     with CPUEngine(cfg) as e:
+        if gc_freeze:  # the startup heap out of the collector's view, as vLLM's EngineCore does
+            gc.collect()
+            gc.freeze()
+        gc.callbacks.append(collections)
         switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
         promotions = PromotionCount(switch.manager)
         switch.clocks.append(promotions)
@@ -100,21 +109,26 @@ def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
             hold_back.busy = reading if mode == "reads" else None
             first[k + 1] = evict_with_next(e, switch, k, on, tokens)
             p0, s0, th0 = promotions.snapshot(), e.steps, thread_cpu.snapshot()
+            gc0 = collections.totals()
             promotions.longest_job_s = 0.0
             t0 = time.perf_counter()
             again = e.generate(prompt(k, tokens), OUT, max_steps=10**6)
             s = time.perf_counter() - t0
             jobs, promoted, failed = (b - a for a, b in zip(p0, promotions.snapshot()))
             threads = thread_cpu.between(th0, thread_cpu.snapshot())
+            gc1 = collections.totals()
             it = {"k": k, "on": on, "hold": mode, "s": round(s, 4), "steps": e.steps - s0,
                   "loaded": again.num_external_tokens,
                   "same_output": again.output == first.pop(k),
                   "promotions": {"jobs": jobs, "keys": promoted, "failed_keys": failed,
                                  "longest_job_s": round(promotions.longest_job_s, 4)},
-                  "threads": {n: round(v["cpu_s"], 4) for n, v in threads.items()}}
+                  "threads": {n: round(v["cpu_s"], 4) for n, v in threads.items()},
+                  "gc": {"collections": [b - a for a, b in zip(gc0[0], gc1[0])],
+                         "cpu_s": round(gc1[1] - gc0[1], 4)}}
             print(json.dumps(it), flush=True)
             if k >= warmup:
                 iters.append(it)
+        gc.callbacks.remove(collections)
         settle(e, switch.manager)
         switch.set(True)
         res["telemetry_errors"] = telemetry_errors(e)
@@ -143,6 +157,9 @@ def summary(iters: list[dict]) -> dict:
                      "median_steps": statistics.median(i["steps"] for i in xs),
                      "median_kvscope_threads_cpu_s": statistics.median(
                          i["threads"]["kvscope"] for i in xs)}
+        if all("gc" in i for i in xs):  # files before the GC clock have none
+            out[name]["median_gc_cpu_s"] = statistics.median(i["gc"]["cpu_s"] for i in xs)
+            out[name]["full_collections"] = sum(i["gc"]["collections"][2] for i in xs)
     # the read job's ratio as the restore's: log(off / on) per pair
     out["read_job"] = interval([math.log(off["promotions"]["longest_job_s"]
                                          / on["promotions"]["longest_job_s"])
@@ -157,10 +174,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--step-time-s", type=float, default=0.0)
     ap.add_argument("--hold-modes", default="reads")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="freeze the heap once the engine is built, as vLLM's EngineCore does")
     ap.add_argument("--out")
     a = ap.parse_args()
     res = run(a.tokens, a.pairs, a.warmup, a.step_time_s,
-              tuple(m for m in a.hold_modes.split(",") if m))
+              tuple(m for m in a.hold_modes.split(",") if m), a.gc_freeze)
     text = json.dumps(res, indent=1)
     if a.out:
         with open(a.out, "w") as f:
