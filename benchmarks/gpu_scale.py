@@ -55,7 +55,7 @@ from call_clock import CallClock
 from gpu_scale_summary import by_hold, summarize_files, summary
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import abba
+from pair_stats import abba, block_mode
 from promotion_count import PromotionCount
 from scheduler_gc_diag import GCClock
 
@@ -221,7 +221,6 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
     res.update(hold_modes=list(hold_modes), shape=shape, kv_block_bytes=kv_block_bytes(shape),
                prune_fs=prune_fs)
-    hold_back, reading = switch.observer.agg.hold_back, switch.observer.taps.reading
     answers = Answers(scheduler.connector)
     switch.clocks.append(answers)
     # the engine thread's CPU per connector call (which call kvscope's time is in), and
@@ -277,10 +276,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                 res["stopped"] = "deadline"
                 break
         settle()
-        # the aggregator's hold-back for this pair (kvscope's default: while a restore's
-        # promotion reads; none: it drains every interval), in blocks of two ABBA pairs
-        mode = hold_modes[max(0, k - warmup) // 4 % len(hold_modes)]
-        hold_back.busy = reading if mode == "reads" else None
+        # the aggregator's hold-back for this pair, in blocks of two ABBA pairs
+        mode = block_mode(hold_modes, k, warmup)
+        switch.hold_back(mode)
         switch.set(on)
         if k == warmup:
             before = scrape(url)

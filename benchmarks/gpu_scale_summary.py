@@ -9,15 +9,8 @@ from __future__ import annotations
 import json
 import statistics
 
-from pair_stats import (
-    by_tag,
-    hodges_lehmann,
-    interval,
-    pair_logs,
-    paired_diffs,
-    pairs_of,
-    ratio_between,
-)
+import pair_stats
+from pair_stats import hodges_lehmann, interval, pair_logs, paired_diffs, pairs_of
 
 
 def summary(iters: list[dict]) -> dict:
@@ -78,16 +71,8 @@ def _has(field, it: dict) -> bool:
 
 
 def by_hold(iters: list[dict]) -> dict:
-    """With more than one hold mode in the run: each mode's summary, and how the on arm's
-    cost differs between them (none over reads: > 1 when not holding costs less)."""
-    parts = by_tag(iters, "hold")
-    if len(parts) < 2:
-        return {}
-    out: dict = {"by_hold": {m: summary(p) for m, p in parts.items() if len(p) >= 4}}
-    if "reads" in parts and "none" in parts:
-        out["hold_none_over_reads"] = ratio_between(pair_logs(parts["reads"]),
-                                                    pair_logs(parts["none"]))
-    return out
+    """Each hold mode's summary (of two pairs or more) and how they differ (pair_stats)."""
+    return pair_stats.by_hold(iters, summary, min_pairs=2)
 
 
 def _promotions(iters: list[dict]) -> dict:

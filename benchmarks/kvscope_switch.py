@@ -93,6 +93,13 @@ class KvscopeSwitch:
         # binds the method it found: left in place it would call kvscope's while off)
         self.clocks: list[Any] = []
 
+    def hold_back(self, mode: str) -> None:
+        """The aggregator's hold-back: ``reads`` (kvscope's default: while a restore's
+        promotion reads) or ``none`` (it drains every interval)."""
+        if mode not in ("reads", "none"):
+            raise ValueError(f"hold mode {mode!r}: reads or none")
+        self.observer.agg.hold_back.busy = self.observer.taps.reading if mode == "reads" else None
+
     def set(self, on: bool) -> None:
         if on == self.on:
             return

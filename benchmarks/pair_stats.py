@@ -32,6 +32,13 @@ def abba(warmup: int, pairs: int) -> list[bool]:
     return order
 
 
+def block_mode(modes: tuple[str, ...], k: int, warmup: int) -> str:
+    """The mode of iteration ``k`` of :func:`abba`'s order where ``modes`` alternate by blocks
+    of two ABBA pairs (the warm-up runs the first): each block is balanced on/off, and a
+    pair never straddles two modes (:func:`by_tag` asserts it)."""
+    return modes[max(0, k - warmup) // 4 % len(modes)]
+
+
 def pair_logs(iters: list[dict]) -> list[float]:
     """log(t_off / t_on) per pair: log of tokens/s(on) / tokens/s(off)."""
     out = []
@@ -96,6 +103,22 @@ def by_tag(iters: list[dict], tag: str) -> dict[str, list[dict]]:
     for a, b in zip(iters[0::2], iters[1::2]):
         assert a.get(tag) == b.get(tag), "a pair's iterations carry one tag"
         out.setdefault(str(a.get(tag)), []).extend((a, b))
+    return out
+
+
+def by_hold(iters: list[dict], summary: Callable[[list[dict]], dict],
+            min_pairs: int = 1) -> dict:
+    """With more than one hold mode in a run (tag ``hold``): each mode's ``summary`` (of modes
+    with ``min_pairs`` pairs or more), and how the on arm's cost differs between them (none
+    over reads: > 1 when not holding back costs less)."""
+    parts = by_tag(iters, "hold")
+    if len(parts) < 2:
+        return {}
+    out: dict = {"by_hold": {m: summary(p) for m, p in parts.items()
+                             if len(p) >= 2 * min_pairs}}
+    if "reads" in parts and "none" in parts:
+        out["hold_none_over_reads"] = ratio_between(pair_logs(parts["reads"]),
+                                                    pair_logs(parts["none"]))
     return out
 
 

@@ -39,7 +39,7 @@ import time
 
 import thread_cpu
 from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import abba, by_tag, interval, pair_logs, pairs_of, ratio_between
+from pair_stats import abba, block_mode, by_hold, interval, pair_logs, pairs_of
 from promotion_count import PromotionCount
 from scale_workload import telemetry_errors
 from scheduler_gc_diag import GCClock
@@ -101,12 +101,11 @@ def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
         switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
         promotions = PromotionCount(switch.manager)
         switch.clocks.append(promotions)
-        hold_back, reading = switch.observer.agg.hold_back, switch.observer.taps.reading
         first = {0: e.generate(prompt(0, tokens), OUT, max_steps=10**6).output}
         iters = []
         for k, on in enumerate(abba(warmup, pairs)):
-            mode = hold_modes[max(0, k - warmup) // 4 % len(hold_modes)]
-            hold_back.busy = reading if mode == "reads" else None
+            mode = block_mode(hold_modes, k, warmup)
+            switch.hold_back(mode)
             first[k + 1] = evict_with_next(e, switch, k, on, tokens)
             p0, s0, th0 = promotions.snapshot(), e.steps, thread_cpu.snapshot()
             gc0 = collections.totals()
@@ -138,12 +137,7 @@ def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
                      "promoted_keys": sorted({i["promotions"]["keys"] for i in iters}),
                      "failed_keys": sum(i["promotions"]["failed_keys"] for i in iters)}
     res["summary"] = summary(iters)
-    parts = by_tag(iters, "hold")
-    if len(parts) > 1:
-        res["by_hold"] = {m: summary(p) for m, p in parts.items()}
-        if "reads" in parts and "none" in parts:
-            res["hold_none_over_reads"] = ratio_between(pair_logs(parts["reads"]),
-                                                        pair_logs(parts["none"]))
+    res.update(by_hold(iters, summary))
     return res
 
 

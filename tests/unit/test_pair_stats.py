@@ -193,3 +193,21 @@ def test_pairs_split_by_their_tag_stay_whole_and_the_parts_ratios_compare(ps):
         ps.by_tag([{"on": True, "hold": "reads", "s": 1}, {"on": False, "hold": "none", "s": 1}],
                   "hold")
 
+
+
+def test_by_hold_summarizes_each_mode_with_enough_pairs_and_compares_reads_with_none(ps):
+    # gpu_scale and restore_convoy share it: a run of one mode has no by_hold; a mode with
+    # fewer than min_pairs pairs gets no summary, yet both modes' pairs are compared
+    def pair(mode, s_on, s_off):
+        return [{"on": True, "hold": mode, "s": s_on}, {"on": False, "hold": mode, "s": s_off}]
+
+    reads = pair("reads", 1.02, 1.0) + pair("reads", 1.03, 1.0) + pair("reads", 1.01, 1.0)
+    none = pair("none", 1.0, 1.0) + pair("none", 1.01, 1.0)
+    assert ps.by_hold(reads, lambda p: {"pairs": len(p) // 2}) == {}
+    out = ps.by_hold(reads + none, lambda p: {"pairs": len(p) // 2}, min_pairs=3)
+    assert out["by_hold"] == {"reads": {"pairs": 3}}
+    assert out["hold_none_over_reads"] == ps.ratio_between(ps.pair_logs(reads),
+                                                           ps.pair_logs(none))
+    assert out["hold_none_over_reads"]["b_over_a"] > 1.0  # reads' on arm is the slower
+    assert [ps.block_mode(("reads", "none"), k, 1) for k in range(10)] == (
+        ["reads"] * 5 + ["none"] * 4 + ["reads"])
