@@ -10,9 +10,11 @@ of each pair.
 
 An iteration (``--tokens`` T, one prompt fills the GPU blocks and the primary tier,
 ``rows`` >= 8,000): ask prompt k+1 (its prefill evicts prompt k from the GPU blocks and
-from the primary tier; its chunks are stored and cascade to disk; the engine is settled, untimed), then re-ask
-prompt k:
-its prefix is promoted from disk and loaded. Timed: the re-ask (``restore_s``, the
+from the primary tier; its chunks are stored and cascade to disk; the engine is settled,
+untimed), then re-ask prompt k: its prefix is promoted from disk and loaded. With
+``--between restore`` (reask_schedule.py) prompts 0, 1 and 2 are asked once, then re-asked
+in turn, each evicted by the others' restores: no prefill before a timed restore, about twice
+the pairs per minute. Timed: the re-ask (``restore_s``, the
 measure: restore wall time; tokens/s = restored tokens / restore_s). Per iteration also:
 the tokens it restored (vLLM's ``num_cached_tokens``) and loaded from the tiers (vLLM's
 connector's answer), whether its output equals the first
@@ -36,6 +38,7 @@ fs files are removed once it is not asked again, or tmpfs fills). Needs the in-p
     python3 benchmarks/gpu_scale.py case ... --hold-modes reads,none  # the aggregator's
         # hold-back during a restore's reads on / off, alternated by ABBA blocks in one process
     python3 benchmarks/gpu_scale.py case ... --shape 1b --prune-fs    # a real model's rows
+    python3 benchmarks/gpu_scale.py case ... --between restore   # three prompts restored in turn
     python3 benchmarks/gpu_scale.py summarize R.json [R2.json ...]       # gpu_scale_summary.py
 """
 
@@ -57,6 +60,7 @@ from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import abba, block_mode
 from promotion_count import PromotionCount
+from reask_schedule import BETWEEN, asked_again, first_asks, iteration
 from scheduler_gc_diag import GCClock
 
 T_START = time.monotonic()
@@ -179,9 +183,11 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
              deadline: float | None, out_path: str | None, checksum_policy: str = "refuse",
              checksum_threads: int | None = None, checksum_scope: str = "unshared",
              hold_modes: tuple[str, ...] = ("reads",), shape: str = "tiny",
-             prune_fs: bool = False) -> dict:
+             prune_fs: bool = False, between: str = "prefill") -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
+    if prune_fs and asked_again(between):
+        raise SystemExit("--prune-fs removes the files the next re-asks read (--between restore)")
     from gpu_scheduler_bound import free_port
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
@@ -220,7 +226,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     switch = KvscopeSwitch(scheduler, [worker])
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
     res.update(hold_modes=list(hold_modes), shape=shape, kv_block_bytes=kv_block_bytes(shape),
-               prune_fs=prune_fs)
+               prune_fs=prune_fs, between=between)
     answers = Answers(scheduler.connector)
     switch.clocks.append(answers)
     # the engine thread's CPU per connector call (which call kvscope's time is in), and
@@ -260,7 +266,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     def ask(k: int):
         return llm.generate([prompt(k, tokens)], sp, use_tqdm=False)[0]
 
-    first_out = {0: list(ask(0).outputs[0].token_ids)}
+    first_out = {}
+    for j in first_asks(between):
+        settle()
+        first_out[j] = list(ask(j).outputs[0].token_ids)
     order = abba(warmup, pairs)
     iters: list[dict] = []
     before = None
@@ -285,9 +294,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         d0 = {n: c.seconds for n, c in digests.items()}
         calls0 = {n: c.seconds for n, c in per_call.items()}
         threads0 = thread_cpu.snapshot()
+        evict, timed = iteration(between, k)
         asked_at = time.time()  # the fs tier's files of prompt k+1 are younger
         t = time.perf_counter()
-        new = ask(k + 1)
+        new = ask(evict) if evict is not None else None
         t1 = time.perf_counter()
         # its stores cascaded to disk first: rows pinned by a cascade in flight would leave
         # the restore fewer free rows (its promotions refused, a wait as long as the disk's
@@ -302,19 +312,22 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         gc0 = collections.totals()
         p0 = promotions.snapshot()
         promotions.longest_job_s = 0.0
-        again = ask(k)
+        again = ask(timed)
         p1 = promotions.snapshot()
         gc1 = collections.totals()
         t2 = time.perf_counter()
         threads2 = thread_cpu.snapshot()
         threads = thread_cpu.between(threads0, threads2)
         pruned = prune(fs_root, asked_at) if prune_fs else None  # prompt k is never asked again
-        first_out[k + 1] = list(new.outputs[0].token_ids)
-        it = {"k": k, "on": on, "hold": mode, "s": round(t2 - t1s, 4), "prefill_s": round(t1 - t, 4),
+        if new is not None:
+            first_out[evict] = list(new.outputs[0].token_ids)
+        want = first_out[timed] if asked_again(between) else first_out.pop(timed)
+        it = {"k": k, "on": on, "hold": mode, "prompt": timed, "s": round(t2 - t1s, 4),
+              "prefill_s": round(t1 - t, 4) if new is not None else None,
               "settle_s": round(t1s - t1, 4),
               "restored": again.num_cached_tokens or 0,
               "loaded": answers.loaded_since(mark),
-              "same_output": list(again.outputs[0].token_ids) == first_out.pop(k),
+              "same_output": list(again.outputs[0].token_ids) == want,
               "digest_wall_s": {n: round(c.seconds - d0[n], 4) for n, c in digests.items()},
               "calls_cpu_s": {n: round(c.seconds - calls0[n], 4) for n, c in per_call.items()},
               # the re-ask alone: vLLM's prefix scans (how many: one per lookup of a step
@@ -398,6 +411,9 @@ def main() -> int:
     c.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     c.add_argument("--prune-fs", action="store_true",
                    help="after each re-ask remove the fs files of prompts not asked again")
+    c.add_argument("--between", default="prefill", choices=BETWEEN,
+                   help="what evicts the timed prompt before its re-ask: the next prompt's "
+                        "prefill, or the other of two prompts' restore (reask_schedule.py)")
     c.add_argument("--hold-modes", default="reads",
                    help="comma-separated, alternated by blocks of two pairs: reads (kvscope's "
                         "default: the aggregator holds back while a restore's promotion "
@@ -411,7 +427,8 @@ def main() -> int:
     deadline = T_START + a.deadline_s if a.deadline_s else None
     res = run_case(a.tokens, a.rows, a.pairs, a.warmup, a.fs_root, deadline, a.out,
                    a.checksum_policy, a.checksum_threads, a.checksum_scope,
-                   tuple(m for m in a.hold_modes.split(",") if m), a.shape, a.prune_fs)
+                   tuple(m for m in a.hold_modes.split(",") if m), a.shape, a.prune_fs,
+                   a.between)
     print(json.dumps({k: v for k, v in res.items() if k != "iters"}))
     ok = (res["checks"]["telemetry_errors"] == 0 and res["checks"]["same_output"]
           and len(res["checks"]["restored"]) == 1

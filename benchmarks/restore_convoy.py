@@ -17,7 +17,8 @@ tiers and the output, equal to the first ask's; vLLM's promotions (promotion_cou
 
     python benchmarks/restore_convoy.py --tokens 32768 --pairs 20 --out benchmarks/results/restore_convoy.json
 
-``--step-time-s`` gives each step a wall time in which the engine thread sleeps (a GPU
+``--between restore`` re-asks prompts 0, 1 and 2 in turn, each evicted by the others'
+restores, with no prefill before a timed restore (reask_schedule.py). ``--step-time-s`` gives each step a wall time in which the engine thread sleeps (a GPU
 forward's wait: the reads get the GIL then, as on the H200 in its usual regime);
 ``--hold-modes reads,none`` alternates, by blocks of two ABBA pairs, whether kvscope's
 aggregator holds back while a restore's promotion reads (its default) or drains every
@@ -41,6 +42,7 @@ import thread_cpu
 from kvscope_switch import KvscopeSwitch, quiet
 from pair_stats import abba, block_mode, by_hold, interval, pair_logs, pairs_of
 from promotion_count import PromotionCount
+from reask_schedule import BETWEEN, asked_again, first_asks, iteration
 from scale_workload import telemetry_errors
 from scheduler_gc_diag import GCClock
 
@@ -69,21 +71,25 @@ def engine_config(tokens: int, step_time_s: float = 0.0):
                         step_time_s=step_time_s)
 
 
-def evict_with_next(e, switch: KvscopeSwitch, k: int, on: bool, tokens: int) -> list[int]:
-    """kvscope switched ``on`` or off, prompt k+1 asked (it evicts prompt k, whose chunks
-    are on disk) and the engine settled, so every row of prompt k's restore is free: the
-    step before each timed re-ask. Returns prompt k+1's output."""
+def evict(e, switch: KvscopeSwitch, on: bool, tokens: int, p: int | None) -> list[int] | None:
+    """kvscope switched ``on`` or off, prompt ``p`` asked (it evicts the timed prompt, whose
+    chunks are on disk; None: nothing asked, the last re-ask evicted it, reask_schedule.py) and
+    the engine settled, so every row of the restore is free: the step before each timed
+    re-ask. Returns prompt ``p``'s output."""
     from kvscope.sim.cpu_model import prompt
 
     settle(e, switch.manager)
     switch.set(on)
-    out = e.generate(prompt(k + 1, tokens), OUT, max_steps=10**6).output
+    if p is None:
+        return None
+    out = e.generate(prompt(p, tokens), OUT, max_steps=10**6).output
     settle(e, switch.manager)  # its cascades on disk: every row of the restore free
     return out
 
 
 def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
-        hold_modes: tuple[str, ...] = ("reads",), gc_freeze: bool = False) -> dict:
+        hold_modes: tuple[str, ...] = ("reads",), gc_freeze: bool = False,
+        between: str = "prefill") -> dict:
     from kvscope.sim.cpu_engine import CPUEngine
     from kvscope.sim.cpu_model import prompt
 
@@ -91,7 +97,7 @@ def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
     cfg = engine_config(tokens, step_time_s)
     res: dict = {"tokens": tokens, "keys": keys, "rows": cfg.rows, "cmd": sys.argv,
                  "cpus": os.cpu_count(), "step_time_s": step_time_s,
-                 "hold_modes": list(hold_modes), "gc_freeze": gc_freeze}
+                 "hold_modes": list(hold_modes), "gc_freeze": gc_freeze, "between": between}
     collections = GCClock()
     with CPUEngine(cfg) as e:
         if gc_freeze:  # the startup heap out of the collector's view, as vLLM's EngineCore does
@@ -101,24 +107,31 @@ def run(tokens: int, pairs: int, warmup: int, step_time_s: float = 0.0,
         switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
         promotions = PromotionCount(switch.manager)
         switch.clocks.append(promotions)
-        first = {0: e.generate(prompt(0, tokens), OUT, max_steps=10**6).output}
+        first = {}
+        for j in first_asks(between):
+            settle(e, switch.manager)
+            first[j] = e.generate(prompt(j, tokens), OUT, max_steps=10**6).output
         iters = []
         for k, on in enumerate(abba(warmup, pairs)):
             mode = block_mode(hold_modes, k, warmup)
             switch.hold_back(mode)
-            first[k + 1] = evict_with_next(e, switch, k, on, tokens)
+            p, timed = iteration(between, k)
+            out = evict(e, switch, on, tokens, p)
+            if out is not None:
+                first[p] = out
             p0, s0, th0 = promotions.snapshot(), e.steps, thread_cpu.snapshot()
             gc0 = collections.totals()
             promotions.longest_job_s = 0.0
             t0 = time.perf_counter()
-            again = e.generate(prompt(k, tokens), OUT, max_steps=10**6)
+            again = e.generate(prompt(timed, tokens), OUT, max_steps=10**6)
             s = time.perf_counter() - t0
             jobs, promoted, failed = (b - a for a, b in zip(p0, promotions.snapshot()))
             threads = thread_cpu.between(th0, thread_cpu.snapshot())
             gc1 = collections.totals()
-            it = {"k": k, "on": on, "hold": mode, "s": round(s, 4), "steps": e.steps - s0,
-                  "loaded": again.num_external_tokens,
-                  "same_output": again.output == first.pop(k),
+            want = first[timed] if asked_again(between) else first.pop(timed)
+            it = {"k": k, "on": on, "hold": mode, "prompt": timed, "s": round(s, 4),
+                  "steps": e.steps - s0, "loaded": again.num_external_tokens,
+                  "same_output": again.output == want,
                   "promotions": {"jobs": jobs, "keys": promoted, "failed_keys": failed,
                                  "longest_job_s": round(promotions.longest_job_s, 4)},
                   "threads": {n: round(v["cpu_s"], 4) for n, v in threads.items()},
@@ -170,10 +183,13 @@ def main() -> int:
     ap.add_argument("--hold-modes", default="reads")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="freeze the heap once the engine is built, as vLLM's EngineCore does")
+    ap.add_argument("--between", default="prefill", choices=BETWEEN,
+                    help="what evicts the timed prompt: the next prompt's prefill, or the "
+                         "other of two prompts' restore (reask_schedule.py)")
     ap.add_argument("--out")
     a = ap.parse_args()
     res = run(a.tokens, a.pairs, a.warmup, a.step_time_s,
-              tuple(m for m in a.hold_modes.split(",") if m), a.gc_freeze)
+              tuple(m for m in a.hold_modes.split(",") if m), a.gc_freeze, a.between)
     text = json.dumps(res, indent=1)
     if a.out:
         with open(a.out, "w") as f:

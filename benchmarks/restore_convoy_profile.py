@@ -21,7 +21,7 @@ import sys
 
 from kvscope_switch import KvscopeSwitch
 from pair_stats import abba
-from restore_convoy import OUT, engine_config, evict_with_next
+from restore_convoy import OUT, engine_config, evict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 OURS = ("connector" + os.sep, "exporters" + os.sep)
@@ -62,7 +62,7 @@ def main() -> int:
         switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
         e.generate(prompt(0, a.tokens), OUT, max_steps=10**6)
         for k, on in enumerate(abba(0, 2)):
-            evict_with_next(e, switch, k, on, a.tokens)
+            evict(e, switch, on, a.tokens, k + 1)
             prof, s0 = cProfile.Profile(), e.steps
             prof.enable()
             again = e.generate(prompt(k, a.tokens), OUT, max_steps=10**6)

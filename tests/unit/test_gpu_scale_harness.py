@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -34,3 +36,47 @@ def test_pruning_the_fs_tier_removes_only_block_files_older_than_the_ask(tmp_pat
     assert gpu_scale.prune(str(tmp_path), asked_at) == 2
     assert not any(f.exists() for f in old)
     assert all(f.exists() for f in (*new, config))
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import their siblings as scripts do
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_prefill_schedule_evicts_each_timed_prompt_with_the_next_and_never_asks_it_again():
+    s = _bench("reask_schedule")
+    assert s.first_asks("prefill") == (0,)
+    assert [s.iteration("prefill", k) for k in range(4)] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert not s.asked_again("prefill")
+
+
+def test_restore_schedule_puts_two_other_restores_between_two_asks_of_a_prompt():
+    # with one other restore in between, the rows and GPU blocks to spare keep part of the
+    # timed prompt (reask_schedule's docstring); two leave none
+    s = _bench("reask_schedule")
+    history = list(s.first_asks("restore"))
+    for k in range(30):
+        evict, timed = s.iteration("restore", k)
+        assert evict is None
+        assert timed in history  # asked before: its first output is known
+        assert timed not in history[-2:]
+        history.append(timed)
+    assert set(history) == set(s.first_asks("restore"))  # fs files of these prompts only
+    assert s.asked_again("restore")
+
+
+def test_an_unknown_schedule_is_refused():
+    s = _bench("reask_schedule")
+    with pytest.raises(ValueError, match="between"):
+        s.iteration("flood", 0)
+
+
+def test_gpu_scale_refuses_to_prune_the_files_its_restore_schedule_reads_again(monkeypatch):
+    gpu_scale = _bench("gpu_scale")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(SystemExit, match="prune"):
+        gpu_scale.run_case(131_000, None, 1, 0, "/nonexistent", None, None, prune_fs=True,
+                           between="restore")
