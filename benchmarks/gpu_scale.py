@@ -413,7 +413,8 @@ def main() -> int:
                    help="after each re-ask remove the fs files of prompts not asked again")
     c.add_argument("--between", default="prefill", choices=BETWEEN,
                    help="what evicts the timed prompt before its re-ask: the next prompt's "
-                        "prefill, or the other of two prompts' restore (reask_schedule.py)")
+                        "prefill, or the other two prompts' restores, three prompts in turn "
+                        "(reask_schedule.py)")
     c.add_argument("--hold-modes", default="reads",
                    help="comma-separated, alternated by blocks of two pairs: reads (kvscope's "
                         "default: the aggregator holds back while a restore's promotion "
