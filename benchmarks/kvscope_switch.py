@@ -15,7 +15,10 @@ talks to vLLM's own manager instead of kvscope's proxy and scans with its own me
 prefix scan's tap removed: connector/prefix_scan.py), every worker-role connector to
 vLLM's own worker instead of kvscope's proxy, and the tiers' methods are their classes'
 again (the tier taps removed). What stays while off: kvscope's threads, idle (the
-aggregator wakes every flush_interval_s to an empty journal), and the pass-through of
+aggregator wakes every flush_interval_s to an empty journal and samples the host's memory
+every 5 s; the tier probe waits, as while vLLM's tier I/O is in flight, until kvscope is on
+again; in gpu_scale's runs up to Q and restore_convoy's up to 2026-12-05 it went on checking
+the fs tier's files while off, 1,024 ``os.stat`` every 5 s, during the off arm's restores), and the pass-through of
 kvscope's Prometheus wrapper in vLLM's stat logger (built once at start-up; a batch
 without kvscope keys goes to vLLM's own observe untouched). The residual is measured on
 CPU against an engine built with the stock connector:
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -87,6 +91,11 @@ class KvscopeSwitch:
         for wc in worker_connectors:
             cw = wc.connector_worker
             self.workers.append((cw, cw.worker, cw.worker._inner))  # (holder, proxy, vLLM's)
+        # the tier probe's hold-back as loaded (its busy test and longest wait): paused while
+        # off, or its checks of the fs tier's files would run during the off arm's restores,
+        # which its busy test (the tier taps' promotions) no longer sees
+        probe = self.observer.probe.hold_back
+        self.probe_hold = (probe, probe.busy, probe.max_s)
         self.on = True
         # Clocks (call_clock.CallClock) wrapped on the connectors' methods: taken off before
         # a switch and wrapped again after it, so they time what each state calls (a wrapper
@@ -142,7 +151,15 @@ class KvscopeSwitch:
             cw.worker = proxy if on else inner
         for conn, ours, stock in self.classes:
             conn.__class__ = ours if on else stock
+        probe, busy, max_s = self.probe_hold
+        probe.busy, probe.max_s = (busy, max_s) if on else (_paused, math.inf)
+        probe._since = None  # a wait begun in the other state is not this one's
         self.on = on
+
+
+def _paused() -> bool:
+    """The tier probe's busy test while kvscope is off: always busy, so it waits."""
+    return True
 
 
 def _stock_class(cls: type) -> type:

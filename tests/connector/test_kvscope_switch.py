@@ -4,6 +4,8 @@ nothing) and on must be kvscope as loaded again. Judged by what the engine resto
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from benchmarks.kvscope_switch import KvscopeSwitch, NotQuiet, quiet
@@ -83,6 +85,33 @@ def test_off_is_vllms_own_path_and_on_is_kvscope_again(tiering):
         assert on.num_external_tokens == 96, on
         assert on.output == first.output
         assert _hits(e) - hits_before == on.num_external_tokens  # kvscope sees again
+
+
+def _until(done, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_tier_probe_waits_while_kvscope_is_off_and_probes_again_once_on():
+    # off is the stock path: the probe's checks of the fs tier's files (os.stat per sampled
+    # key) must not run beside the off arm's restores, which its busy test cannot see
+    with CPUEngine(EngineConfig(rows=64, num_gpu_blocks=16, tiering=True,
+                                kvscope_options={"tier_probe_interval_s": 0.05})) as e:
+        switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
+        probe = switch.observer.probe
+        _flood(e, (4, 5, 6))  # keys on disk for the probe to check
+        _settle(e)
+        p0 = probe.probes
+        _until(lambda: probe.probes >= p0 + 3)  # on and idle: it probes
+        switch.set(False)
+        held0, p1 = probe.hold_back.held, probe.probes
+        _until(lambda: probe.hold_back.held >= held0 + 20)  # ~1 s of its wake-ups, all held
+        assert probe.probes <= p1 + 1  # at most the one under way as the switch happened
+        switch.set(True)
+        p2 = probe.probes
+        _until(lambda: probe.probes >= p2 + 3)
 
 
 def test_a_switch_with_a_request_in_flight_is_refused():
