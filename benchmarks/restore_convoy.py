@@ -18,8 +18,9 @@ tiers and the output, equal to the first ask's; vLLM's promotions (promotion_cou
     python benchmarks/restore_convoy.py --tokens 32768 --pairs 20 --out benchmarks/results/restore_convoy.json
 
 ``--between restore`` re-asks prompts 0, 1 and 2 in turn, each evicted by the others'
-restores, with no prefill before a timed restore (reask_schedule.py). ``--step-time-s`` gives each step a wall time in which the engine thread sleeps (a GPU
-forward's wait: the reads get the GIL then, as on the H200 in its usual regime);
+restores, with no prefill before a timed restore (reask_schedule.py). ``--step-time-s``
+gives each step a wall time in which the engine thread sleeps (a GPU forward's wait: the
+reads get the GIL then, as on the H200 in its usual regime);
 ``--hold-modes reads,none`` alternates, by blocks of two ABBA pairs, whether kvscope's
 aggregator holds back while a restore's promotion reads (its default) or drains every
 interval, and reports each mode's ratio and how they differ (``by_hold``). Every re-ask also
