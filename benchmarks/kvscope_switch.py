@@ -19,8 +19,9 @@ aggregator wakes every flush_interval_s to an empty journal and samples the host
 every 5 s; the tier probe waits, as while vLLM's tier I/O is in flight, until kvscope is on
 again; in gpu_scale's runs up to Q and restore_convoy's up to 2026-12-05 it went on
 checking the fs tier's files while off, 1,024 ``os.stat`` every 5 s, during the off arm's
-restores), and the pass-through of kvscope's Prometheus wrapper in vLLM's stat logger (built once at start-up; a batch
-without kvscope keys goes to vLLM's own observe untouched). The residual is measured on
+restores), and the pass-through of kvscope's Prometheus wrapper in vLLM's stat logger
+(built once at start-up; a batch without kvscope keys goes to vLLM's own observe
+untouched). The residual is measured on
 CPU against an engine built with the stock connector:
 ``python benchmarks/kvscope_switch.py residual``.
 
