@@ -5,29 +5,18 @@ times something else. Judged by what vLLM loaded and promoted, and the outputs."
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.support.benchmarks import import_benchmark
 
 pytestmark = pytest.mark.vllm
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TOKENS = 4096  # 256 keys; the engine keeps 32 rows and 64 GPU blocks to spare
-
-
-def _restore_convoy():
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import their siblings as scripts do
-    try:
-        return importlib.import_module("restore_convoy")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 @pytest.mark.parametrize("between", ["prefill", "restore"])
 def test_every_timed_reask_restores_its_whole_prompt_from_disk(between):
-    res = _restore_convoy().run(TOKENS, pairs=2, warmup=1, between=between)
+    res = import_benchmark("restore_convoy").run(TOKENS, pairs=2, warmup=1, between=between)
     keys = TOKENS // 16
     assert len(res["iters"]) == 4
     assert [i["prompt"] for i in res["iters"]] == (

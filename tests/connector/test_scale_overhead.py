@@ -5,26 +5,16 @@ against vLLM's manager's own lookups, counted key by key. No timing is asserted.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-pytestmark = pytest.mark.vllm
+from tests.support.benchmarks import import_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))  # the scripts import their siblings
-    try:
-        import scale_overhead
-        import scale_pair
-        import scale_workload
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return scale_overhead, scale_workload, scale_pair
+    return tuple(map(import_benchmark, ("scale_overhead", "scale_workload", "scale_pair")))
 
 
 def test_round_restores_from_disk(bench):

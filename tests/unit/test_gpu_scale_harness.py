@@ -3,24 +3,17 @@ its fs-tier pruning must remove only what no later re-ask reads."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.support.benchmarks import import_benchmark
 
 
 def test_pruning_the_fs_tier_removes_only_block_files_older_than_the_ask(tmp_path):
     # gpu_scale --prune-fs: after re-asking prompt k, the fs files written before prompt k+1
     # was asked go (prompt k and older); prompt k+1's, and anything not a block, stay
-    sys.path.insert(0, str(BENCHMARKS))  # gpu_scale imports its siblings as scripts do
-    try:
-        gpu_scale = importlib.import_module("gpu_scale")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    gpu_scale = import_benchmark("gpu_scale")
     base = tmp_path / "model_abc_r0"
     old = [base / "0ab" / "cd_g0" / "0abcd1.bin", base / "f00" / "12_g1" / "f0012.bin"]
     new = [base / "0ab" / "cd_g0" / "0abcd2.bin", base / "777" / "77_g0" / "77777.bin"]
@@ -38,16 +31,8 @@ def test_pruning_the_fs_tier_removes_only_block_files_older_than_the_ask(tmp_pat
     assert all(f.exists() for f in (*new, config))
 
 
-def _bench(name: str):
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmarks import their siblings as scripts do
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
 def test_prefill_schedule_evicts_each_timed_prompt_with_the_next_and_never_asks_it_again():
-    s = _bench("reask_schedule")
+    s = import_benchmark("reask_schedule")
     assert s.first_asks("prefill") == (0,)
     assert [s.iteration("prefill", k) for k in range(4)] == [(1, 0), (2, 1), (3, 2), (4, 3)]
     assert not s.asked_again("prefill")
@@ -56,7 +41,7 @@ def test_prefill_schedule_evicts_each_timed_prompt_with_the_next_and_never_asks_
 def test_restore_schedule_puts_two_other_restores_between_two_asks_of_a_prompt():
     # with one other restore in between, the rows and GPU blocks to spare keep part of the
     # timed prompt (reask_schedule's docstring); two leave none
-    s = _bench("reask_schedule")
+    s = import_benchmark("reask_schedule")
     history = list(s.first_asks("restore"))
     for k in range(30):
         evict, timed = s.iteration("restore", k)
@@ -69,13 +54,13 @@ def test_restore_schedule_puts_two_other_restores_between_two_asks_of_a_prompt()
 
 
 def test_an_unknown_schedule_is_refused():
-    s = _bench("reask_schedule")
+    s = import_benchmark("reask_schedule")
     with pytest.raises(ValueError, match="between"):
         s.iteration("flood", 0)
 
 
 def test_gpu_scale_refuses_to_prune_the_files_its_restore_schedule_reads_again(monkeypatch):
-    gpu_scale = _bench("gpu_scale")
+    gpu_scale = import_benchmark("gpu_scale")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     with pytest.raises(SystemExit, match="prune"):
         gpu_scale.run_case(131_000, None, 1, 0, "/nonexistent", None, None, prune_fs=True,

@@ -12,24 +12,17 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.support.benchmarks import BENCHMARKS, import_benchmark
+
 COST = 0.006  # the on arm's extra CPU work, a share of the CPU part
 
 
 @pytest.fixture(scope="module")
 def ps():
-    import sys
-
-    sys.path.insert(0, str(BENCHMARKS))  # pair_stats imports its sibling as the scripts do
-    try:
-        import pair_stats
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return pair_stats
+    return import_benchmark("pair_stats")
 
 
 def iterations(pairs: int, seed: int, covariate_cost: float = 0.0,
