@@ -15,8 +15,8 @@ primary tier (both hold about one prompt), its chunks in the fs tier. Two ways t
   (gpu_scale: 800 rows and 64 blocks) keep part of the prompt restored before the last, so
   with two each re-ask found part of its prefix still there (vLLM's scheduler on CPU, 32k
   tokens: 1,668 keys promoted and 31,776 tokens loaded of 2,048 and 32,768); two restores
-  in between leave none. The fs files are read again and
-  again, so the fs tier must not be pruned.
+  in between leave none. The fs files are read again and again, so the fs tier must not be
+  pruned.
 """
 
 from __future__ import annotations

@@ -186,7 +186,8 @@ def main() -> int:
                     help="freeze the heap once the engine is built, as vLLM's EngineCore does")
     ap.add_argument("--between", default="prefill", choices=BETWEEN,
                     help="what evicts the timed prompt: the next prompt's prefill, or the "
-                         "other of two prompts' restore (reask_schedule.py)")
+                         "other two prompts' restores, three prompts in turn "
+                         "(reask_schedule.py)")
     ap.add_argument("--out")
     a = ap.parse_args()
     res = run(a.tokens, a.pairs, a.warmup, a.step_time_s,
