@@ -7,6 +7,7 @@ hold modes in a run each mode's summary and how they differ.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pair_stats
@@ -40,6 +41,8 @@ def summary(iters: list[dict]) -> dict:
                                   "gc_s": med([i["reask"].get("gc", {}).get("s", 0)
                                                for i in xs])}
                             for arm, xs in (("on", on), ("off", off)) if "reask" in xs[0]},
+            # restores in vLLM's slow-read regime (its read threads starved of the GIL), per arm
+            "slow_restores": slow_restores(iters),
             # re-asks that promoted more keys than the first (a churn), and failed keys
             "reask_promotions": {arm: _promotions(xs) for arm, xs in (("on", on), ("off", off))
                                  if any("promotions" in i.get("reask", {}) for i in xs)}}
@@ -60,6 +63,31 @@ PAIRED_FIELDS = {
     "kvscope_cpu_in_reask_s": lambda i: i["reask"]["threads"]["kvscope"]["cpu_s"],
     "other_threads_cpu_s": lambda i: i["threads"]["other"]["cpu_s"],
 }
+
+
+# A restore this many times the median (both arms') is in the slow-read regime: on the GPU
+# they took 12-60x it (18.6-97.5 s against 1.5-7.9 s), no other restore took 2x
+SLOW_FACTOR = 4.0
+
+
+def slow_restores(iters: list[dict], factor: float = SLOW_FACTOR) -> dict:
+    """How many restores of each arm took over ``factor`` times the median one, and the
+    exact two-sided sign test of their split (equal odds in both arms, as many iterations
+    of each: ABBA): whether kvscope makes vLLM's slow-read regime likelier."""
+    limit = factor * statistics.median(i["s"] for i in iters)
+    on = sum(1 for i in iters if i["on"] and i["s"] > limit)
+    off = sum(1 for i in iters if not i["on"] and i["s"] > limit)
+    return {"over_s": round(limit, 3), "on": on, "off": off,
+            "sign_test_p": sign_test(on, on + off)}
+
+
+def sign_test(k: int, n: int) -> float:
+    """Two-sided exact binomial probability of a split at least as lopsided as k of n
+    (p = 1/2); 1.0 for n = 0."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, j) for j in range(max(k, n - k), n + 1)) / 2 ** n
+    return round(min(1.0, 2 * tail), 4)
 
 
 def _has(field, it: dict) -> bool:

@@ -65,3 +65,19 @@ def test_gpu_scale_refuses_to_prune_the_files_its_restore_schedule_reads_again(m
     with pytest.raises(SystemExit, match="prune"):
         gpu_scale.run_case(131_000, None, 1, 0, "/nonexistent", None, None, prune_fs=True,
                            between="restore")
+
+
+def test_slow_restores_are_counted_per_arm_with_the_sign_test_of_their_split():
+    # vLLM's slow-read regime took 12-60x the median restore on the GPU: 7 such restores in
+    # on iterations and 1 in an off one is a split of probability 2 * 9/256 under equal odds
+    summary = import_benchmark("gpu_scale_summary")
+    iters = [{"on": k % 2 == 0, "s": 1.0} for k in range(200)]
+    for k in (0, 2, 4, 6, 8, 10, 12):
+        iters[k]["s"] = 20.0
+    iters[1]["s"] = 25.0
+    iters[3]["s"] = 3.9  # under 4x the median: the ordinary spread, not the regime
+    out = summary.slow_restores(iters)
+    assert (out["on"], out["off"], out["over_s"]) == (7, 1, 4.0)
+    assert out["sign_test_p"] == round(2 * 9 / 256, 4)
+    assert summary.sign_test(0, 0) == 1.0
+    assert summary.sign_test(3, 6) == 1.0  # an even split
