@@ -188,3 +188,28 @@ def test_a_busy_tier_defers_the_probe_at_most_max_defer_s():
             assert time.monotonic() - started >= 0.3  # each waited its max_defer_s
         finally:
             always_busy.close()
+
+
+def test_each_probe_checks_its_turn_of_the_sample_and_every_key_in_the_end():
+    # CHECK_KEYS of the sample a probe (the stats' GIL time beside a long restore): with one
+    # key a probe, a removed directory's keys are counted one probe at a time, each once
+    with engine() as (e, scrape):
+        stored_then_flooded(e)
+        on_disk = block_files(e.fs_root)
+        until(lambda: sum(map(len, probe(e).samples.values())) >= len(on_disk),
+              what="the probe's sample to cover the files on disk")
+        assert len(on_disk) >= 4
+        probe(e).check_keys = 1
+        p0 = probe(e).probes
+        shutil.rmtree(e.fs_root)
+        until(lambda: scrape().value(S.TIER_LOST_KEYS.name) == len(on_disk),
+              what="every removed key counted")
+        checks = probe(e).probes - p0
+        probes_after(e, 3)
+        ex = scrape()
+    # one key a probe: as many probes as keys (the first may have started before the
+    # removal, one more may end before the scrape that saw the whole count)
+    assert checks >= len(on_disk) - 1
+    assert ex.value(S.TIER_LOST_KEYS.name) == len(on_disk)  # each key once
+    assert ex.value(S.TIER_ROOT_PRESENT.name) == 0
+    assert ex.value(S.TELEMETRY_ERRORS.name) == 0
