@@ -12,8 +12,8 @@ module's daemon thread, every ``interval_s`` seconds, moves them into a bounded
 sample of the latest keys written with their file's identity (device, inode, mtime:
 ``os.stat`` through vLLM's file mapper, in ``compat``), checks that the directory the
 tier created at start-up is there and, ``CHECK_KEYS`` of them a probe in turn, that each
-sampled key still has that very file. A sampled key whose file is gone, or was replaced by a new one (removed, then
-written anew before the probe looked), is counted once
+sampled key still has that very file. A sampled key whose file is gone, or was replaced
+by a new one (removed, then written anew before the probe looked), is counted once
 (``kvscope_tier_lost_keys_total{tier}``) and leaves the sample.
 
 Off the scheduler thread: file-system calls may block on a sick volume, and they
