@@ -204,12 +204,11 @@ class TierProbe:
         if start >= len(sample):
             start = 0
         turn = list(islice(sample.items(), start, start + self.check_keys))
-        self._turn[name] = start + len(turn)
         # gone, or another file under its name (removed, then written anew: the data the
         # tier had confirmed is lost all the same)
         lost = [key for key, ident in turn
                 if compat.secondary_file_identity(tier, key) != ident]
-        self._turn[name] -= len(lost)  # the keys after them move up
+        self._turn[name] = start + len(turn) - len(lost)  # the lost leave: the rest move up
         for key in lost:
             del sample[key]
         count = len(lost) + lost_on_intake
