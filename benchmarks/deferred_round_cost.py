@@ -30,12 +30,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
+from deferred_step_cost import emit, header  # noqa: E402
 from kvscope_switch import KvscopeSwitch  # noqa: E402
 from restore_convoy import OUT, engine_config, settle  # noqa: E402
 
@@ -133,16 +133,8 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out")
     a = ap.parse_args()
-    res = run(a.tokens, a.reasks, a.replays)
-    res["cmd"] = sys.argv
-    res["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                   text=True).stdout.strip()
-    res["cpus"] = os.cpu_count()
-    line = json.dumps(res)
-    print(line)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
+    head = header()
+    emit(head, run(a.tokens, a.reasks, a.replays), a.out)
     return 0
 
 

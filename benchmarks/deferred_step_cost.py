@@ -24,7 +24,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -119,17 +118,27 @@ def main() -> int:
                     help="which engine is built (and its prompts asked) first")
     ap.add_argument("--out")
     a = ap.parse_args()
+    head = header()
     res = run(a.keys, a.steps, a.block, a.first)
-    res["cmd"] = sys.argv
-    res["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                   text=True).stdout.strip()
-    res["cpus"], res["load"] = os.cpu_count(), os.getloadavg()[0]
-    line = json.dumps(res)
-    print(line)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
+    res["load"] = os.getloadavg()[0]
+    emit(head, res, a.out)
     return 0
+
+
+def header() -> dict:
+    """What a result line is stamped with (command, commit, vLLM, CPUs, start time)."""
+    from scale_overhead import _header  # this directory
+
+    return _header(sys.argv[1:])
+
+
+def emit(head: dict, res: dict, out: str | None) -> None:
+    """One JSON line, ``head`` then ``res``, printed and appended to ``out``."""
+    line = json.dumps({**head, **res})
+    print(line)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":
