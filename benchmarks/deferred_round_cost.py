@@ -133,8 +133,7 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out")
     a = ap.parse_args()
-    head = header()
-    emit(head, run(a.tokens, a.reasks, a.replays), a.out)
+    emit(header(), run(a.tokens, a.reasks, a.replays), a.out)  # stamped before the run
     return 0
 
 

@@ -57,7 +57,7 @@ import thread_cpu
 from call_clock import CallClock
 from gpu_scale_summary import by_hold, summarize_files, summary
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
-from kvscope_switch import KvscopeSwitch, quiet
+from kvscope_switch import KvscopeSwitch, own_function, quiet
 from pair_stats import abba, block_mode
 from promotion_count import PromotionCount
 from reask_schedule import BETWEEN, asked_again, first_asks, iteration
@@ -140,7 +140,7 @@ class Answers:
 
     def rewrap(self) -> None:
         inner = getattr(self.connector, self.NAME)
-        self._own = vars(self.connector).get(self.NAME)
+        self._own = own_function(self.connector, self.NAME)
 
         def answered(request, num_computed):
             out = inner(request, num_computed)

@@ -25,6 +25,11 @@ untouched). The residual is measured on
 CPU against an engine built with the stock connector:
 ``python benchmarks/kvscope_switch.py residual``.
 
+The switch finds kvscope's hooks and taps through ``getattr`` (:func:`own_function`). Until
+2026-12-06 it read ``vars()`` of the connector scheduler and the tiers, which builds their
+dicts and slowed vLLM's own deferred step ~5.5 % in both arms on CPU (``dict_built_cost.py``):
+every run before then measured stock slower than it runs.
+
 A switch is allowed only when the engine is quiet (no request in vLLM's scheduler, no
 transfer job in its offloading connector): a job started in one state and finished in the other would leave
 kvscope's books open. Benchmark instrument: it reaches into kvscope's private attributes on
@@ -41,6 +46,7 @@ import math
 import os
 import statistics
 import time
+import types
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -48,6 +54,22 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 # What kvscope's tier taps set on a tier instance (connector/tier_taps.py)
 TAPPED = ("submit_load", "submit_store", "get_finished_jobs", "prepare_write", "prepare_store",
           "complete_store", "complete_write", "reset_cache")
+
+
+def own_function(obj: Any, name: str) -> Any:
+    """A plain function set on ``obj`` as ``name`` (kvscope's hooks and taps, a benchmark's
+    wrapper: each shadows the class's method), or None (``name`` is a method of the class, or
+    vLLM's own instance attribute, a bound method). Read through ``getattr``, never
+    ``vars(obj)``: from CPython 3.11 that builds the object's dict, and every attribute read
+    of it is slower for the rest of its life, in both arms of the A/B
+    (tests/connector/test_vllm_objects_untouched.py)."""
+    value = getattr(obj, name, None)
+    return value if isinstance(value, types.FunctionType) else None
+
+
+def own_functions(obj: Any, names: Any) -> dict[str, Any]:
+    """name -> :func:`own_function` of those of ``names`` that ``obj`` has."""
+    return {n: f for n in names if (f := own_function(obj, n)) is not None}
 
 
 class NotQuiet(RuntimeError):
@@ -77,12 +99,12 @@ class KvscopeSwitch:
         self.manager = self.manager_proxy._inner
         from kvscope.connector.scheduler_hooks import HOOKED
 
-        self.hooks = {n: vars(self.connector)[n] for n in HOOKED if n in vars(self.connector)}
+        self.hooks = own_functions(self.connector, HOOKED)
         # the prefix scan's tap on the connector scheduler (connector/prefix_scan.py), if set
         from kvscope.connector.compat import SCAN_METHOD
 
-        self.cs_taps = {n: vars(self.cs)[n] for n in (SCAN_METHOD,) if n in vars(self.cs)}
-        self.tier_taps = [(tier, {n: vars(tier)[n] for n in TAPPED if n in vars(tier)})
+        self.cs_taps = own_functions(self.cs, (SCAN_METHOD,))
+        self.tier_taps = [(tier, own_functions(tier, TAPPED))
                           for tier in (self.observer.primary, *self.observer.tiers)
                           if tier is not None]
         # (instance, kvscope's class, vLLM's class it subclasses) per connector instance

@@ -55,3 +55,22 @@ def test_kvscope_builds_no_dict_of_vllms_objects(tiering):
         assert {name for name, obj in objects.items() if _dict_built(obj)} == set()
         vars(objects["cache policy"])  # the control: what the check must see
         assert _dict_built(objects["cache policy"])
+
+
+def test_the_benchmarks_switch_builds_no_dict_of_vllms_objects():
+    """The within-process A/B's switch (benchmarks/kvscope_switch.py) turns kvscope off and on
+    again without building the dict of any of vLLM's objects: a dict built there would slow
+    vLLM's scan in both of its arms, so stock would be measured slower than it runs."""
+    from benchmarks.kvscope_switch import KvscopeSwitch
+
+    with CPUEngine(EngineConfig(rows=64, tiering=True)) as e:
+        p = prompt(1, 512)
+        e.generate(p, 2)
+        e.drain()
+        switch = KvscopeSwitch(e.scheduler, [r.connector for r in e.ranks])
+        for on in (False, True, False):
+            switch.set(on)
+            e.generate(p, 2)  # a re-ask in each state: looked up, loaded
+            e.drain()
+        objects = _vllm_objects(e)
+        assert {name for name, obj in objects.items() if _dict_built(obj)} == set()
