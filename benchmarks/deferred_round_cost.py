@@ -38,6 +38,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 from deferred_step_cost import emit, header  # noqa: E402
 from kvscope_switch import KvscopeSwitch  # noqa: E402
 from restore_convoy import OUT, engine_config, settle  # noqa: E402
+from scale_workload import telemetry_errors  # noqa: E402
 
 
 def deferred_events(items: list, judge: object) -> list[tuple]:
@@ -115,8 +116,7 @@ def run(tokens: int, reasks: int, replays: int) -> dict:
             if k:
                 out.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
-        errors = switch.observer.rec.errors_total() if hasattr(
-            switch.observer.rec, "errors_total") else None
+        errors = telemetry_errors(e)
     drains = [r["drain_ms"] for r in out]
     per = [r["deferred_us"] for r in out if r["deferred_us"] is not None]
     return {"tokens": tokens, "keys": tokens // 16, "reasks": out,

@@ -48,6 +48,22 @@ def config(keys: int, connector: str):
                                 connector=connector), tiering=True, kv_groups=1)
 
 
+def prompts_for(keys: int) -> list[list[int]]:
+    """Two prompts of ``keys`` 16-token chunks, the same for a given ``keys``."""
+    r = random.Random(keys)
+    return [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(2)]
+
+
+def timed_steps(e, n: int) -> list[float]:
+    """``n`` steps of ``e``, each on this thread's CPU clock (seconds)."""
+    spent = []
+    for _ in range(n):
+        t0 = time.thread_time()
+        e.step()
+        spent.append(time.thread_time() - t0)
+    return spent
+
+
 def held(e, prompts: list[list[int]]) -> str:
     """Prompt 0 asked, evicted by prompt 1, asked again: deferred from then on."""
     e.generate(prompts[0], 2, max_steps=10_000)
@@ -69,8 +85,7 @@ def run(keys: int, steps: int, block: int, first: str = "stock") -> dict:
     from kvscope.connector import compat
     from kvscope.sim.cpu_engine import CPUEngine
 
-    r = random.Random(keys)
-    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(2)]
+    prompts = prompts_for(keys)
     times: dict[str, list[float]] = {a: [] for a in ARMS}
     truth: dict[str, dict] = {}
     built = ARMS if first == "stock" else ARMS[::-1]
@@ -79,11 +94,7 @@ def run(keys: int, steps: int, block: int, first: str = "stock") -> dict:
         rids = {a: held(e, prompts) for a, e in engines.items()}
         for b in range(steps // block):
             for arm in (ARMS if b % 2 == 0 else ARMS[::-1]):
-                e, clock = engines[arm], times[arm]
-                for _ in range(block):
-                    t0 = time.thread_time()
-                    e.step()
-                    clock.append(time.thread_time() - t0)
+                times[arm].extend(timed_steps(engines[arm], block))
         for arm, e in engines.items():
             manager = e.connector.connector_scheduler.manager
             _, _, in_flight = compat.row_states(compat.primary_tier(manager))

@@ -17,30 +17,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
-import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from deferred_step_cost import config, emit, header, held, still_deferred  # noqa: E402
+from deferred_step_cost import config, emit, header, held, prompts_for, still_deferred, timed_steps  # noqa: E402
 
 
 def run(keys: int, steps: int, arm: str) -> dict:
     from kvscope.sim.cpu_engine import CPUEngine
 
-    r = random.Random(keys)
-    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(2)]
     with CPUEngine(config(keys, "OffloadingConnector")) as e:
-        rid = held(e, prompts)
+        rid = held(e, prompts_for(keys))
 
         def median_step_us() -> float:
-            spent = []
-            for _ in range(steps):
-                t0 = time.thread_time()
-                e.step()
-                spent.append(time.thread_time() - t0)
-            return statistics.median(spent) * 1e6
+            return statistics.median(timed_steps(e, steps)) * 1e6
 
         before = median_step_us()
         if arm == "vars":  # what the switch read: the connector scheduler and the tiers

@@ -5,9 +5,9 @@ thread only appends each completed cascade job's keys to a deque. Its cost to vL
 GIL time of its ``os.stat`` calls: ``CHECK_KEYS`` (128) of its ``SAMPLE_KEYS`` (1,024) per
 check, in turn, and one per newly written key on intake. This builds the CPU harness's
 engine (vLLM's fs tier, its real file mapper), writes a block file for each of 1,024 keys
-where the tier would, hands the keys to the probe as the cascade tap does, and times the intake and the checks (wall and thread CPU time),
-then the checks after the directory is removed (every key lost) until the whole sample is
-counted. Not a test.
+where the tier would, hands the keys to the probe as the cascade tap does, and times the
+intake and the checks (wall and thread CPU time), then the checks after the directory is
+removed (every key lost) until the whole sample is counted. Not a test.
 
     python benchmarks/tier_probe_cost.py [--root DIR] [--repeat 50] [--out FILE]
 """
