@@ -95,7 +95,7 @@ class ScanCursor:
         self.n = 0
         # never rebound: the tap holds their bound methods
         self.promoted: list[bytes] = []
-        self.evicted = Evictions()  # (index in the scan, keys); length hints until settled
+        self.evicted = Evictions()  # (index in the scan, keys); length hints until placed
         self.refused: list[tuple[int, int]] = []  # (index in the scan, keys)
         self.refusals: list[tuple[int, int]] = []  # (length hint, keys)
         self.settle: Callable[[], None] = _nothing
@@ -103,6 +103,19 @@ class ScanCursor:
 
 def _nothing() -> None:
     """A cursor's ``settle`` until a tap owns it."""
+
+
+_NO_EVICTIONS = Evictions()  # never added to
+
+
+def place(evicted: Evictions, total: int) -> Evictions:
+    """``evicted``, each eviction's length hint (the scan's keys not yet consumed as it
+    happened) made the index of its lookup in a scan of ``total`` keys, once (one C-level
+    pass; the indexes are kept in ``placed``)."""
+    if not evicted.placed:
+        evicted.at[:] = map((total - 1).__sub__, evicted.at)
+        evicted.placed = True
+    return evicted
 
 
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
@@ -155,6 +168,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             refused.clear()
         it = cursor.it = iter(keys)
         cursor.n = total
+        evicted.placed = False  # the tap notes length hints (place)
         if direct is not None:
             direct(True)
         try:
@@ -166,6 +180,10 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             if promoted or cursor.refusals:
                 cursor.settle()
         k0 = len(results_out)
+        # the scan's evictions took no row its round had found (Round.self_evicted is 0):
+        # left out of the round, which stays plain (judged off vLLM's thread), as the
+        # oracle judges it
+        unjudged = False
         try:
             m = total - it.__length_hint__()
             if n is not None:  # n HITs, then the MISS that stopped it (if it stopped)
@@ -185,13 +203,21 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 if m and len(promoted) == m and promoted == consumed:
                     # each lookup promoted its own key (a restore from disk's promoting
                     # scan): each answered as a started promotion does, no row read; the
-                    # request's rows are all being written now
+                    # request's rows are all being written now. None of its keys was in
+                    # the primary tier when looked up, and a row being written is never
+                    # evicted, so its evictions took no key it had found
                     results = [promoted_answer] * m
                     if all_written is not None and m == total:
                         all_written(keys, req_context)
+                    unjudged = k0 == log.start
                 else:
-                    results = read(consumed, req_context, m < total, promoted, evicted,
+                    # a found key a later promotion evicted is a HIT (read): a long
+                    # restore's promotions evict other prompts' rows, a C-level test first
+                    apart = bool(evicted) and set(evicted.keys).isdisjoint(consumed)
+                    results = read(consumed, req_context, m < total, promoted,
+                                   _NO_EVICTIONS if apart else place(evicted, total),
                                    refused)
+                    unjudged = apart and k0 == log.start
                 add_keys(consumed)
                 add_results(results)
             if refused or evicted:  # recorded at the scan's start: at their lookups instead
@@ -199,7 +225,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 refusals_out.extend((k0 + i, c) for i, c in refused)
                 if log.start >= 0:
                     evictions_out.truncate(e0)
-                    evictions_out.extend(evicted, k0)
+                    if evicted and not unjudged:
+                        evictions_out.extend(place(evicted, total), k0)
         except Exception as exc:  # this scan's lookups are lost, the slots stay paired
             del keys_out[k0:], results_out[k0:]
             error(ErrorSite.LOOKUP, exc)

@@ -163,11 +163,11 @@ class TierTaps:
 
     def _settle_scan(self) -> None:
         """A tapped scan returned (scheduler thread): what its promotions did, noted flat
-        by the tap, counted, its rows marked changed, and each eviction's length hint made
-        the index of its lookup in the scan. The round's refusals and evictions are written
-        once, by the scan tap, at their lookups' indexes. C-level passes (a long restore's
-        promoting scan promotes ~8,190 keys, each evicting a row); a Python step only per
-        refused promotion."""
+        by the tap, counted and its rows marked changed. The scan tap places the round's
+        refusals and evictions at their lookups' indexes where the round needs them (an
+        eviction's length hint stays a hint until then: prefix_scan.place). C-level passes
+        (a long restore's promoting scan promotes ~8,190 keys, each evicting a row); a
+        Python step only per refused promotion."""
         cursor, counts = self.cursor, self._promotions_started
         stored, ev, last = cursor.promoted, cursor.evicted, cursor.n - 1
         try:
@@ -179,7 +179,6 @@ class TierTaps:
             changed.extend(stored)
             if ev:
                 changed.extend(ev.keys)
-                ev.at[:] = map(last.__sub__, ev.at)
             rows = self.rows
             if rows.expected or rows.quarantine:  # digests: forget rewritten rows' ones
                 rows.forget(ev.keys)
