@@ -27,6 +27,7 @@ what the per-key tap records (keys, results, refusals, evictions).
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain, filterfalse, islice
 from typing import Any
 
 from kvscope.connector import compat
@@ -88,7 +89,7 @@ class ScanCursor:
     owner) counts them and turns hints into indexes as the scan returns
     (tier_taps.TierTaps._settle_scan)."""
 
-    __slots__ = ("it", "n", "promoted", "evicted", "refused", "refusals", "settle")
+    __slots__ = ("it", "n", "promoted", "evicted", "refused", "refusals", "swept", "settle")
 
     def __init__(self) -> None:
         self.it: Any = None
@@ -98,6 +99,8 @@ class ScanCursor:
         self.evicted = Evictions()  # (index in the scan, keys); length hints until placed
         self.refused: list[tuple[int, int]] = []  # (index in the scan, keys)
         self.refusals: list[tuple[int, int]] = []  # (length hint, keys)
+        # keys whose rows a bare rest of the scan (BareRest) evicted: no key of its round
+        self.swept: list[bytes] = []
         self.settle: Callable[[], None] = _nothing
 
 
@@ -118,12 +121,74 @@ def place(evicted: Evictions, total: int) -> Evictions:
     return evicted
 
 
+class BareRest:
+    """The rest of a promoting scan, after its first key, without the primary tier's tap:
+    an empty iterator vLLM's scan reaches between its first key and the others
+    (``chain((first,), rest, others)``: every key stays a C-level step). Reached, it notes
+    the primary tier's rows (their keys, one C-level copy) and puts vLLM's own
+    ``prepare_write`` back (``bare(True)``): the rest of the scan's promotions, each a
+    frame of kvscope's before (a 131k-token restore's ~8,190, each evicting a row), are
+    read from the rows as the scan returns (:meth:`sweep`). Only where no key of the request
+    had a primary row before the scan (none can be found, then evicted) and the scan opens
+    its round."""
+
+    __slots__ = ("rows", "bare", "error", "before", "reached")
+
+    def __init__(self, rows: Callable[[], dict], bare: Callable[[bool], bool],
+                 error: Callable[[ErrorSite, BaseException], None]) -> None:
+        self.rows = rows
+        self.bare = bare
+        self.error = error
+        self.before: list[bytes] | None = None  # the rows' keys when reached, if bare
+        self.reached = False
+
+    def __iter__(self) -> BareRest:
+        return self
+
+    def __next__(self) -> bytes:
+        try:  # never an exception into vLLM's scan but the end of this empty part
+            if not self.reached:
+                self.reached = True
+                before = list(self.rows())
+                if self.bare(True):
+                    self.before = before
+        except Exception as exc:
+            self.error(ErrorSite.LOOKUP, exc)
+        raise StopIteration
+
+    def sweep(self, keys: list[bytes], m: int, cursor: ScanCursor, req_context: Any,
+              promotes: Callable[[bytes, Any], bool]) -> None:
+        """The scan returned, its tap back in place: what the promotions after its first
+        key did, read from the primary tier's rows. A promotion inserts its key's row at
+        the end of the rows (the only insert during a scan), an eviction deletes one, so
+        the keys added are the rows' last ones and the keys evicted those noted and gone.
+        The promotions join the tap's in ``cursor.promoted``, the evictions go to
+        ``cursor.swept`` (none of them a key of the request: never the round's). A
+        promotion the primary tier refused stopped the scan at its key: the last key
+        looked up, which has no row, though a secondary tier has it (``promotes``)."""
+        before, rows = self.before, self.rows()
+        n0, n1 = len(before), len(rows)
+        if n1 == n0 and (not n0 or next(reversed(rows)) == before[-1]):
+            gone: list[bytes] = []  # no row added (the last is the same), none deleted
+        else:
+            gone = list(filterfalse(rows.__contains__, before))
+        added = n1 - n0 + len(gone)
+        if added:
+            cursor.promoted.extend(islice(rows, n1 - added, None))
+        if gone:
+            cursor.swept.extend(gone)
+        last = keys[m - 1]
+        if m > 1 and last not in rows and promotes(last, req_context):
+            cursor.refusals.append((len(keys) - m, 1))  # as the tap notes it: a hint
+
+
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                     reader: compat.TieredReader, cursor: ScanCursor,
                     quarantine: dict[bytes, None], per_key: Callable[[bool], None],
                     error: Callable[[ErrorSite, BaseException], None],
                     scans: DeferredScans | None = None,
-                    direct: Callable[[bool], None] | None = None) -> Callable[..., Any]:
+                    direct: Callable[[bool], None] | None = None,
+                    bare: Callable[[bool], bool] | None = None) -> Callable[..., Any]:
     """The scan's stand-in with a secondary tier (compat.tiered_scan_reader): vLLM's scan
     handed an iterator over its keys (how many it consumed: ``len(keys)`` less the
     iterator's length hint, no frame per key), then its lookups written into ``log``: an
@@ -141,7 +206,12 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
 
     With ``scans`` (scan_cache.py), a deferred scan of a plain round (``log.compact``) with
     no refused promotion or eviction is counted from the request's kept row states instead
-    (``log.counted``): the cost is per row changed since its last scan, not per key."""
+    (``log.counted``): the cost is per row changed since its last scan, not per key.
+
+    With ``bare`` (the primary tier's tap: tier_taps.TierTaps.bare), a scan likely to
+    promote (its first key has no primary row and a secondary tier has it or has not
+    answered yet) whose keys have no primary row at all, opening its round, runs its keys
+    after the first without the primary tier's tap (:class:`BareRest`)."""
     keys_out, results_out = log.keys, log.results
     read, last_answer, promoted_retry = reader.read, reader.last_answer, reader.promoted_retry
     places_of = scans.places if scans is not None else None
@@ -152,6 +222,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     # what a lookup that started a promotion answers (0.26 RETRY, 0.33 HIT_PENDING)
     promoted_answer = compat.RETRY if promoted_retry else compat.HIT_PENDING
     promoted, evicted, refused = cursor.promoted, cursor.evicted, cursor.refused
+    rows, may_promote, promotes = reader.rows, reader.may_promote, reader.promotes
 
     def scan(keys, req_context, *rest):
         if quarantine or type(keys) is not list:  # rare: each lookup recorded by the proxy
@@ -169,15 +240,33 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         it = cursor.it = iter(keys)
         cursor.n = total
         evicted.placed = False  # the tap notes length hints (place)
+        arm = first = None
+        if (bare is not None and total > 1 and len(results_out) == log.start
+                and may_promote(keys[0], req_context) and rows().keys().isdisjoint(keys)):
+            # the first key with the tap (the step's poll of finished tier jobs happens in
+            # its lookup), then BareRest, then the others (``it``: its length hint, as
+            # the tap reads it for the first key's promotion)
+            arm, first = BareRest(rows, bare, error), iter(keys[:1])
+            next(it)
+            feed = chain(first, arm, it)
+        else:
+            feed = it
         if direct is not None:
             direct(True)
         try:
-            n = inner_scan(it, req_context, *rest)
+            n = inner_scan(feed, req_context, *rest)
         finally:
             if direct is not None:
                 direct(False)
             cursor.it = None
-            if promoted or cursor.refusals:
+            if arm is not None and arm.before is not None:
+                bare(False)
+                try:
+                    arm.sweep(keys, total - it.__length_hint__(), cursor, req_context,
+                              promotes)
+                except Exception as exc:
+                    error(ErrorSite.LOOKUP, exc)
+            if promoted or cursor.refusals or cursor.swept:
                 cursor.settle()
         k0 = len(results_out)
         # the scan's evictions took no row its round had found (Round.self_evicted is 0):
@@ -186,6 +275,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         unjudged = False
         try:
             m = total - it.__length_hint__()
+            if first is not None and not arm.reached:  # the scan stopped at its first key
+                m = 1 - first.__length_hint__()
             if n is not None:  # n HITs, then the MISS that stopped it (if it stopped)
                 add_keys(keys[:m] if m < total else keys)
                 add_results([hit] * n)
@@ -231,10 +322,11 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             del keys_out[k0:], results_out[k0:]
             error(ErrorSite.LOOKUP, exc)
         finally:
-            if promoted or evicted or refused:
+            if promoted or evicted or refused or cursor.swept:
                 promoted.clear()
                 evicted.clear()
                 refused.clear()
+                cursor.swept.clear()
         return n
 
     setattr(scan, compat.WRAPPED_MARK, True)
@@ -257,12 +349,13 @@ def install_tiered(connector_scheduler: Any, log: LookupLog, reader: compat.Tier
                    per_key: Callable[[bool], None],
                    error: Callable[[ErrorSite, BaseException], None],
                    scans: DeferredScans | None = None,
-                   direct: Callable[[bool], None] | None = None) -> bool:
+                   direct: Callable[[bool], None] | None = None,
+                   bare: Callable[[bool], bool] | None = None) -> bool:
     """:func:`install` with a secondary tier (:func:`tiered_scan_tap`)."""
     inner = getattr(connector_scheduler, SCAN_METHOD)
     if getattr(inner, compat.WRAPPED_MARK, False):
         return False
     setattr(connector_scheduler, SCAN_METHOD,
             tiered_scan_tap(inner, log, reader, cursor, quarantine, per_key, error, scans,
-                            direct))
+                            direct, bare))
     return True

@@ -181,7 +181,8 @@ class SchedulerObserver:
                 prefix_scan.install_tiered(connector_scheduler, self.log, read,
                                            self.taps.cursor, self.rows.quarantine,
                                            proxy.per_key, recorder.error, scans,
-                                           proxy.direct_for(connector_scheduler))
+                                           proxy.direct_for(connector_scheduler),
+                                           self.taps.bare if read.bare_ok else None)
         self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
                                                  None), compat.WRAPPED_MARK, False)
         self._live_jobs = lambda: {jid for jid, _ in compat.connector_jobs(self.cs)}

@@ -88,6 +88,9 @@ class TierTaps:
         self._promotions_started = [0, 0]
         self._promotions_flushed = [0, 0]
         self._guard = recorder.guard(ErrorSite.TIER)
+        # vLLM's own prepare_write for the rest of a tapped scan (_tap_primary): none
+        # without the tap
+        self.bare: Any = None
         with self._guard:
             for tier in self.tiers:
                 self._tap_tier(tier)
@@ -159,6 +162,21 @@ class TierTaps:
         prepare_write.__wrapped__ = original
         primary.prepare_write = prepare_write
         cursor.settle = self._settle_scan
+
+        def bare(on: bool) -> bool:
+            """Scheduler thread, inside a tapped scan: ``on`` puts vLLM's own
+            ``prepare_write`` back for the rest of it (no frame per promoted key; the scan
+            tap reads what its promotions did from the primary tier's rows as it returns:
+            prefix_scan.BareRest), where this tap is the one in place; off, the tap again."""
+            if on:
+                if primary.prepare_write is not prepare_write:
+                    return False
+                primary.prepare_write = original
+            else:
+                primary.prepare_write = prepare_write
+            return True
+
+        self.bare = bare
         self._tap_row_changes(primary)
 
     def _settle_scan(self) -> None:
@@ -169,7 +187,7 @@ class TierTaps:
         (a long restore's promoting scan promotes ~8,190 keys, each evicting a row); a
         Python step only per refused promotion."""
         cursor, counts = self.cursor, self._promotions_started
-        stored, ev, last = cursor.promoted, cursor.evicted, cursor.n - 1
+        stored, ev, swept, last = cursor.promoted, cursor.evicted, cursor.swept, cursor.n - 1
         try:
             for hint, n in cursor.refusals:  # promotions that found no primary row: rare
                 counts[1] += n
@@ -179,9 +197,12 @@ class TierTaps:
             changed.extend(stored)
             if ev:
                 changed.extend(ev.keys)
+            if swept:
+                changed.extend(swept)
             rows = self.rows
             if rows.expected or rows.quarantine:  # digests: forget rewritten rows' ones
                 rows.forget(ev.keys)
+                rows.forget(swept)
                 rows.forget(stored)
         except Exception as exc:
             self.rec.error(ErrorSite.TIER, exc)

@@ -112,13 +112,25 @@ class TieredReader(NamedTuple):
     there); ``places`` the primary rows' places of some keys (ref_cnt: >= 0 ready, -1
     being written, -2 absent); ``last_answer(key, req_context)`` what the scan's last key,
     which the primary tier lacks, was answered (no refused promotion); ``promoted_retry``:
-    a promotion a lookup started answers RETRY (0.26), not HIT_PENDING (0.33)."""
+    a promotion a lookup started answers RETRY (0.26), not HIT_PENDING (0.33);
+    ``rows()`` the primary tier's rows, key -> row, a dict in the order the rows were
+    inserted (its cache policy's own: read, never changed); ``promotes(key,
+    req_context)``: a lookup of ``key`` now, which the primary tier lacks, would ask the
+    primary tier for a row to promote it into (a secondary tier has it, promotions are
+    not held); ``may_promote(key, req_context)``: it may, once the step's existence
+    checks are read (a secondary tier has it or has not answered yet); ``bare_ok``: every
+    promotion the primary tier accepts writes its key's row (no 0.26 store threshold), so
+    a scan's promotions can be read from the rows (prefix_scan.BareRest)."""
 
     read: Callable[[Sequence[bytes], Any, bool, Collection[bytes], Any,
                     Sequence[tuple[int, int]]], list]
     places: Callable[[Sequence[bytes]], list]
     last_answer: Callable[[bytes, Any], Any]
     promoted_retry: bool
+    rows: Callable[[], dict]
+    promotes: Callable[[bytes, Any], bool]
+    may_promote: Callable[[bytes, Any], bool]
+    bare_ok: bool
 
 
 def _runs(obj: Any, name: str, func: Any) -> bool:
@@ -131,21 +143,31 @@ def _runs(obj: Any, name: str, func: Any) -> bool:
     return getattr(bound, "__func__", None) is func and getattr(bound, "__self__", None) is obj
 
 
+def _row_dict(policy: Any) -> Callable[[], dict] | None:
+    """vLLM's LRU cache policy's rows, key -> row (0.26 ``blocks``, 0.33 ``chunks``: its
+    ``get`` reads them, ``insert`` adds at the end, ``remove`` and ``evict`` delete), read
+    each time (a reset may bind a new dict); else None."""
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    if type(policy).get is not LRUCachePolicy.get:
+        return None
+    name = next((n for n in ("chunks", "blocks")
+                 if isinstance(getattr(policy, n, None), dict)), None)
+    if name is None:
+        return None
+    return lambda: getattr(policy, name)
+
+
 def _rows_reader(policy: Any) -> Callable[[Sequence[bytes]], list] | None:
     """The primary tier's rows of some keys (``_ABSENT_ROW`` where none), read from its
     cache policy: vLLM's LRU policy's dict in C (``dict.get`` over ``map``), else its
     ``get`` per key."""
-    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
-
     get = getattr(policy, "get", None)
     if not callable(get):
         return None
-    if type(policy).get is LRUCachePolicy.get:
-        name = next((n for n in ("chunks", "blocks")
-                     if isinstance(getattr(policy, n, None), dict)), None)
-        if name is not None:  # read each time: a reset may bind a new dict
-            return lambda keys: list(map(getattr(policy, name).get, keys,
-                                         repeat(_ABSENT_ROW, len(keys))))
+    rows = _row_dict(policy)
+    if rows is not None:
+        return lambda keys: list(map(rows().get, keys, repeat(_ABSENT_ROW, len(keys))))
     return lambda keys: [row if (row := get(k)) is not None else _ABSENT_ROW for k in keys]
 
 
@@ -209,18 +231,21 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
     if (not _runs(manager, "lookup", TieringOffloadingManager.lookup) or primary is None
             or not _runs(primary, "lookup", stock)):
         return None
-    rows_of = _rows_reader(getattr(primary, "_policy", None))
+    policy = getattr(primary, "_policy", None)
+    rows_of, row_dict = _rows_reader(policy), _row_dict(policy)
     states = _fs_tier_states(tiers)
-    if rows_of is None or states is None:
+    if rows_of is None or row_dict is None or states is None:
         return None
     hit, pending, retry, miss = (LookupResult.HIT, LookupResult.HIT_PENDING,
                                  LookupResult.RETRY, LookupResult.MISS)
     by_ref_cnt = {-1: pending, _ABSENT: retry}  # else (ready) HIT
     tier_states = list(zip(tiers, states))
 
-    def last_absent(key: bytes, req_context: Any, refused: bool) -> Any:
-        """The answer to the scan's last key, which the primary tier lacks."""
-        if refused or getattr(manager, "_promotions_held", False):  # 0.33's hold: MISS
+    def secondary(key: bytes, req_context: Any) -> Any:
+        """What the secondary tiers answer a key the primary tier lacks: HIT (a tier has
+        it: a promotion is asked for), RETRY (one has not answered yet) or MISS, with
+        0.33's held promotions (MISS, no tier asked) and each request's tier filter."""
+        if getattr(manager, "_promotions_held", False):  # 0.33's hold: MISS
             return miss
         tier_filter = getattr(req_context, "load_tier_filter", None)  # 0.33
         any_retry = False
@@ -228,11 +253,34 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
             if tier_filter is not None and not tier_filter.allows(tier.medium, tier.locality):
                 continue
             found = getattr(state.get(key), "result", None)
-            if found is True:  # a promotion: its row (not absent) or refused (MISS)
-                return miss
+            if found is True:
+                return hit
             if found is None:
                 any_retry = True
         return retry if any_retry else miss
+
+    def last_absent(key: bytes, req_context: Any, refused: bool) -> Any:
+        """The answer to the scan's last key, which the primary tier lacks."""
+        if refused:
+            return miss
+        answer = secondary(key, req_context)
+        # a promotion: its row (not absent) or refused (MISS)
+        return miss if answer is hit else answer
+
+    def promotes(key: bytes, req_context: Any) -> bool:
+        return key not in row_dict() and secondary(key, req_context) is hit
+
+    def may_promote(key: bytes, req_context: Any) -> bool:
+        if key in row_dict() or getattr(manager, "_promotions_held", False):
+            return False
+        tier_filter = getattr(req_context, "load_tier_filter", None)  # 0.33
+        for tier, state in tier_states:
+            if tier_filter is not None and not tier_filter.allows(tier.medium, tier.locality):
+                continue
+            found = state.get(key)
+            if found is not None and found.result is not False:
+                return True
+        return False
 
     def read(keys: Sequence[bytes], req_context: Any, stopped: bool,
              promoted: Collection[bytes], evicted: Any,
@@ -268,4 +316,5 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
         return list(map(_REF_CNT, rows_of(keys)))
 
     return TieredReader(read, places, lambda key, ctx: last_absent(key, ctx, False),
-                        promoted_answer is retry)
+                        promoted_answer is retry, row_dict, promotes, may_promote,
+                        getattr(primary, "counts", None) is None)

@@ -47,9 +47,38 @@ def checked_scans(monkeypatch):
     against the scan tap; yields a Counter of the scans checked, by kind."""
     seen: Counter = Counter()
     original = SchedulerObserver.__init__
+    wrote: list = []  # the keys a shadow scan's promotions wrote rows for, in order
+
+    def bare_counted(bare):
+        def counted(on: bool) -> bool:
+            done = bare(on)
+            if on and done:
+                seen["bare rest"] += 1
+            return done
+        return counted
 
     def init(self, *args, **kwargs):
         kwargs["per_key_lookups"] = True
+        # The reference, the per-key log, records each promotion's refusal and evictions
+        # as it happens, at the lookup in progress, beneath kvscope's prepare_write tap:
+        # it sees every call, also those of a scan's bare rest (prefix_scan.BareRest),
+        # which runs vLLM's own (here this) without kvscope's tap
+        noted: list = []  # (log, cursor) once the observer is built
+        primary = compat.primary_tier(kwargs["connector_scheduler"].manager)
+        own = getattr(primary, "prepare_write", None)
+        if own is not None:
+            def write_noted(keys, req_context, *a, **kw):
+                out = own(keys, req_context, *a, **kw)
+                if noted and noted[1].it is not None:  # inside a shadow scan
+                    if out is None:
+                        noted[0].add_refusal(len(keys))
+                    else:
+                        wrote.extend(out.keys_to_store)
+                        if out.evicted_keys:
+                            noted[0].add_evictions(out.evicted_keys)
+                return out
+
+            primary.prepare_write = write_noted
         original(self, *args, **kwargs)
         cs = self.cs
         inner = cs.manager._inner
@@ -68,31 +97,13 @@ def checked_scans(monkeypatch):
             scans = DeferredScans(self.taps.changes, read.places)
             tapped = prefix_scan.tiered_scan_tap(scan, shadow, read, self.taps.cursor,
                                                  self.rows.quarantine, lambda on: None, error,
-                                                 scans)
+                                                 scans, None, bare_counted(self.taps.bare)
+                                                 if read.bare_ok else None)
+            noted[:] = [self.log, self.taps.cursor]
         else:
             return
         log = self.log
         turn = [0]
-        wrote: list = []  # the keys the scan's promotions wrote rows for, in order
-        if read is not None:
-            # Within a tapped scan kvscope's prepare_write tap only notes each promotion
-            # for the scan's end (tier_taps._settle_scan): the reference, the per-key log,
-            # records its refusals and evictions as they happen, at the lookup in progress
-            primary, cursor = self.taps.primary, self.taps.cursor
-            tap = primary.prepare_write
-
-            def write_noted(keys, req_context, *a, **kw):
-                out = tap(keys, req_context, *a, **kw)
-                if cursor.it is not None:
-                    if out is None:
-                        log.add_refusal(len(keys))
-                    else:
-                        wrote.extend(out.keys_to_store)
-                        if out.evicted_keys:
-                            log.add_evictions(out.evicted_keys)
-                return out
-
-            primary.prepare_write = write_noted
 
         def checking(keys, req_context, *rest):
             k0, r0, e0 = len(log.keys), len(log.refusals), len(log.evictions)
@@ -331,6 +342,31 @@ def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
     assert checked_scans["counted"] >= 2, checked_scans
     # its promoting scan evicted the other prompt's rows, left out of the round
     assert checked_scans["evictions left out"] >= 1, checked_scans
+
+
+def test_a_restore_whose_rows_were_all_flooded_out_promotes_bare(checked_scans):
+    """Every key of the prompt evicted from the primary tier (two floods as long as it), so
+    its promoting scan runs its keys after the first without kvscope's primary-tier tap
+    (prefix_scan.BareRest) and reads its promotions and evictions from the rows: each
+    scan's keys, results, refusals and evictions as the per-key reference recorded them."""
+    keys = 1_500
+    r = random.Random(keys)
+    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(3)]
+    cfg = replace(EngineConfig(rows=keys + keys // 10, num_gpu_blocks=keys + 200,
+                               max_num_batched_tokens=4096, max_num_seqs=4,
+                               max_model_len=keys * 16 + 64, promotion_delay_steps=3),
+                  **ONE_GROUP_TIERING)
+    with CPUEngine(cfg) as e:
+        first = e.generate(prompts[0], 2, max_steps=1_000)
+        for flood in prompts[1:]:  # the primary tier's rows all taken by the floods'
+            e.generate(flood, 2, max_steps=1_000)
+            e.drain(max_steps=1_000)
+        again = e.generate(prompts[0], 2, max_steps=1_000)
+        e.drain(max_steps=1_000)
+        assert again.num_external_tokens == keys * 16  # the whole prompt, from the fs tier
+        assert again.output == first.output
+    assert checked_scans["bare rest"] >= 1, checked_scans
+    assert checked_scans["own promotions' evictions left out"] >= 1, checked_scans
 
 
 def test_a_tapped_scan_looks_keys_up_on_vllms_own_manager():
