@@ -15,22 +15,26 @@ keys, so how many it consumed is the iterator's length hint afterwards, and read
 deferred scan's lookups from the tiers' state right after it (C-level passes over the
 primary rows); what a lookup's promotion did (rows written, rows evicted, refused) is noted
 by the primary tier's ``prepare_write`` tap in a :class:`ScanCursor`, at the lookup in
-progress. A 131k-token restore is ~8,190 keys re-scanned every step it is deferred.
+progress, or, for a promoting scan whose request had no primary row, read from the primary
+rows as it returns (:class:`BareRest`: no frame of kvscope's per promoted key). A
+131k-token restore is ~8,190 keys re-scanned every step it is deferred.
 
 The per-key tap cost a Python frame per key looked up (~6,200 per iteration in the
 H200 benchmark: 96 re-asks of 64 chunks); this costs one per round.
 ``tests/connector/test_prefix_scan.py`` checks, scan by scan on every scenario (CPU tier
 alone and tiering, settled and racing tiers) and a long deferred restore, that it writes
-what the per-key tap records (keys, results, refusals, evictions).
+what the per-key tap records (keys, results, refusals, evictions), and that the evictions
+it leaves out of a round could not have been the round's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import chain, filterfalse, islice
+from itertools import chain
 from typing import Any
 
 from kvscope.connector import compat
+from kvscope.connector.bare_rest import BareRest
 from kvscope.connector.compat.prefix_scan import SCAN_METHOD
 from kvscope.connector.evictions import Evictions
 from kvscope.connector.lookup_rounds import LookupLog
@@ -119,67 +123,6 @@ def place(evicted: Evictions, total: int) -> Evictions:
         evicted.at[:] = map((total - 1).__sub__, evicted.at)
         evicted.placed = True
     return evicted
-
-
-class BareRest:
-    """The rest of a promoting scan, after its first key, without the primary tier's tap:
-    an empty iterator vLLM's scan reaches between its first key and the others
-    (``chain((first,), rest, others)``: every key stays a C-level step). Reached, it notes
-    the primary tier's rows (their keys, one C-level copy) and puts vLLM's own
-    ``prepare_write`` back (``bare(True)``): the rest of the scan's promotions, each a
-    frame of kvscope's before (a 131k-token restore's ~8,190, each evicting a row), are
-    read from the rows as the scan returns (:meth:`sweep`). Only where no key of the request
-    had a primary row before the scan (none can be found, then evicted) and the scan opens
-    its round."""
-
-    __slots__ = ("rows", "bare", "error", "before", "reached")
-
-    def __init__(self, rows: Callable[[], dict], bare: Callable[[bool], bool],
-                 error: Callable[[ErrorSite, BaseException], None]) -> None:
-        self.rows = rows
-        self.bare = bare
-        self.error = error
-        self.before: list[bytes] | None = None  # the rows' keys when reached, if bare
-        self.reached = False
-
-    def __iter__(self) -> BareRest:
-        return self
-
-    def __next__(self) -> bytes:
-        try:  # never an exception into vLLM's scan but the end of this empty part
-            if not self.reached:
-                self.reached = True
-                before = list(self.rows())
-                if self.bare(True):
-                    self.before = before
-        except Exception as exc:
-            self.error(ErrorSite.LOOKUP, exc)
-        raise StopIteration
-
-    def sweep(self, keys: list[bytes], m: int, cursor: ScanCursor, req_context: Any,
-              promotes: Callable[[bytes, Any], bool]) -> None:
-        """The scan returned, its tap back in place: what the promotions after its first
-        key did, read from the primary tier's rows. A promotion inserts its key's row at
-        the end of the rows (the only insert during a scan), an eviction deletes one, so
-        the keys added are the rows' last ones and the keys evicted those noted and gone.
-        The promotions join the tap's in ``cursor.promoted``, the evictions go to
-        ``cursor.swept`` (none of them a key of the request: never the round's). A
-        promotion the primary tier refused stopped the scan at its key: the last key
-        looked up, which has no row, though a secondary tier has it (``promotes``)."""
-        before, rows = self.before, self.rows()
-        n0, n1 = len(before), len(rows)
-        if n1 == n0 and (not n0 or next(reversed(rows)) == before[-1]):
-            gone: list[bytes] = []  # no row added (the last is the same), none deleted
-        else:
-            gone = list(filterfalse(rows.__contains__, before))
-        added = n1 - n0 + len(gone)
-        if added:
-            cursor.promoted.extend(islice(rows, n1 - added, None))
-        if gone:
-            cursor.swept.extend(gone)
-        last = keys[m - 1]
-        if m > 1 and last not in rows and promotes(last, req_context):
-            cursor.refusals.append((len(keys) - m, 1))  # as the tap notes it: a hint
 
 
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,

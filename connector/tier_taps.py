@@ -167,7 +167,7 @@ class TierTaps:
             """Scheduler thread, inside a tapped scan: ``on`` puts vLLM's own
             ``prepare_write`` back for the rest of it (no frame per promoted key; the scan
             tap reads what its promotions did from the primary tier's rows as it returns:
-            prefix_scan.BareRest), where this tap is the one in place; off, the tap again."""
+            bare_rest.BareRest), where this tap is the one in place; off, the tap again."""
             if on:
                 if primary.prepare_write is not prepare_write:
                     return False

@@ -120,7 +120,7 @@ class TieredReader(NamedTuple):
     not held); ``may_promote(key, req_context)``: it may, once the step's existence
     checks are read (a secondary tier has it or has not answered yet); ``bare_ok``: every
     promotion the primary tier accepts writes its key's row (no 0.26 store threshold), so
-    a scan's promotions can be read from the rows (prefix_scan.BareRest)."""
+    a scan's promotions can be read from the rows (bare_rest.BareRest)."""
 
     read: Callable[[Sequence[bytes], Any, bool, Collection[bytes], Any,
                     Sequence[tuple[int, int]]], list]

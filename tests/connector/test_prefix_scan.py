@@ -61,7 +61,7 @@ def checked_scans(monkeypatch):
         kwargs["per_key_lookups"] = True
         # The reference, the per-key log, records each promotion's refusal and evictions
         # as it happens, at the lookup in progress, beneath kvscope's prepare_write tap:
-        # it sees every call, also those of a scan's bare rest (prefix_scan.BareRest),
+        # it sees every call, also those of a scan's bare rest (bare_rest.BareRest),
         # which runs vLLM's own (here this) without kvscope's tap
         noted: list = []  # (log, cursor) once the observer is built
         primary = compat.primary_tier(kwargs["connector_scheduler"].manager)
@@ -347,7 +347,7 @@ def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
 def test_a_restore_whose_rows_were_all_flooded_out_promotes_bare(checked_scans):
     """Every key of the prompt evicted from the primary tier (two floods as long as it), so
     its promoting scan runs its keys after the first without kvscope's primary-tier tap
-    (prefix_scan.BareRest) and reads its promotions and evictions from the rows: each
+    (bare_rest.BareRest) and reads its promotions and evictions from the rows: each
     scan's keys, results, refusals and evictions as the per-key reference recorded them."""
     keys = 1_500
     r = random.Random(keys)
