@@ -81,3 +81,20 @@ def test_slow_restores_are_counted_per_arm_with_the_sign_test_of_their_split():
     assert out["sign_test_p"] == round(2 * 9 / 256, 4)
     assert summary.sign_test(0, 0) == 1.0
     assert summary.sign_test(3, 6) == 1.0  # an even split
+
+
+def test_the_pairs_without_a_slow_restore_leave_its_whole_pair_out():
+    summary = import_benchmark("gpu_scale_summary")
+    iters = [{"on": k % 4 in (0, 3), "s": 1.0 + k / 1000} for k in range(40)]  # ABBA
+    iters[5]["s"] = 20.0  # an off restore in the slow-read regime: pair (4, 5)
+    pairs = summary.without_slow(iters)
+    assert len(pairs) == 19
+    assert all(on["on"] and not off["on"] for on, off in pairs)
+    assert not any(i is iters[4] or i is iters[5] for pair in pairs for i in pair)
+
+
+def test_a_deferred_scans_cpu_leaves_the_promoting_scan_out():
+    summary = import_benchmark("gpu_scale_summary")
+    per_scan = summary.PAIRED_FIELDS["deferred_scan_cpu_ms"]
+    it = {"reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4}}
+    assert per_scan(it) == pytest.approx(200.0)
