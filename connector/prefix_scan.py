@@ -184,15 +184,21 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         cursor.n = total
         evicted.placed = False  # the tap notes length hints (place)
         arm = first = None
-        if (bare is not None and total > 1 and len(results_out) == log.start
-                and may_promote(keys[0], req_context) and rows().keys().isdisjoint(keys)):
-            # the first key with the tap (the step's poll of finished tier jobs happens in
-            # its lookup), then BareRest, then the others (``it``: its length hint, as
-            # the tap reads it for the first key's promotion)
-            arm, first = BareRest(rows, bare, error), iter(keys[:1])
-            next(it)
-            feed = chain(first, arm, it)
-        else:
+        feed = it
+        try:  # never an exception into vLLM's scan: then its keys all run with the tap
+            if (bare is not None and total > 1 and len(results_out) == log.start
+                    and may_promote(keys[0], req_context)
+                    and rows().keys().isdisjoint(keys)):
+                # the first key with the tap (the step's poll of finished tier jobs happens
+                # in its lookup), then BareRest, then the others (``it``: its length hint,
+                # as the tap reads it for the first key's promotion)
+                arm, first = BareRest(rows, bare, error), iter(keys[:1])
+                next(it)
+                feed = chain(first, arm, it)
+        except Exception as exc:
+            error(ErrorSite.LOOKUP, exc)
+            arm = first = None
+            it = cursor.it = iter(keys)
             feed = it
         if direct is not None:
             direct(True)

@@ -344,12 +344,10 @@ def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
     assert checked_scans["evictions left out"] >= 1, checked_scans
 
 
-def test_a_restore_whose_rows_were_all_flooded_out_promotes_bare(checked_scans):
-    """Every key of the prompt evicted from the primary tier (two floods as long as it), so
-    its promoting scan runs its keys after the first without kvscope's primary-tier tap
-    (bare_rest.BareRest) and reads its promotions and evictions from the rows: each
-    scan's keys, results, refusals and evictions as the per-key reference recorded them."""
-    keys = 1_500
+def _flooded_restore(keys: int) -> tuple:
+    """A prompt of ``keys`` chunks asked, every one of its primary rows then taken by two
+    floods as long as it, and asked again: restored from the fs tier. (first, again, the
+    scheduler side's recorder)."""
     r = random.Random(keys)
     prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(3)]
     cfg = replace(EngineConfig(rows=keys + keys // 10, num_gpu_blocks=keys + 200,
@@ -358,15 +356,47 @@ def test_a_restore_whose_rows_were_all_flooded_out_promotes_bare(checked_scans):
                   **ONE_GROUP_TIERING)
     with CPUEngine(cfg) as e:
         first = e.generate(prompts[0], 2, max_steps=1_000)
-        for flood in prompts[1:]:  # the primary tier's rows all taken by the floods'
+        for flood in prompts[1:]:
             e.generate(flood, 2, max_steps=1_000)
             e.drain(max_steps=1_000)
         again = e.generate(prompts[0], 2, max_steps=1_000)
         e.drain(max_steps=1_000)
-        assert again.num_external_tokens == keys * 16  # the whole prompt, from the fs tier
-        assert again.output == first.output
+        rec = e.connector.kvscope_recorder
+    return first, again, rec
+
+
+def test_a_restore_whose_rows_were_all_flooded_out_promotes_bare(checked_scans):
+    """Every key of the prompt evicted from the primary tier, so its promoting scan runs its
+    keys after the first without kvscope's primary-tier tap (bare_rest.BareRest) and reads
+    its promotions and evictions from the rows: each scan's keys, results, refusals and
+    evictions as the per-key reference recorded them."""
+    first, again, _ = _flooded_restore(1_500)
+    assert again.num_external_tokens == 1_500 * 16  # the whole prompt, from the fs tier
+    assert again.output == first.output
     assert checked_scans["bare rest"] >= 1, checked_scans
     assert checked_scans["own promotions' evictions left out"] >= 1, checked_scans
+
+
+def test_a_bare_rest_that_cannot_be_decided_leaves_the_scan_to_the_tap(monkeypatch):
+    """The tiers' reader failing where the scan decides on a bare rest: the error counted,
+    the scan run with the tap, vLLM's restore whole."""
+    real = compat.tiered_scan_reader
+
+    def failing(cs, manager):
+        reader = real(cs, manager)
+        if reader is None:
+            return None
+
+        def may_promote(key, req_context):
+            raise RuntimeError("a tier state kvscope cannot read")
+
+        return reader._replace(may_promote=may_promote)
+
+    monkeypatch.setattr(compat, "tiered_scan_reader", failing)
+    first, again, rec = _flooded_restore(600)
+    assert again.num_external_tokens == 600 * 16
+    assert again.output == first.output
+    assert rec.value(S.TELEMETRY_ERRORS, (S.ErrorSite.LOOKUP.value,)) >= 1
 
 
 def test_a_tapped_scan_looks_keys_up_on_vllms_own_manager():
