@@ -76,24 +76,29 @@ def fields(iters: list[dict]) -> dict:
     return {k: f for k, f in PAIRED_FIELDS.items() if all(_has(f, i) for i in iters)}
 
 
-def without_slow(iters: list[dict], factor: float | None = None) -> list[tuple[dict, dict]]:
-    """The (on, off) pairs neither of whose restores is in the slow-read regime
-    (:func:`slow_restores`' limit): what the other restores' parts cost, one 15-s restore
-    left out of their means."""
-    limit = (factor or SLOW_FACTOR) * statistics.median(i["s"] for i in iters)
-    return [p for p in pairs_of(iters) if all(i["s"] <= limit for i in p)]
-
-
 # A restore this many times the median (both arms') is in the slow-read regime: on the GPU
 # they took 12-60x it (18.6-97.5 s against 1.5-7.9 s), no other restore took 2x
 SLOW_FACTOR = 4.0
+
+
+def slow_limit(iters: list[dict], factor: float = SLOW_FACTOR) -> float:
+    """The restore time over which a restore is in the slow-read regime."""
+    return factor * statistics.median(i["s"] for i in iters)
+
+
+def without_slow(iters: list[dict], factor: float = SLOW_FACTOR) -> list[tuple[dict, dict]]:
+    """The (on, off) pairs neither of whose restores is in the slow-read regime
+    (:func:`slow_limit`): what the other restores' parts cost, one 15-s restore left out
+    of their means."""
+    limit = slow_limit(iters, factor)
+    return [p for p in pairs_of(iters) if all(i["s"] <= limit for i in p)]
 
 
 def slow_restores(iters: list[dict], factor: float = SLOW_FACTOR) -> dict:
     """How many restores of each arm took over ``factor`` times the median one, and the
     exact two-sided sign test of their split (equal odds in both arms, as many iterations
     of each: ABBA): whether kvscope makes vLLM's slow-read regime likelier."""
-    limit = factor * statistics.median(i["s"] for i in iters)
+    limit = slow_limit(iters, factor)
     on = sum(1 for i in iters if i["on"] and i["s"] > limit)
     off = sum(1 for i in iters if not i["on"] and i["s"] > limit)
     return {"over_s": round(limit, 3), "on": on, "off": off,

@@ -80,5 +80,5 @@ class BareRest:
         if gone:
             cursor.swept.extend(gone)
         last = keys[m - 1]
-        if m > 1 and last not in rows and promotes(last, req_context):
+        if last not in rows and promotes(last, req_context):
             cursor.refusals.append((len(keys) - m, 1))  # as the tap notes it: a hint

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 
 class Evictions:
-    __slots__ = ("at", "n", "keys", "placed")
+    __slots__ = ("at", "n", "keys")
 
     def __init__(self, at: list[int] | None = None, n: list[int] | None = None,
                  keys: list[bytes] | None = None) -> None:
@@ -24,9 +24,6 @@ class Evictions:
         self.at: list[int] = [] if at is None else at
         self.n: list[int] = [] if n is None else n
         self.keys: list[bytes] = [] if keys is None else keys
-        # a scan's: ``at`` holds its lookups' indexes, no longer length hints
-        # (prefix_scan.place)
-        self.placed = True
 
     def __bool__(self) -> bool:
         return bool(self.at)
@@ -67,4 +64,3 @@ class Evictions:
         self.at.clear()
         self.n.clear()
         self.keys.clear()
-        self.placed = True

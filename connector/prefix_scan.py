@@ -115,14 +115,10 @@ def _nothing() -> None:
 _NO_EVICTIONS = Evictions()  # never added to
 
 
-def place(evicted: Evictions, total: int) -> Evictions:
-    """``evicted``, each eviction's length hint (the scan's keys not yet consumed as it
-    happened) made the index of its lookup in a scan of ``total`` keys, once (one C-level
-    pass; the indexes are kept in ``placed``)."""
-    if not evicted.placed:
-        evicted.at[:] = map((total - 1).__sub__, evicted.at)
-        evicted.placed = True
-    return evicted
+def place(evicted: Evictions, total: int) -> None:
+    """Each eviction's length hint (the scan's keys not yet consumed as it happened) made
+    the index of its lookup in a scan of ``total`` keys (one C-level pass)."""
+    evicted.at[:] = map((total - 1).__sub__, evicted.at)
 
 
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
@@ -182,7 +178,6 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             refused.clear()
         it = cursor.it = iter(keys)
         cursor.n = total
-        evicted.placed = False  # the tap notes length hints (place)
         arm = first = None
         feed = it
         try:  # never an exception into vLLM's scan: then its keys all run with the tap
@@ -222,6 +217,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         # left out of the round, which stays plain (judged off vLLM's thread), as the
         # oracle judges it
         unjudged = False
+        placed = False  # the tap noted length hints: indexes once the round needs them
         try:
             m = total - it.__length_hint__()
             if first is not None and not arm.reached:  # the scan stopped at its first key
@@ -254,9 +250,11 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                     # a found key a later promotion evicted is a HIT (read): a long
                     # restore's promotions evict other prompts' rows, a C-level test first
                     apart = bool(evicted) and set(evicted.keys).isdisjoint(consumed)
+                    if evicted and not apart:
+                        place(evicted, total)
+                        placed = True
                     results = read(consumed, req_context, m < total, promoted,
-                                   _NO_EVICTIONS if apart else place(evicted, total),
-                                   refused)
+                                   _NO_EVICTIONS if apart else evicted, refused)
                     unjudged = apart and k0 == log.start
                 add_keys(consumed)
                 add_results(results)
@@ -266,7 +264,9 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 if log.start >= 0:
                     evictions_out.truncate(e0)
                     if evicted and not unjudged:
-                        evictions_out.extend(place(evicted, total), k0)
+                        if not placed:
+                            place(evicted, total)
+                        evictions_out.extend(evicted, k0)
         except Exception as exc:  # this scan's lookups are lost, the slots stay paired
             del keys_out[k0:], results_out[k0:]
             error(ErrorSite.LOOKUP, exc)

@@ -241,17 +241,21 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
     by_ref_cnt = {-1: pending, _ABSENT: retry}  # else (ready) HIT
     tier_states = list(zip(tiers, states))
 
+    def allowed(req_context: Any) -> Any:
+        """The existence checks of each secondary tier the request may load from (0.33's
+        tier filter), in the tiering manager's order."""
+        tier_filter = getattr(req_context, "load_tier_filter", None)  # 0.33
+        return (state for tier, state in tier_states
+                if tier_filter is None or tier_filter.allows(tier.medium, tier.locality))
+
     def secondary(key: bytes, req_context: Any) -> Any:
         """What the secondary tiers answer a key the primary tier lacks: HIT (a tier has
         it: a promotion is asked for), RETRY (one has not answered yet) or MISS, with
         0.33's held promotions (MISS, no tier asked) and each request's tier filter."""
         if getattr(manager, "_promotions_held", False):  # 0.33's hold: MISS
             return miss
-        tier_filter = getattr(req_context, "load_tier_filter", None)  # 0.33
         any_retry = False
-        for tier, state in tier_states:
-            if tier_filter is not None and not tier_filter.allows(tier.medium, tier.locality):
-                continue
+        for state in allowed(req_context):
             found = getattr(state.get(key), "result", None)
             if found is True:
                 return hit
@@ -273,14 +277,8 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
     def may_promote(key: bytes, req_context: Any) -> bool:
         if key in row_dict() or getattr(manager, "_promotions_held", False):
             return False
-        tier_filter = getattr(req_context, "load_tier_filter", None)  # 0.33
-        for tier, state in tier_states:
-            if tier_filter is not None and not tier_filter.allows(tier.medium, tier.locality):
-                continue
-            found = state.get(key)
-            if found is not None and found.result is not False:
-                return True
-        return False
+        return any(found is not None and found.result is not False
+                   for found in (state.get(key) for state in allowed(req_context)))
 
     def read(keys: Sequence[bytes], req_context: Any, stopped: bool,
              promoted: Collection[bytes], evicted: Any,

@@ -310,31 +310,34 @@ def test_each_scan_of_a_tiering_scenario_reads_what_the_lookups_answered(name, s
     assert sum(checked_scans.values()) > 0, f"{name}: no scan was checked"
 
 
-def _long_restore(keys: int, held: int, **options) -> tuple[CPUEngine, list]:
-    """A prompt of ``keys`` chunks stored, pushed out of the GPU and the CPU tier by another,
-    then asked again: restored from the fs tier, its promotions held ``held`` steps (as many
-    deferred rounds of every key). The engine, drained (close it), and the rounds' answers."""
+def _long_restore(keys: int, held: int, floods: int = 1, **options) -> tuple:
+    """A prompt of ``keys`` chunks stored, pushed out of the GPU and the CPU tier by
+    ``floods`` others as long as it (two: every one of its primary rows taken), then asked
+    again: restored from the fs tier, its promotions held ``held`` steps (as many deferred
+    rounds of every key). The engine, drained (close it), the rounds' answers before the
+    re-ask, the first ask and the re-ask."""
     r = random.Random(keys)
-    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(2)]
+    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(1 + floods)]
     cfg = replace(EngineConfig(rows=keys + keys // 10, num_gpu_blocks=keys + 200,
                                max_num_batched_tokens=4096, max_num_seqs=4,
                                max_model_len=keys * 16 + 64, promotion_delay_steps=held,
                                kvscope_options=options), **ONE_GROUP_TIERING)
     e = CPUEngine(cfg)
-    e.generate(prompts[0], 2, max_steps=1_000)
-    e.generate(prompts[1], 2, max_steps=1_000)  # evicts it from the GPU and the CPU tier
-    e.drain(max_steps=1_000)
+    first = e.generate(prompts[0], 2, max_steps=1_000)
+    for flood in prompts[1:]:  # evicts it from the GPU and the CPU tier
+        e.generate(flood, 2, max_steps=1_000)
+        e.drain(max_steps=1_000)
     answers = rounds_answered(e)
-    e.generate(prompts[0], 2, max_steps=1_000)
+    again = e.generate(prompts[0], 2, max_steps=1_000)
     e.drain(max_steps=1_000)
-    return e, answers
+    return e, answers, first, again
 
 
 def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
     """Thousands of keys, deferred round after round while their promotions are held: the
     first round starts them (RETRY on 0.26, HIT_PENDING on 0.33), the next ones find them
     being written, the last finds them ready."""
-    e, answers = _long_restore(2_000, held=6)
+    e, answers, _, _ = _long_restore(2_000, held=6)
     with e:
         assert e.connector._kvscope_observer.lookups_from_scan is False  # checked per key
     assert answers.count(None) >= 5 and answers[-1] > 0, answers
@@ -344,33 +347,13 @@ def test_a_long_prefix_restored_from_the_fs_tier(checked_scans):
     assert checked_scans["evictions left out"] >= 1, checked_scans
 
 
-def _flooded_restore(keys: int) -> tuple:
-    """A prompt of ``keys`` chunks asked, every one of its primary rows then taken by two
-    floods as long as it, and asked again: restored from the fs tier. (first, again, the
-    scheduler side's recorder)."""
-    r = random.Random(keys)
-    prompts = [[r.randrange(1, 30_000) for _ in range(keys * 16)] for _ in range(3)]
-    cfg = replace(EngineConfig(rows=keys + keys // 10, num_gpu_blocks=keys + 200,
-                               max_num_batched_tokens=4096, max_num_seqs=4,
-                               max_model_len=keys * 16 + 64, promotion_delay_steps=3),
-                  **ONE_GROUP_TIERING)
-    with CPUEngine(cfg) as e:
-        first = e.generate(prompts[0], 2, max_steps=1_000)
-        for flood in prompts[1:]:
-            e.generate(flood, 2, max_steps=1_000)
-            e.drain(max_steps=1_000)
-        again = e.generate(prompts[0], 2, max_steps=1_000)
-        e.drain(max_steps=1_000)
-        rec = e.connector.kvscope_recorder
-    return first, again, rec
-
-
 def test_a_restore_whose_rows_were_all_flooded_out_promotes_bare(checked_scans):
     """Every key of the prompt evicted from the primary tier, so its promoting scan runs its
     keys after the first without kvscope's primary-tier tap (bare_rest.BareRest) and reads
     its promotions and evictions from the rows: each scan's keys, results, refusals and
     evictions as the per-key reference recorded them."""
-    first, again, _ = _flooded_restore(1_500)
+    e, _, first, again = _long_restore(1_500, held=3, floods=2)
+    e.close()
     assert again.num_external_tokens == 1_500 * 16  # the whole prompt, from the fs tier
     assert again.output == first.output
     assert checked_scans["bare rest"] >= 1, checked_scans
@@ -393,10 +376,12 @@ def test_a_bare_rest_that_cannot_be_decided_leaves_the_scan_to_the_tap(monkeypat
         return reader._replace(may_promote=may_promote)
 
     monkeypatch.setattr(compat, "tiered_scan_reader", failing)
-    first, again, rec = _flooded_restore(600)
+    e, _, first, again = _long_restore(600, held=3, floods=2)
+    with e:
+        assert e.connector.kvscope_recorder.value(
+            S.TELEMETRY_ERRORS, (S.ErrorSite.LOOKUP.value,)) >= 1
     assert again.num_external_tokens == 600 * 16
     assert again.output == first.output
-    assert rec.value(S.TELEMETRY_ERRORS, (S.ErrorSite.LOOKUP.value,)) >= 1
 
 
 def test_a_tapped_scan_looks_keys_up_on_vllms_own_manager():
@@ -457,7 +442,7 @@ def test_the_series_of_a_tiering_scenario_are_the_same_either_way(name):
 def test_the_series_of_a_long_restore_are_the_same_either_way():
     got = {}
     for per_key in (True, False):
-        e, answers = _long_restore(1_000, held=4, per_key_lookups=per_key)
+        e, answers, _, _ = _long_restore(1_000, held=4, per_key_lookups=per_key)
         with e:
             assert e.connector._kvscope_observer.lookups_from_scan is not per_key
             got[per_key] = (_series(e.connector.kvscope_recorder), answers)
