@@ -192,6 +192,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+        OffloadingConnectorScheduler,
+    )
 
     from kvscope.connector.compat import SCAN_METHOD
 
@@ -211,6 +214,11 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
             "kvscope": {"exporter_port": port, "checksum_policy": checksum_policy,
                         "checksum_threads": checksum_threads,
                         "checksum_scope": checksum_scope}})
+    # vLLM's own scan in both arms: a clock on its class's method, put there before the
+    # engine is built, so stock calls it and kvscope's tap calls it (the method the tap
+    # found); the "scan" clock below is the tap itself when on. Their difference on is
+    # kvscope's work per scan; this clock's on/off difference is vLLM's scan slowed
+    vllm_scan = CallClock().wrap(OffloadingConnectorScheduler, SCAN_METHOD)
     t0 = time.perf_counter()
     llm = LLM(model=d, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
               block_size=CHUNK, num_gpu_blocks_override=g["gpu_blocks"],
@@ -308,7 +316,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         mark = len(answers.answers)
         scan, lookups = per_call["scan"], per_call.get("s.get_num_new_matched_tokens")
         r0 = (scan.calls, scan.seconds, lookups.calls if lookups else 0)
-        scan.longest = 0.0
+        v0 = (vllm_scan.calls, vllm_scan.seconds)
+        scan.longest = vllm_scan.longest = 0.0
         gc0 = collections.totals()
         p0 = promotions.snapshot()
         promotions.longest_job_s = 0.0
@@ -338,6 +347,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         # per key; on CPU the second, after the fs tier's existence checks)
                         "scan_cpu_longest_s": round(scan.longest, 4),
                         "lookup_calls": (lookups.calls if lookups else 0) - r0[2],
+                        # vLLM's scan alone (without kvscope's tap around it when on)
+                        "vllm_scan_calls": vllm_scan.calls - v0[0],
+                        "vllm_scan_cpu_s": round(vllm_scan.seconds - v0[1], 4),
+                        "vllm_scan_cpu_longest_s": round(vllm_scan.longest, 4),
                         # the process's collections while it ran (any thread's)
                         "gc": {"collections": [b - a for a, b in zip(gc0[0], gc1[0])],
                                "s": round(gc1[1] - gc0[1], 4)},

@@ -62,6 +62,17 @@ PAIRED_FIELDS = {
     "deferred_scan_cpu_ms": lambda i: 1e3 * ((i["reask"]["scan_cpu_s"]
                                               - i["reask"]["scan_cpu_longest_s"])
                                              / max(1, i["reask"]["scan_calls"] - 1)),
+    # vLLM's own deferred scans (the clock inside kvscope's tap when on): where this grows
+    # with kvscope on as deferred_scan_cpu_ms does, vLLM's scan is what slowed, not the tap
+    "deferred_vllm_scan_cpu_ms": lambda i: 1e3 * ((i["reask"]["vllm_scan_cpu_s"]
+                                                   - i["reask"]["vllm_scan_cpu_longest_s"])
+                                                  / max(1, i["reask"]["vllm_scan_calls"] - 1)),
+    # kvscope's tap around each deferred scan, less vLLM's scan in it, in us (off: the
+    # clocks' own frames, the same in both arms)
+    "deferred_tap_cpu_us": lambda i: 1e6 * (
+        (i["reask"]["scan_cpu_s"] - i["reask"]["scan_cpu_longest_s"])
+        - (i["reask"]["vllm_scan_cpu_s"] - i["reask"]["vllm_scan_cpu_longest_s"])
+    ) / max(1, i["reask"]["scan_calls"] - 1),
     "scans": lambda i: i["reask"]["scan_calls"],
     "lookup_call_cpu_s": lambda i: i["calls_cpu_s"]["s.get_num_new_matched_tokens"],
     "engine_cpu_s": lambda i: i["threads"]["engine"]["cpu_s"],

@@ -98,3 +98,21 @@ def test_a_deferred_scans_cpu_leaves_the_promoting_scan_out():
     per_scan = summary.PAIRED_FIELDS["deferred_scan_cpu_ms"]
     it = {"reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4}}
     assert per_scan(it) == pytest.approx(200.0)
+
+
+def test_vllms_own_deferred_scan_and_kvscopes_tap_around_it_leave_the_promoting_scan_out():
+    summary = import_benchmark("gpu_scale_summary")
+    it = {"reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4,
+                    "vllm_scan_cpu_s": 0.91, "vllm_scan_cpu_longest_s": 0.37,
+                    "vllm_scan_calls": 4}}
+    assert summary.PAIRED_FIELDS["deferred_vllm_scan_cpu_ms"](it) == pytest.approx(180.0)
+    # 0.6 s of tapped deferred scans against 0.54 s of vLLM's: 20 ms a scan
+    assert summary.PAIRED_FIELDS["deferred_tap_cpu_us"](it) == pytest.approx(20_000.0)
+
+
+def test_a_run_without_vllms_own_scan_clock_is_summarized_without_its_fields():
+    summary = import_benchmark("gpu_scale_summary")
+    old = {"s": 1.0, "reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4}}
+    names = summary.fields([old, old])
+    assert "deferred_scan_cpu_ms" in names
+    assert "deferred_vllm_scan_cpu_ms" not in names and "deferred_tap_cpu_us" not in names
