@@ -9,10 +9,9 @@ vLLM's scan method on its class, put before the engine is built, runs in both ar
 calls it, kvscope's tap calls the method it found), and a clock on the connector
 scheduler's own attribute (the tap when on), as gpu_scale.py's.
 
-``--threads quiet`` stops kvscope's periodic threads for the timed part (the tier probe
-closed, the aggregator's wake-up a day apart; they are left running in the off arm's
-process as in the on arm's, so both arms change alike). Both are a benchmark's switches,
-not settings.
+``--threads quiet`` stops kvscope's periodic threads for the whole timed part, so in both
+arms alike (the tier probe closed, the aggregator's wake-ups a day apart): a benchmark's
+switch, not a setting.
 
 Per iteration (restore_convoy.py's engine and ``--between restore`` schedule: prompts 0,
 1 and 2 re-asked in turn, each evicted by the others' restores, the fs tier's read
