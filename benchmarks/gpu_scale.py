@@ -55,6 +55,7 @@ import time
 
 import thread_cpu
 from call_clock import CallClock
+from drain_log import DrainLog
 from gpu_scale_summary import by_hold, summarize_files, summary
 from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
 from kvscope_switch import KvscopeSwitch, own_function, quiet
@@ -251,6 +252,10 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                                                               "many"),
                "rank0": CallClock(time.perf_counter).wrap(worker.kvscope_worker._digester,
                                                           "many")}
+    # the aggregator's periodic drains (its thread), each (start, end, its CPU): whether one
+    # ran while a restore's reads were in flight (it holds back then, at most MAX_DEFER_S at
+    # a time) or after them
+    drains = DrainLog().wrap(switch.observer.agg)
     # the process's collections (any thread's): kvscope's once ran 86 inside a 131k
     # restore's promoting scan on CPU, vLLM's none (benchmarks/README, promoting_scan.py)
     collections = GCClock()
@@ -321,6 +326,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         gc0 = collections.totals()
         p0 = promotions.snapshot()
         promotions.longest_job_s = 0.0
+        promotions.windows.clear()
+        drains.spans.clear()
         again = ask(timed)
         p1 = promotions.snapshot()
         gc1 = collections.totals()
@@ -358,6 +365,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         "promotions": {**dict(zip(("jobs", "keys", "failed_keys"),
                                                   (b - a for a, b in zip(p0, p1)))),
                                        "longest_job_s": round(promotions.longest_job_s, 4)},
+                        # kvscope's periodic drains that started while its reads were in
+                        # flight, and the others (count, their thread's CPU)
+                        "drains": drains.split(promotions.windows),
                         # the threads' CPU during the re-ask alone (kvscope's aggregator
                         # holds back while the promotion reads: does its drain fall in here?)
                         "threads": thread_cpu.between(threads1, threads2)},

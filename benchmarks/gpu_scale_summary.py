@@ -46,7 +46,22 @@ def summary(iters: list[dict]) -> dict:
             "slow_restores": slow_restores(iters),
             # re-asks that promoted more keys than the first (a churn), and failed keys
             "reask_promotions": {arm: _promotions(xs) for arm, xs in (("on", on), ("off", off))
-                                 if any("promotions" in i.get("reask", {}) for i in xs)}}
+                                 if any("promotions" in i.get("reask", {}) for i in xs)},
+            # kvscope's periodic drains inside the re-asks' read windows, per arm
+            "drains_in_reads": {arm: drains_in_reads(xs) for arm, xs in (("on", on),
+                                                                         ("off", off))
+                                if xs and all("drains" in i.get("reask", {}) for i in xs)}}
+
+
+def drains_in_reads(iters: list[dict]) -> dict:
+    """Of these re-asks, how many had a kvscope drain start while their reads were in
+    flight, those drains' CPU in all, and the median restore with and without one."""
+    hit = [i for i in iters if i["reask"]["drains"]["in_reads"]]
+    rest = [i for i in iters if not i["reask"]["drains"]["in_reads"]]
+    med = lambda xs: round(statistics.median(i["s"] for i in xs), 4) if xs else None  # noqa: E731
+    return {"reasks_with": len(hit), "of": len(iters),
+            "cpu_s": round(sum(i["reask"]["drains"]["in_reads_cpu_s"] for i in iters), 4),
+            "median_restore_s": {"with": med(hit), "without": med(rest)}}
 
 
 # Per iteration: the restore, vLLM's promotion job (its reads) and the rest of the re-ask,

@@ -28,6 +28,9 @@ class PromotionCount(CallClock):
         self.longest_job_s = 0.0
         self._started: dict[int, float] = {}  # id of a job's key list (vLLM passes the same
         # list to complete_write) -> when it was submitted
+        # each completed job's (submitted, completed) on the perf_counter clock: when the
+        # fs tier's reads were in flight (whoever reads it clears it)
+        self.windows: list[tuple[float, float]] = []
         for tier in manager.secondary_tiers:
             self.wrap(tier, "submit_load")
         self.wrap(manager.primary_tier, "complete_write")
@@ -49,6 +52,8 @@ class PromotionCount(CallClock):
                 self.failed_keys += len(keys)
             t0 = self._started.pop(id(keys), None)
             if t0 is not None:
-                self.longest_job_s = max(self.longest_job_s, time.perf_counter() - t0)
+                now = time.perf_counter()
+                self.longest_job_s = max(self.longest_job_s, now - t0)
+                self.windows.append((t0, now))
             return inner(keys, *a, **kw)
         return complete_write

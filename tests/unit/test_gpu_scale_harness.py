@@ -116,3 +116,38 @@ def test_a_run_without_vllms_own_scan_clock_is_summarized_without_its_fields():
     names = summary.fields([old, old])
     assert "deferred_scan_cpu_ms" in names
     assert "deferred_vllm_scan_cpu_ms" not in names and "deferred_tap_cpu_us" not in names
+
+
+def test_a_drain_is_in_the_reads_only_when_it_starts_inside_a_read_window():
+    DrainLog = import_benchmark("drain_log").DrainLog
+
+    class Aggregator:
+        def __init__(self):
+            self.calls = 0
+            self._refresh = self.refresh
+
+        def refresh(self):
+            self.calls += 1
+
+    agg = Aggregator()
+    log = DrainLog().wrap(agg)
+    agg._refresh()
+    assert agg.calls == 1 and len(log.spans) == 1
+    log.spans[:] = [(1.0, 1.1, 0.002), (2.5, 2.6, 0.003), (3.0, 3.1, 0.004)]
+    # reads in flight from 2.0 to 3.0: the drain at 2.5 is inside, the one at 3.0 is not
+    assert log.split([(2.0, 3.0)]) == {"in_reads": 1, "in_reads_cpu_s": 0.003,
+                                       "other": 2, "other_cpu_s": 0.006}
+    assert log.split([]) == {"in_reads": 0, "in_reads_cpu_s": 0,
+                             "other": 3, "other_cpu_s": 0.009}
+
+
+def test_drains_in_reads_are_counted_per_arm_with_the_restores_they_fell_in():
+    summary = import_benchmark("gpu_scale_summary")
+    def it(on, s, n):
+        return {"on": on, "s": s, "reask": {"drains": {"in_reads": n,
+                                                       "in_reads_cpu_s": 0.002 * n}}}
+    iters = [it(True, 1.6, 1), it(False, 1.5, 0), it(False, 1.5, 0), it(True, 1.5, 0)]
+    out = summary.drains_in_reads([i for i in iters if i["on"]])
+    assert out["reasks_with"] == 1 and out["of"] == 2
+    assert out["cpu_s"] == pytest.approx(0.002)
+    assert out["median_restore_s"] == {"with": 1.6, "without": 1.5}
