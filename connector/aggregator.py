@@ -148,8 +148,13 @@ class Aggregator:
         # interval_s read at each wake-up: a benchmark may change it while the engine runs
         while not stopped(timeout=self.interval_s):
             try:
+                # sampled at every wake-up, the journal empty or not: one that finds no read
+                # in flight ends the hold's period. Left open across an idle engine (its
+                # journal drained by a scrape, nothing journaled since), the period ran out
+                # at the first wake-up beside the next restore's reads and drained there
+                held = hold()
                 if self.journal:
-                    if hold():
+                    if held:
                         continue
                     self._refresh()
                 elif self._quiet is not None:

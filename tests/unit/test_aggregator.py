@@ -95,3 +95,44 @@ def test_a_malformed_event_is_counted_and_the_rest_of_its_batch_dropped():
     with agg.lock:
         agg.drain()
     assert seen == [1, 3]
+
+
+def test_a_restore_after_an_idle_engine_is_held_back_anew():
+    """A restore's reads held the aggregator back; then its journal was drained by someone
+    else (a scrape) and the engine idled past max_defer_s with nothing journaled. The next
+    restore's reads must be held back again from their start: a hold period left open
+    across the idle engine ran out at the first wake-up beside the new reads, and drained
+    the journal there (in the A/B benchmark: the first on iteration after an off one)."""
+    rec = Recorder()
+    drains = [0]
+
+    def refresh() -> None:
+        drains[0] += 1
+        with agg.lock:
+            agg.drain()
+
+    agg = Aggregator(recorder=rec, refresh=refresh, interval_s=0.01)
+    reading = [True]
+    agg.hold_back.busy = lambda: reading[0]
+    agg.hold_back.max_s = 0.5
+    agg.journal.extend((len, 1, ()))  # a step of the first restore
+    agg.start()
+    try:
+        held = agg.hold_back.held
+        assert wait_until(lambda: agg.hold_back.held >= held + 5)  # the first reads: held
+        assert drains[0] == 0
+        reading[0] = False
+        with agg.lock:  # a scrape drains the journal before the thread's next wake-up
+            agg.drain()
+        time.sleep(0.7)  # the engine idles past max_defer_s, nothing journaled
+        reading[0] = True  # the next restore reads, its steps journaled
+        agg.journal.extend((len, 1, ()))
+        held = agg.hold_back.held
+        assert wait_until(lambda: agg.hold_back.held >= held + 10)  # ~0.1 s of wake-ups
+        assert drains[0] == 0 and agg.journal  # held back beside the reads, none drained
+        reading[0] = False
+        assert wait_until(lambda: drains[0] == 1 and not agg.journal)  # drained after
+    finally:
+        agg.close()
+    rec.flush()
+    assert rec.value(S.TELEMETRY_ERRORS, _AGGREGATOR) == 0
