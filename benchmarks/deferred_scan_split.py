@@ -32,19 +32,15 @@ import sys
 import time
 
 from call_clock import CallClock
+from gpu_scale_summary import per_deferred_scan
 from kvscope_switch import KvscopeSwitch
 from pair_stats import abba, paired_diffs, pairs_of
 from reask_schedule import first_asks, iteration
-from restore_convoy import OUT, engine_config, evict, settle
+from restore_convoy import BLOCK, OUT, engine_config, evict, settle
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 A_DAY_S = 86_400.0
-
-
-def per_scan_us(seconds: float, longest: float, calls: int) -> float:
-    """CPU per scan, in us, the longest (the promoting scan) left out."""
-    return 1e6 * (seconds - longest) / max(1, calls - 1)
 
 
 def quiet_threads(switch: KvscopeSwitch) -> float:
@@ -93,9 +89,10 @@ def run(tokens: int, pairs: int, warmup: int, threads: str) -> dict:
                 t0 = time.perf_counter()
                 again = e.generate(prompt(timed, tokens), OUT, max_steps=10**6)
                 s = time.perf_counter() - t0
-                tapped = per_scan_us(scan.seconds - s0[1], scan.longest, scan.calls - s0[0])
-                own = per_scan_us(vllm_scan.seconds - v0[1], vllm_scan.longest,
-                                  vllm_scan.calls - v0[0])
+                tapped = 1e6 * per_deferred_scan(scan.seconds - s0[1], scan.longest,
+                                                 scan.calls - s0[0])
+                own = 1e6 * per_deferred_scan(vllm_scan.seconds - v0[1], vllm_scan.longest,
+                                              vllm_scan.calls - v0[0])
                 it = {"k": k, "on": on, "prompt": timed, "s": round(s, 4),
                       "scans": scan.calls - s0[0], "scan_us": round(tapped, 2),
                       "vllm_scan_us": round(own, 2), "tap_us": round(tapped - own, 2),
@@ -110,7 +107,7 @@ def run(tokens: int, pairs: int, warmup: int, threads: str) -> dict:
             switch.set(True)
     finally:
         vllm_scan.unwrap()
-    return {"tokens": tokens, "keys": tokens // 16, "threads": threads, "cmd": sys.argv,
+    return {"tokens": tokens, "keys": tokens // BLOCK, "threads": threads, "cmd": sys.argv,
             "cpus": os.cpu_count(), "iters": iters,
             "checks": {"loaded": sorted({i["loaded"] for i in iters}),
                        "same_output": all(i["same_output"] for i in iters)},

@@ -37,7 +37,9 @@ class DrainLog:
     def split(self, windows: list[tuple[float, float]]) -> dict:
         """The drains logged so far that started inside one of ``windows`` ((start, end):
         promotion_count.PromotionCount.windows) and the others: count and CPU seconds."""
-        inside = [s for s in self.spans if any(a <= s[0] < b for a, b in windows)]
-        outside = [s for s in self.spans if not any(a <= s[0] < b for a, b in windows)]
+        inside: list[tuple[float, float, float]] = []
+        outside: list[tuple[float, float, float]] = []
+        for span in self.spans:
+            (inside if any(a <= span[0] < b for a, b in windows) else outside).append(span)
         return {"in_reads": len(inside), "in_reads_cpu_s": round(sum(s[2] for s in inside), 5),
                 "other": len(outside), "other_cpu_s": round(sum(s[2] for s in outside), 5)}

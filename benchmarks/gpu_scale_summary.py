@@ -64,6 +64,17 @@ def drains_in_reads(iters: list[dict]) -> dict:
             "median_restore_s": {"with": med(hit), "without": med(rest)}}
 
 
+def per_deferred_scan(seconds: float, longest: float, calls: int) -> float:
+    """CPU per scan, the longest (the promoting scan) left out: a deferred scan's."""
+    return (seconds - longest) / max(1, calls - 1)
+
+
+def _deferred(reask: dict, clock: str) -> float:
+    """A re-ask's deferred scans on one of its scan clocks ("scan", "vllm_scan"), s each."""
+    return per_deferred_scan(reask[f"{clock}_cpu_s"], reask[f"{clock}_cpu_longest_s"],
+                             reask[f"{clock}_calls"])
+
+
 # Per iteration: the restore, vLLM's promotion job (its reads) and the rest of the re-ask,
 # vLLM's scans during it (all; the longest, the promoting one), the threads' CPU
 PAIRED_FIELDS = {
@@ -74,20 +85,14 @@ PAIRED_FIELDS = {
     "promoting_scan_cpu_s": lambda i: i["reask"]["scan_cpu_longest_s"],
     # each of the others, the deferred scans while the restore waits: per scan, in ms (a
     # difference of tens of us survives the rounding)
-    "deferred_scan_cpu_ms": lambda i: 1e3 * ((i["reask"]["scan_cpu_s"]
-                                              - i["reask"]["scan_cpu_longest_s"])
-                                             / max(1, i["reask"]["scan_calls"] - 1)),
+    "deferred_scan_cpu_ms": lambda i: 1e3 * _deferred(i["reask"], "scan"),
     # vLLM's own deferred scans (the clock inside kvscope's tap when on): where this grows
     # with kvscope on as deferred_scan_cpu_ms does, vLLM's scan is what slowed, not the tap
-    "deferred_vllm_scan_cpu_ms": lambda i: 1e3 * ((i["reask"]["vllm_scan_cpu_s"]
-                                                   - i["reask"]["vllm_scan_cpu_longest_s"])
-                                                  / max(1, i["reask"]["vllm_scan_calls"] - 1)),
+    "deferred_vllm_scan_cpu_ms": lambda i: 1e3 * _deferred(i["reask"], "vllm_scan"),
     # kvscope's tap around each deferred scan, less vLLM's scan in it, in us (off: the
     # clocks' own frames, the same in both arms)
-    "deferred_tap_cpu_us": lambda i: 1e6 * (
-        (i["reask"]["scan_cpu_s"] - i["reask"]["scan_cpu_longest_s"])
-        - (i["reask"]["vllm_scan_cpu_s"] - i["reask"]["vllm_scan_cpu_longest_s"])
-    ) / max(1, i["reask"]["scan_calls"] - 1),
+    "deferred_tap_cpu_us": lambda i: 1e6 * (_deferred(i["reask"], "scan")
+                                            - _deferred(i["reask"], "vllm_scan")),
     "scans": lambda i: i["reask"]["scan_calls"],
     "lookup_call_cpu_s": lambda i: i["calls_cpu_s"]["s.get_num_new_matched_tokens"],
     "engine_cpu_s": lambda i: i["threads"]["engine"]["cpu_s"],
