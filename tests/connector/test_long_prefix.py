@@ -1,9 +1,10 @@
-"""A 131,000-token prefix restored from disk through tiering, on vLLM's real scheduler on
-CPU: the size at which kvscope lost events on the H200 (its journal, fed every lookup of
-every round, outgrew its bound while the restore's rounds were deferred, and
-``kvscope_telemetry_errors_total{where="aggregator"}`` rose, so a healthy engine read
-inconclusive). The prompt is ~8,190 keys, looked up again on every step while its
-promotions are in flight (held 40 steps here, as a slow disk would).
+"""A 131,000-token and a 500,000-token prefix restored from disk through tiering, on vLLM's
+real scheduler on CPU: 131k is the size at which kvscope lost events on the H200 (its
+journal, fed every lookup of every round, outgrew its bound while the restore's rounds were
+deferred, and ``kvscope_telemetry_errors_total{where="aggregator"}`` rose, so a healthy
+engine read inconclusive), 500k the top of the sizes the issue names. The prompt is ~8,190
+(~31,250) keys, looked up again on every step while its promotions are in flight (held 40
+steps here, as a slow disk would).
 
 Judged by what the engine did: the tokens the re-ask restored, what vLLM's scheduler got
 back from each lookup round, which of its keys each tier held before the re-ask (so
@@ -28,22 +29,21 @@ from tests.connector.support import Exposition, rounds_answered
 
 pytestmark = pytest.mark.vllm
 
-TOKENS = 131_000
 CHUNK = 16
-KEYS = TOKENS // CHUNK  # 8,187 full chunks: the loadable prefix
-ROWS = 9_000  # one prompt fits the primary tier, two do not
+# prompt tokens -> primary rows: one prompt fits the primary tier, two do not
+SIZES = {131_000: 9_000, 500_000: 32_000}
 HELD_STEPS = 40  # promotions in flight this many steps: as many deferred rounds of every key
 # Journal items per step the restore may leave waiting: a round's event is O(KV groups)
 # items and a step's its scheduled ids (one request here). A round of copied lookups would
-# be 2 x 8,187 items.
+# be 2 x 8,187 items at 131k.
 ITEMS_PER_STEP = 40
 UNFINISHED = (S.REQUESTS, S.REQUESTS_IN_FLIGHT, S.PENDING_TRANSFERS, S.OLDEST_PENDING_TRANSFER,
               S.TRANSFERS_IN_FLIGHT)
 
 
-def _prompt(seed: int) -> list[int]:
+def _prompt(seed: int, tokens: int) -> list[int]:
     r = random.Random(seed)
-    return [r.randrange(1, 30_000) for _ in range(TOKENS)]
+    return [r.randrange(1, 30_000) for _ in range(tokens)]
 
 
 def _promotions_submitted(e: CPUEngine) -> list[int]:
@@ -61,19 +61,21 @@ def _promotions_submitted(e: CPUEngine) -> list[int]:
     return n
 
 
-def test_a_131k_token_prefix_restored_from_disk_loses_no_event():
-    cfg = EngineConfig(rows=ROWS, tiering=True, num_gpu_blocks=KEYS + 200,
-                       max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=TOKENS + 64,
+@pytest.mark.parametrize("tokens", sorted(SIZES), ids=lambda t: f"{t // 1000}k")
+def test_a_long_prefix_restored_from_disk_loses_no_event(tokens):
+    keys_loadable = tokens // CHUNK  # full chunks: the loadable prefix (8,187 at 131k)
+    cfg = EngineConfig(rows=SIZES[tokens], tiering=True, num_gpu_blocks=keys_loadable + 200,
+                       max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=tokens + 64,
                        promotion_delay_steps=HELD_STEPS, exporter_port=0,
                        kvscope_options={"flush_interval_s": 3600.0})
     with CPUEngine(cfg) as e:
         observer = e.connector._kvscope_observer
-        first = e.generate(_prompt(0), 4, max_steps=1_000)
-        e.generate(_prompt(1), 4, max_steps=1_000)  # evicts it from the GPU and the CPU tier
+        first = e.generate(_prompt(0, tokens), 4, max_steps=1_000)
+        e.generate(_prompt(1, tokens), 4, max_steps=1_000)  # evicts it from the GPU and the CPU tier
         e.drain(max_steps=1_000)
         # per-key truth before the re-ask: which of its keys the primary tier and the fs
         # tier hold (the tiers' own state)
-        keys = request_keys(e, _prompt(0))[0]
+        keys = request_keys(e, _prompt(0, tokens))[0]
         manager = e.connector.connector_scheduler.manager
         in_primary = [compat.primary_holds(manager, k) for k in keys]
         on_disk = [any(compat.secondary_holds(t, k) for t in compat.secondary_tiers(manager))
@@ -87,7 +89,7 @@ def test_a_131k_token_prefix_restored_from_disk_loses_no_event():
         def journal_peak(engine: CPUEngine) -> None:
             peak[0] = max(peak[0], len(observer.journal))
 
-        rid = e.add_request(_prompt(0), 4)
+        rid = e.add_request(_prompt(0, tokens), 4)
         steps = e.run_until_done([rid], max_steps=1_000, on_step=journal_peak)
         e.drain(max_steps=1_000)
         again = e.finished[rid]
@@ -95,16 +97,16 @@ def test_a_131k_token_prefix_restored_from_disk_loses_no_event():
         # engine truth: the whole loadable prefix came back, the blocks the GPU no longer
         # held loaded from the tiers (from disk: the primary tier does not hold two
         # prompts), and the output is the first ask's
-        assert again.num_cached_tokens == KEYS * CHUNK
+        assert again.num_cached_tokens == keys_loadable * CHUNK
         assert again.output == first.output
         deferred, loaded = answers.count(None), answers[-1]
-        assert deferred >= HELD_STEPS - 2 and loaded > 0.9 * KEYS * CHUNK
-        local = KEYS - loaded // CHUNK  # blocks the GPU prefix cache still had
+        assert deferred >= HELD_STEPS - 2 and loaded > 0.9 * keys_loadable * CHUNK
+        local = keys_loadable - loaded // CHUNK  # blocks the GPU prefix cache still had
         assert all(on_disk[local:])
         # promoted from disk: at least every loaded key the primary tier lacked, at most
         # every loaded key (the restore's own promotions may evict rows it then needs)
         promoted = submitted[0]
-        assert in_primary[local:].count(False) <= promoted <= KEYS - local
+        assert in_primary[local:].count(False) <= promoted <= keys_loadable - local
 
         assert peak[0] <= ITEMS_PER_STEP * steps, (peak[0], steps)
         after = Exposition.scrape(e.connector.kvscope_exporter.url)
