@@ -193,10 +193,11 @@ def prometheus_window(
     kept = [0, 0]  # series, samples over every answer so far
     keep = _keeper(kept)
     if long_window.is_long(start, end, step):
-        series, failures = long_window.read(
-            client, start, end, sel, dict(queries), MAX_POINTS, _series, deadline, keep)
+        series, failures, points = long_window.read(
+            client, start, end, sel, dict(queries), MAX_POINTS, _series, deadline, keep,
+            room=lambda: MAX_SAMPLES - kept[1])
         raw = _window(client, start, end, sel, series, failures, long_window.TAIL_S)
-        return dataclasses.replace(raw, notes=(long_window.note(start, end, MAX_POINTS),
+        return dataclasses.replace(raw, notes=(long_window.note(start, end, points),
                                                *raw.notes))
 
     def fetch(q: tuple[str, str]) -> list[Series]:
@@ -237,7 +238,9 @@ def prometheus_window(
 
 
 def _keeper(kept: list[int]):
-    """``keep(body, parse)``: count an answer against the caps, then parse it.
+    """``keep(body, parse, fresh=len)``: count an answer against the caps, then parse it;
+    ``fresh(parsed)``: how many of its series are new to the window (a long window's
+    answers each bring back series of the others: prometheus_long.py).
 
     Each answer is parsed and turned into compact Series in its worker, one at a
     time (a lock): at most one JSON document is alive at once, so memory is the
@@ -245,14 +248,14 @@ def _keeper(kept: list[int]):
     """
     parse_lock = threading.Lock()
 
-    def keep(body: bytes, parse):
+    def keep(body: bytes, parse, fresh=len):
         with parse_lock:
             # Counted before parsing builds them: '[' opens each sample pair.
             kept[1] += body.count(b"[")
             if kept[1] > MAX_SAMPLES + MAX_SERIES:
                 raise too_many("samples", MAX_SAMPLES, "narrow the window or the --selector")
             out = parse(body)
-            kept[0] += len(out)
+            kept[0] += fresh(out)
             if kept[0] > MAX_SERIES:
                 raise too_many("series", MAX_SERIES, "narrow it with --selector")
             return out

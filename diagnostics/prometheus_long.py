@@ -21,6 +21,12 @@ Which names exist in the window comes from the label-values index first (one che
 nothing is queried for a name the window lacks. Bucket maxima and minima of
 :data:`NAMES_PER_QUERY` names go in one query: about ten round trips in all, in parallel.
 At most ``1 + 2 * MAX_POINTS + tail`` points per series (:func:`points_bound`).
+
+The bucket queries go last: where the window holds so many series that ``MAX_POINTS``
+buckets each would pass the sample cap (a fleet of engines read with ``--each-engine``),
+the buckets are widened to what the cap leaves after the start, tail and worker answers
+(:func:`fitted_points`), down to :data:`MIN_POINTS`, and the report's note says how wide:
+a coarser timeline, every peak and dip still kept, instead of no verdict.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ RAW_STEP_MAX_S = 60.0  # up to 4 h (240 points at <= 60 s): raw points, every sa
 TAIL_S = 300.0  # the recent span of a long window: the last five minutes, raw
 TAIL_STEP_S = 15.0
 NAMES_PER_QUERY = 12
+MIN_POINTS = 24  # the fewest buckets a fleet's window is widened to (7 days: 7 h each)
+FIT_MARGIN = 1.1  # series born inside the window, seen by neither the start nor the tail
 WORKER_SERIES = frozenset(n for m in S.WORKER_METRICS for n in S.exposed_series(m))
 # Read by no check (the per-rank transfer-time histograms: a third of a fleet engine's
 # series): a long window leaves them out; a short one still reads every wanted name.
@@ -59,6 +67,17 @@ def bucket_grid(start: float, end: float, max_points: int) -> tuple[float, float
     edge = end - TAIL_S
     ms = max(1, math.ceil((edge - start) * 1000 / max_points))
     return edge - (max_points - 1) * ms / 1000, edge, ms / 1000
+
+
+def fitted_points(max_points: int, room: int, bucket_series: int) -> int:
+    """Buckets per series for ``bucket_series`` series (scheduler series' maxima plus
+    gauges' minima) in ``room`` samples (the cap less what the window's other answers
+    took): ``max_points`` where they fit, else fewer, never under :data:`MIN_POINTS`
+    (then the cap refuses the answers as before). Each series costs one '[' of its own."""
+    if bucket_series <= 0:
+        return max_points
+    fit = int((room - bucket_series) / (bucket_series * FIT_MARGIN))
+    return max(MIN_POINTS, min(max_points, fit))
 
 
 def note(start: float, end: float, max_points: int) -> str:
@@ -186,20 +205,51 @@ def merge(parts: list, names: dict[str, str], bucket: float) -> list[Series]:
     return out
 
 
+def _bucket_series(parts: list, present: dict[str, str]) -> int:
+    """The series the bucket queries will return, from the start and tail answers: each
+    non-worker series once for its maxima, a gauge's once more for its minima."""
+    seen = {(q, s.labels) for what, q, s in parts if what in ("start", "tail")
+            and present[q] not in WORKER_SERIES}
+    return sum(1 if is_counter(present[q]) else 2 for q, _ in seen)
+
+
 def read(client, start: float, end: float, sel: str, names: dict[str, str], max_points: int,
-         parse, deadline, keep) -> tuple[list[Series], list[str]]:
-    """The window's series and the queries that failed (one line each).
-    ``keep(body, parse_fn)`` counts an answer against the caps and parses it."""
+         parse, deadline, keep, room=None) -> tuple[list[Series], list[str], int]:
+    """The window's series, the queries that failed (one line each) and the buckets per
+    series read. ``keep(body, parse_fn)`` counts an answer against the caps and parses it;
+    ``room()``: the samples the cap still allows (None: ``max_points`` buckets whatever
+    they cost)."""
     lr = LongRead(client, start, end, sel, names, max_points, parse)
     present = lr.present()
     if not present:
-        return [], []
-    jobs = lr.jobs(present)
-    results = parallel_map(lambda j: keep(lr.fetch(j), lambda b: lr.series(j, b)), jobs, 8,
-                           deadline)
-    fatal = next((r for r in results if isinstance(r, LimitExceeded)), None)
-    if fatal is not None:
-        raise fatal
+        return [], [], max_points
+
+    seen: set[tuple[str, tuple]] = set()
+
+    def fresh(parts) -> int:
+        """Series new to the window: the series cap counts each once, not once an answer
+        (called under ``keep``'s lock)."""
+        new = {(q, s.labels) for _, q, s in parts} - seen
+        seen.update(new)
+        return len(new)
+
+    def run(jobs):
+        results = parallel_map(lambda j: keep(lr.fetch(j), lambda b: lr.series(j, b), fresh),
+                               jobs, 8, deadline)
+        fatal = next((r for r in results if isinstance(r, LimitExceeded)), None)
+        if fatal is not None:
+            raise fatal
+        return results
+
+    # the start, tail and worker answers first: their series say what the buckets cost
+    jobs = [j for j in lr.jobs(present) if j[0] not in ("max", "min")]
+    results = run(jobs)
+    if room is not None:
+        counted = [p for r in results if isinstance(r, list) for p in r]
+        lr.max_points = fitted_points(max_points, room(), _bucket_series(counted, present))
+    buckets = [j for j in lr.jobs(present) if j[0] in ("max", "min")]
+    jobs += buckets
+    results += run(buckets)
     parts, failures = [], []
     first_error: DiagnoseError | None = None
     for job, r in zip(jobs, results, strict=True):
@@ -212,4 +262,5 @@ def read(client, start: float, end: float, sel: str, names: dict[str, str], max_
             parts += r
     if first_error is not None and len(failures) == len(jobs):
         raise first_error  # every query failed the same way: the selector, the server
-    return merge(parts, names, bucket_grid(start, end, max_points)[2]), failures
+    return (merge(parts, names, bucket_grid(start, end, lr.max_points)[2]), failures,
+            lr.max_points)

@@ -15,14 +15,16 @@ import time
 
 import pytest
 
-from kvscope.diagnostics import cli
+from kvscope.diagnostics import cli, prometheus
 from kvscope.diagnostics.model import SourceInfo
 from kvscope.diagnostics.prometheus import MAX_POINTS, prometheus_window, step_for
 from kvscope.diagnostics.prometheus_long import (
+    MIN_POINTS,
     TAIL_S,
     UNREAD,
     WORKER_SERIES,
     bucket_grid,
+    fitted_points,
     is_long,
     points_bound,
 )
@@ -158,3 +160,54 @@ def test_kv_diagnose_since_7d_finds_the_incidents(week, capsys):
     # the eight-minute stuck load transfer, 3.4 days back (sampled every 120 s: 6-8 min)
     assert any(re.match(r"a load transfer pending [678] min", line)
                for line in found["unclassified_anomaly"]["evidence"]), found
+
+
+def test_buckets_fitted_to_the_sample_cap():
+    assert fitted_points(MAX_POINTS, 600_000, 300) == MAX_POINTS  # one engine: fits
+    # 64 engines x ~100 scheduler series, a third of them gauges (minima too): ~49 buckets
+    n = 64 * 130
+    fit = fitted_points(MAX_POINTS, 440_000, n)
+    assert MIN_POINTS < fit < MAX_POINTS and n + fit * n * 1.1 <= 440_000
+    assert fitted_points(MAX_POINTS, 10_000, 20_000) == MIN_POINTS  # the cap refuses it then
+    assert fitted_points(MAX_POINTS, 100, 0) == MAX_POINTS
+
+
+def test_a_window_over_the_sample_cap_is_read_in_wider_buckets(week, capsys, monkeypatch):
+    """Where MAX_POINTS buckets of every series would pass the sample cap (a fleet read
+    with --each-engine: 64 engines x TP=8 over 7 days is ~2.3 M samples against 600,000),
+    the buckets widen to what the cap leaves: the same incidents are found, in fewer
+    samples than the cap, and the report says how wide the buckets were."""
+    url, _ = week
+    end = time.time()
+    full = prometheus_window(url, end - WEEK, end, FLEET_SEL, timeout=30)
+    cap = sum(len(s.samples) for s in full.series) // 3  # 240 buckets would not fit
+    monkeypatch.setattr(prometheus, "MAX_SAMPLES", cap)
+    # the keeper's slack over the cap (a '[' per series, counted per answer) scaled down
+    monkeypatch.setattr(prometheus, "MAX_SERIES", 8 * len(full.series))
+    narrow = prometheus_window(url, end - WEEK, end, FLEET_SEL, timeout=30)
+    assert {(s.name, s.labels) for s in narrow.series} == {(s.name, s.labels)
+                                                            for s in full.series}
+    assert sum(len(s.samples) for s in narrow.series) <= cap
+    buckets = int(re.search(r"read summarised: (\d+) buckets", " ".join(narrow.notes))[1])
+    assert MIN_POINTS <= buckets < MAX_POINTS
+    code = cli.main(["--prometheus", url, "--since", "7d", "--selector", FLEET_SEL,
+                     "--stale-after", "5m", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    found = {v["id"]: v for v in doc["verdicts"]}
+    assert code == 1 and set(EXPECTED) <= set(found), list(found)
+    assert any(re.match(r"a load transfer pending [678] min", line)
+               for line in found["unclassified_anomaly"]["evidence"]), found
+
+
+def test_the_series_cap_counts_each_series_once(week, monkeypatch):
+    """A long window's answers each bring a series back (its start, its tail or ends, its
+    bucket maxima and minima): the series cap counts it once, so a window of as many
+    series as the cap allows is read whole (64 engines x TP=8: ~12,000 series, ~34,000
+    counted per answer against 20,000)."""
+    url, _ = week
+    end = time.time()
+    full = prometheus_window(url, end - WEEK, end, FLEET_SEL, timeout=30)
+    monkeypatch.setattr(prometheus, "MAX_SERIES", len(full.series))
+    again = prometheus_window(url, end - WEEK, end, FLEET_SEL, timeout=30)
+    assert {(s.name, s.labels) for s in again.series} == {(s.name, s.labels)
+                                                           for s in full.series}
