@@ -11,9 +11,13 @@ end to end (process start to exit), ``--repeat`` times, and checks every run fin
 the history was built to show (the capacity ceiling of the last hours and the
 eight-minute stuck transfer days earlier). Not a test.
 
-    python benchmarks/diagnose_fleet_scale.py [--ranks 512] [--days 7] [--interval 60]
-        [--repeat 7] [--workdir DIR (kept; a TSDB already there is reused)]
+    python benchmarks/diagnose_fleet_scale.py [--ranks 512] [--engines 1] [--days 7]
+        [--interval 60] [--repeat 7] [--workdir DIR (kept; a TSDB already there is reused)]
         [--out benchmarks/results/diagnose_fleet_scale.json]
+
+``--engines N`` (N > 1): N such engines of ``--ranks`` ranks each, every one with both
+incidents, one instance each; the timed command adds ``--each-engine`` and every engine's
+report must find both (64 engines x TP=8: ``--engines 64 --ranks 8``).
 
 The history runs to ``--ahead`` seconds past the build's start, so the runs (minutes
 later) see an engine that is alive up to their own ``now``; samples after ``now`` are
@@ -23,6 +27,7 @@ never read by a query at ``now``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -47,13 +52,21 @@ from tests.support.fleet_history import EXPECTED, History, Shape, chunks, write_
 from tests.support.prometheus import running_prometheus  # noqa: E402
 
 
-def build(work: Path, shape: Shape) -> dict:
-    """Backfill ``shape`` into ``work/data``; returns what it is and what it cost."""
-    history = History(shape)
+def build(work: Path, shape: Shape, engines: int = 1) -> dict:
+    """Backfill ``engines`` engines of ``shape`` (one instance each) into ``work/data``;
+    returns what it is and what it cost."""
+    histories = [History(dataclasses.replace(shape, instance=f"fleet-engine-{i}:8000"))
+                 for i in range(engines)]
+
+    def write(lo: float, hi: float, om) -> int:
+        return sum(write_chunk(h, lo, hi, om, eof=i == len(histories) - 1, append=i > 0)
+                   for i, h in enumerate(histories))
+
     t0 = time.perf_counter()
-    samples = backfill(chunks(shape), lambda lo, hi, om: write_chunk(history, lo, hi, om),
-                       work / "data", work, lambda line: print(line, flush=True))
-    meta = {"series": sum(1 for _ in history.series()), "samples": samples,
+    samples = backfill(chunks(shape), write, work / "data", work,
+                       lambda line: print(line, flush=True))
+    meta = {"series": engines * sum(1 for _ in histories[0].series()), "samples": samples,
+            "engines": engines,
             "start": shape.start, "end": shape.end, "interval_s": shape.interval,
             "world_size": shape.world_size, "stuck_from": shape.stuck_from,
             "ceiling_from": shape.ceiling_from, "build_s": round(time.perf_counter() - t0, 1)}
@@ -67,6 +80,7 @@ def reusable(work: Path, args, now: float) -> dict | None:
     except (OSError, ValueError):
         return None
     same = (meta["world_size"] == args.ranks and meta["interval_s"] == args.interval
+            and meta.get("engines", 1) == args.engines
             and meta["start"] <= now - args.days * 86400 - 600 and meta["end"] >= now + 300)
     return meta if same else None
 
@@ -104,7 +118,19 @@ def wait_compacted(url: str, timeout: float = 1200.0) -> float:
     raise SystemExit(f"Prometheus still compacting after {timeout:.0f} s")
 
 
-def timed(cmd: list[str], repeat: int, prom_url: str) -> list[dict]:
+def findings(out: str) -> list[list[str]]:
+    """The verdict ids of each engine's report (``--each-engine``) or of the one report."""
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return []
+    if doc.get("each_engine"):
+        return [[v["id"] for v in e.get("report", {}).get("verdicts", [])]
+                for e in doc.get("engines", [])]
+    return [[v["id"] for v in doc.get("verdicts", [])]]
+
+
+def timed(cmd: list[str], repeat: int, prom_url: str, engines: int = 1) -> list[dict]:
     """``cmd`` once to warm up (Prometheus' page cache, Python's bytecode), then ``repeat``
     timed runs, process start to exit; each with its exit code, findings and the CPU
     seconds kv-diagnose and Prometheus spent (on a shared machine, wall time is also
@@ -117,13 +143,13 @@ def timed(cmd: list[str], repeat: int, prom_url: str) -> list[dict]:
         dt = time.perf_counter() - t0
         ru1, pc1 = resource.getrusage(resource.RUSAGE_CHILDREN), prometheus_cpu(prom_url)
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        try:
-            found = [v["id"] for v in json.loads(p.stdout).get("verdicts", [])]
-        except ValueError:
-            found = []
-        ok = p.returncode == 1 and all(e in found for e in EXPECTED)
-        print(f"{cmd[0]}: {dt:.3f} s exit {p.returncode} {found} {p.stderr.strip()[-200:]}",
-              flush=True)
+        per_engine = findings(p.stdout)
+        # every engine was built with both incidents: each must be found in each
+        ok = (p.returncode == 1 and len(per_engine) == engines
+              and all(e in found for found in per_engine for e in EXPECTED))
+        found = sorted({f for fs in per_engine for f in fs})
+        print(f"{cmd[0]}: {dt:.3f} s exit {p.returncode} {len(per_engine)} report(s) {found} "
+              f"{p.stderr.strip()[-200:]}", flush=True)
         if i:
             runs.append({"seconds": round(dt, 3), "cpu_s": round(cpu, 3),
                          "prometheus_cpu_s": round(pc1 - pc0, 2), "exit": p.returncode,
@@ -135,6 +161,9 @@ def timed(cmd: list[str], repeat: int, prom_url: str) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=512)
+    ap.add_argument("--engines", type=int, default=1,
+                    help="engines of --ranks ranks each (instances fleet-engine-0..N-1:8000); "
+                         "more than one: the timed command adds --each-engine")
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--interval", type=int, default=60, help="seconds between samples")
     ap.add_argument("--repeat", type=int, default=7)
@@ -158,7 +187,7 @@ def main() -> int:
         # 10 minutes of history before the window: the first point has its lookback
         shape = Shape(end=float(int(now + a.ahead)), span=a.days * 86400 + a.ahead + 600,
                       interval=a.interval, world_size=a.ranks)
-        meta = build(work, shape)
+        meta = build(work, shape, a.engines)
     print(f"history: {meta['series']:,} series, {meta['samples']:,} samples "
           f"(built in {meta.get('build_s', '?')} s)")
     exe = shutil.which("kv-diagnose", path=str(Path(sys.executable).parent)) or "kv-diagnose"
@@ -167,16 +196,18 @@ def main() -> int:
         prom.wait_for(f"{S.SCHEDULER_STEPS.name} offset {int(a.days)}d", timeout=120)
         print("waiting for Prometheus to compact the backfilled blocks ...", flush=True)
         meta["compaction_wait_s"] = round(wait_compacted(prom.url), 1)
-        args = ["--prometheus", prom.url, "--since", f"{a.days:g}d", "--json"]
+        each = ["--each-engine"] if a.engines > 1 else []
+        args = ["--prometheus", prom.url, "--since", f"{a.days:g}d", *each, "--json"]
         load_before = os.getloadavg()
-        runs = timed([exe, *args], a.repeat, prom.url)
-        baseline = timed([a.baseline, *args], a.repeat, prom.url) if a.baseline else None
+        runs = timed([exe, *args], a.repeat, prom.url, a.engines)
+        baseline = (timed([a.baseline, *args], a.repeat, prom.url, a.engines) if a.baseline
+                    else None)
     lat = [r["seconds"] for r in runs]
     result = {
         "benchmark": "diagnose_fleet_scale",
         "command": "python " + shlex.join(["benchmarks/diagnose_fleet_scale.py", *sys.argv[1:]]),
         "timed_command": shlex.join(["kv-diagnose", "--prometheus", "URL", "--since",
-                                     f"{a.days:g}d", "--json"]),
+                                     f"{a.days:g}d", *each, "--json"]),
         "history": meta,
         "expected_findings": list(EXPECTED),
         "median_s": round(statistics.median(lat), 3),

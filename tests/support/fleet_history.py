@@ -260,15 +260,17 @@ def chunks(shape: Shape, seconds: int = 86400) -> Iterator[tuple[float, float]]:
         lo = hi
 
 
-def write_chunk(history: History, lo: float, hi: float, path, eof: bool = True) -> int:
+def write_chunk(history: History, lo: float, hi: float, path, eof: bool = True,
+                append: bool = False) -> int:
     """Samples of every series in [lo, hi) to ``path`` (OpenMetrics); returns the count.
-    ``eof=False``: leave the file open for more series (end it with ``# EOF``)."""
+    ``eof=False``: leave the file open for more series (end it with ``# EOF``);
+    ``append``: after what ``path`` holds (another engine's series of the same chunk)."""
     sh = history.shape
     first = sh.start + math.ceil((lo - sh.start) / sh.interval) * sh.interval
     t = np.arange(first, hi, sh.interval, dtype=np.float64)
     stamps = [f"{int(x)}\n" for x in t]
     n = 0
-    with open(path, "w") as f:
+    with open(path, "a" if append else "w") as f:
         for name, labels, fn in history.series():
             head = f"{name}{{{_labels({**history.base, **labels})}}} "
             vals = fn(t)
