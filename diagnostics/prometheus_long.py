@@ -122,22 +122,30 @@ class LongRead:
             return dict(self.names)
         return {q: n for q, n in self.names.items() if q in found}
 
-    def jobs(self, present: dict[str, str]) -> list[tuple[str, str, str]]:
-        """(what, name as queried or "", PromQL): the queries, each answered on its own."""
-        workers = {q for q, n in present.items() if n in WORKER_SERIES}
+    def point_jobs(self, present: dict[str, str]) -> list[tuple[str, str, str]]:
+        """(what, name as queried or "", PromQL): the start, tail and worker queries, each
+        answered on its own."""
+        workers = {q for q in present if present[q] in WORKER_SERIES}
         others = set(present) - workers
-        bucket = bucket_grid(self.start, self.end, self.max_points)[2]
-        rng = f"[{round(bucket * 1000)}ms]"
         out = [("start", "", _sel(f'__name__=~"{_regex(present)}"', self.sel))]
         if others:
             out.append(("tail", "", _sel(f'__name__=~"{_regex(others)}"', self.sel)))
         if workers:
             out.append(("ends", "", _sel(f'__name__=~"{_regex(workers)}"', self.sel)))
-        # Bucket maxima (and gauges' minima) of several names per query, each series
-        # named again with label_replace (a range function drops the name): a few round
-        # trips instead of one per name, URLs of a few KB.
-        mins = [q for q in sorted(others) if not is_counter(present[q])]
-        for what, fn, qs in (("max", "max_over_time", sorted(others)),
+        return out
+
+    def bucket_jobs(self, present: dict[str, str]) -> list[tuple[str, str, str]]:
+        """The bucket queries, as :meth:`point_jobs`, over ``self.max_points`` buckets.
+
+        Bucket maxima (and gauges' minima) of several names per query, each series named
+        again with label_replace (a range function drops the name): a few round trips
+        instead of one per name, URLs of a few KB."""
+        others = sorted(q for q in present if present[q] not in WORKER_SERIES)
+        bucket = bucket_grid(self.start, self.end, self.max_points)[2]
+        rng = f"[{round(bucket * 1000)}ms]"
+        out = []
+        mins = [q for q in others if not is_counter(present[q])]
+        for what, fn, qs in (("max", "max_over_time", others),
                              ("min", "min_over_time", mins)):
             for i in range(0, len(qs), NAMES_PER_QUERY):
                 out.append((what, "", " or ".join(
@@ -205,20 +213,19 @@ def merge(parts: list, names: dict[str, str], bucket: float) -> list[Series]:
     return out
 
 
-def _bucket_series(parts: list, present: dict[str, str]) -> int:
-    """The series the bucket queries will return, from the start and tail answers: each
-    non-worker series once for its maxima, a gauge's once more for its minima."""
-    seen = {(q, s.labels) for what, q, s in parts if what in ("start", "tail")
-            and present[q] not in WORKER_SERIES}
-    return sum(1 if is_counter(present[q]) else 2 for q, _ in seen)
+def _bucket_series(seen: set[tuple[str, tuple]], present: dict[str, str]) -> int:
+    """The series the bucket queries will return, from those the start, tail and worker
+    answers brought ((name as queried, labels)): each non-worker series once for its
+    maxima, a gauge's once more for its minima."""
+    return sum(1 if is_counter(present[q]) else 2 for q, _ in seen
+               if present[q] not in WORKER_SERIES)
 
 
 def read(client, start: float, end: float, sel: str, names: dict[str, str], max_points: int,
-         parse, deadline, keep, room=None) -> tuple[list[Series], list[str], int]:
+         parse, deadline, keep, room) -> tuple[list[Series], list[str], int]:
     """The window's series, the queries that failed (one line each) and the buckets per
-    series read. ``keep(body, parse_fn)`` counts an answer against the caps and parses it;
-    ``room()``: the samples the cap still allows (None: ``max_points`` buckets whatever
-    they cost)."""
+    series read. ``keep(body, parse_fn, fresh)`` counts an answer against the caps and
+    parses it; ``room()``: the samples the cap still allows."""
     lr = LongRead(client, start, end, sel, names, max_points, parse)
     present = lr.present()
     if not present:
@@ -242,12 +249,10 @@ def read(client, start: float, end: float, sel: str, names: dict[str, str], max_
         return results
 
     # the start, tail and worker answers first: their series say what the buckets cost
-    jobs = [j for j in lr.jobs(present) if j[0] not in ("max", "min")]
+    jobs = lr.point_jobs(present)
     results = run(jobs)
-    if room is not None:
-        counted = [p for r in results if isinstance(r, list) for p in r]
-        lr.max_points = fitted_points(max_points, room(), _bucket_series(counted, present))
-    buckets = [j for j in lr.jobs(present) if j[0] in ("max", "min")]
+    lr.max_points = fitted_points(max_points, room(), _bucket_series(seen, present))
+    buckets = lr.bucket_jobs(present)
     jobs += buckets
     results += run(buckets)
     parts, failures = [], []
