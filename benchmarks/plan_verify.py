@@ -108,6 +108,11 @@ def gpu_engine_run(args) -> dict:
               max_num_seqs=max(8, work.concurrency), load_format="dummy", seed=0)
     up = time.monotonic() - t0
     drv = Driver(llm)
+    trace = None
+    if args.trace:
+        from lookup_trace import LookupTrace
+
+        trace = LookupTrace(drv.sched)
     shim = SimpleNamespace(connector=drv.sched.connector,
                            _block_hasher=drv.core.request_block_hasher,
                            cfg=SimpleNamespace(kv_groups=1))
@@ -125,9 +130,14 @@ def gpu_engine_run(args) -> dict:
         drv.idle()
         held = [held_tokens(k, holds, len(p), CHUNK, None)
                 for k, p in zip(keys, prompts, strict=True)]
+        if trace is not None:  # the ids Driver.run gives the wave's requests
+            trace.follow([f"kvo{drv.n + i + 1:06d}" for i in range(len(prompts))])
         got = drv.run(prompts, ASK_TOKENS, budget)
         waves.append({"held": held, "restored": [g["restored"] for g in got],
-                      "finished": all(g["finished"] for g in got)})
+                      "finished": all(g["finished"] for g in got),
+                      "unfinished": sum(1 for g in got if not g["finished"])})
+        if trace is not None:
+            waves[-1]["trace"] = trace.stop()
         drv.idle()
     out = {"rows": args.rows, "row_bytes": ROW_BYTES[1], "waves": waves, "engine_up_s": round(up, 1)}
     if args.window:
@@ -146,6 +156,7 @@ def gpu_engine_run(args) -> dict:
     out.update(held_tokens=held, restored_tokens=restored,
                coverage=restored / held if held else None,
                restores=sum(len(w["held"]) for w in waves),
+               unfinished=sum(w["unfinished"] for w in waves),
                restores_whole=sum(1 for w in waves for r, h in zip(w["restored"], w["held"],
                                                                      strict=True) if h and r >= h),
                seconds=round(time.monotonic() - t0, 1))
@@ -161,6 +172,8 @@ def _spawn(args, rows: int, out: str, window: bool = False) -> subprocess.Popen:
            "--seed", str(args.seed), "--fs-root", args.fs_root]
     if window:
         cmd.append("--window")
+    if args.trace:
+        cmd.append("--trace")
     log = open(out + ".log", "w")  # noqa: SIM115  the child's; closed with the process
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -231,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=540)
     ap.add_argument("--rows", type=int, help="engine mode: primary rows")
     ap.add_argument("--window", action="store_true", help="engine mode: scrape kvscope after")
+    ap.add_argument("--trace", action="store_true",
+                    help="each engine's waves: lookups, statuses and primary rows by step "
+                         "(lookup_trace.py), in the wave's 'trace'")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

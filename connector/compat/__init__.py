@@ -103,6 +103,11 @@ def row_states(primary: Any) -> tuple[int, int, int]:
     return total, max(allocated - free, 0), in_flight
 
 
+def evictable_rows(primary: Any) -> int | None:
+    """Rows of a CPUOffloadingManager an allocation may evict now (None: not kept)."""
+    return renames.primary_evictable(primary)
+
+
 def connector_jobs(connector_scheduler: Any) -> Iterable[tuple[int, bool]]:
     """(job id, is_store) of connector jobs not yet reported by every rank."""
     jobs = getattr(connector_scheduler, "_jobs", {}) or {}

@@ -1,9 +1,11 @@
 """vLLM 0.33 renamed the primary tier's rows from blocks to chunks.
 
 0.26: ``spec.num_blocks``, ``CPUOffloadingManager._num_blocks`` /
-``_num_allocated_blocks`` / ``_num_write_pending_blocks``, tier jobs' ``block_ids``.
+``_num_allocated_blocks`` / ``_num_write_pending_blocks`` /
+``_num_evictable_cache_blocks``, tier jobs' ``block_ids``.
 0.33: ``num_chunks``, ``_num_chunks`` / ``_num_allocated_chunks`` /
-``_num_write_pending_chunks``, ``chunk_ids``. Read whichever the object has.
+``_num_write_pending_chunks`` / ``_num_evictable_cache_chunks``, ``chunk_ids``. Read
+whichever the object has.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ def primary_counters(primary: Any) -> tuple[int, int, int]:
     allocated = _first(primary, "_num_allocated_chunks", "_num_allocated_blocks")
     pending = _first(primary, "_num_write_pending_chunks", "_num_write_pending_blocks")
     return int(total), int(allocated), int(pending)
+
+
+def primary_evictable(primary: Any) -> int | None:
+    """Rows of a CPUOffloadingManager that an allocation may evict now (ref count 0);
+    None where the manager keeps no such counter."""
+    value = _first(primary, "_num_evictable_cache_chunks", "_num_evictable_cache_blocks",
+                   default=None)
+    return None if value is None else int(value)
 
 
 def row_count(obj: Any) -> int:
