@@ -28,8 +28,12 @@ vllm = pytest.importorskip("vllm")
 from kvscope.sim.plan_workload import Workload, verify_cpu  # noqa: E402
 
 # vLLM 0.26 (the GPU machines' release) cuts first come, first served: the measured coverage
-# lies between the model's whole restores and one more. vLLM 0.33 orders the cut otherwise
-# (one run cut two of the first re-asks at 10 % fewer rows): there only the 5-point bound.
+# lies between the model's whole restores and one more, and every re-ask ends. vLLM 0.33
+# orders the cut otherwise: at 10 % fewer rows with promotions done by the next step it
+# leaves the first re-ask deferred for good (each step it promotes two of its last three
+# chunks, and the promotion evicts the third, its own: benchmarks/README.md), counted as
+# restoring nothing; there only the 5-point bound, and every re-ask ending at the plan's
+# rows (a check of doc["passed"]).
 ON_026 = vllm.__version__.startswith("0.26.")
 
 
@@ -57,4 +61,5 @@ def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss(delay):
         assert s["error"] <= 0.05, (label, s)
         if ON_026:
             assert s["within_range"], (label, s)  # between the whole restores and one more
+            assert s["unfinished"] == 0, (label, s)  # every re-ask ended (restored or cut)
     assert doc["passed"], doc["checks"]
