@@ -3,6 +3,15 @@
 The working set is only somewhat larger than the primary tier: no group misses
 first, so the request is deferred forever while promotions evict each other,
 rewriting about one row budget per step, and nothing is ever restored.
+
+A second form churns slowly: a deferred request that fits the tier, whose own
+promotions evict its own earlier ones. vLLM 0.33's lookup does not refresh a hit's
+place in the LRU order, so a request deferred while others stored and loaded finds its
+promoted rows the least recently used; each step it promotes the chunks it lacks and the
+allocation evicts others of its own (two chunks a step on the CPU harness, at 10 % fewer
+rows than ``kv-diagnose plan`` asks for: ``benchmarks/README.md``). The rate is far below
+a row budget per step; what gives it away is the count: its keys promoted over and over,
+and never a restore.
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ def needs(ev: Evidence) -> tuple:
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    return _churn(ev, th) or _self_evicting(ev, th)
+
+
+def _churn(ev: Evidence, th: Thresholds) -> Finding | None:
     r = ev.rounds
     deferred = r.get(S.Verdict.DEFERRED)
     hit = r.get(S.Verdict.HIT)
@@ -112,6 +125,63 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
             if waiting.present and waiting.last > 0 else
             ". No request is deferred now: those caught in it left only when a group missed "
             "first and vetoed the restore (recomputed from scratch)."
+        ),
+        severity=SEVERITY,
+        marks=marks,
+    )
+
+
+def _self_evicting(ev: Evidence, th: Thresholds) -> Finding | None:
+    """The requests deferred now fit the tier, yet their keys were promoted twice over (and
+    completed: not a stalled promotion) with no restore: they evict their own rows."""
+    r = ev.rounds
+    deferred, hit = r.get(S.Verdict.DEFERRED), r.get(S.Verdict.HIT)
+    rows = ev.primary_rows
+    waiting = ev.requests.get(S.RequestState.DEFERRED)
+    rk = r.request_keys(S.Verdict.DEFERRED)
+    if (deferred.increase < th.livelock_min_deferred_rounds or rows <= 0
+            or not (waiting.present and waiting.last > 0) or not (rk.present and 0 < rk.max <= rows)):
+        return None
+    completed = ev.tiers.promotion(S.PromotionResult.COMPLETED)
+    if hit.increase == 0 and r.hit_tokens.increase == 0:
+        promos, steps, when = completed.increase, ev.freshness.steps.increase, window_word(ev)
+    elif deferred.recent > 0 and hit.recent == 0:
+        # restores earlier (other requests), none lately: judge the recent part alone
+        promos, steps = completed.recent, ev.freshness.steps.recent
+        when = f"in the last {ev.source.recent_span:.0f} s"
+    else:
+        return None
+    keys = waiting.max * rk.max  # at most this many keys the deferred requests cover
+    if promos < 2 * keys:
+        return None  # each key promoted at most about once: a restore on its way
+    w = window_word(ev)
+    lines = [
+        f"{n(deferred.increase)} deferred rounds {w}, {n(hit.increase)} hit rounds "
+        f"({n(hit.recent)} in the last {ev.source.recent_span:.0f} s)",
+        f"{n(promos)} promotions completed {when} for {n(waiting.max)} deferred "
+        f"request{'s' if waiting.max != 1 else ''} covering at most {n(keys)} chunk keys: each "
+        f"key promoted {promos / keys:.1f} times over, and no restore",
+        f"the deferred request covers {n(rk.max)} chunk keys: it fits the {n(rows)}-row primary "
+        "tier, so the rows it loses go to its own promotions (each evicts one of its earlier "
+        "ones), not to a tier too small for it",
+        f"{n(waiting.last)} request{'s' if waiting.last != 1 else ''} deferred now",
+    ]
+    if steps > 0:
+        lines.append(f"{n(promos / steps)} promotions per scheduler step ({n(steps)} steps): "
+                     "a slow churn, below the row budget a step of the other form rewrites")
+    _, step = rows_needed(ev, th, (S.Verdict.DEFERRED,))
+    started = ev.tiers.promotion(S.PromotionResult.STARTED)
+    marks = [Mark("promotions", started.samples[-1][0], "own rows churn, no restore")] \
+        if started.samples else []
+    return Finding(
+        id=ID,
+        title=TITLE,
+        confidence=0.8,
+        evidence=lines,
+        next_step=(
+            "These requests wait forever: they are not queued, they are livelocked on their "
+            "own rows. `kv-diagnose plan` sizes the tier for every restore at once (then none "
+            f"is left deferred while the others store and load); at the least, {step}."
         ),
         severity=SEVERITY,
         marks=marks,

@@ -193,6 +193,60 @@ def test_livelock_still_happening_between_scrapes():
     assert any("still happening" in e for e in f.evidence)
 
 
+# the self-evicting form: a deferred request that fits the tier promotes its own keys over
+# and over (vLLM 0.33, the plan check's 10 % fewer rows: 2 a step, its 64 keys of 1,396 rows)
+def self_evicting_case():
+    d = base(rows=1396, steps=[0, 133])
+    d |= rounds(deferred=[0, 133], hit=[0, 0])
+    d |= {
+        L(S.PROMOTIONS.name, result="started"): [0, 266],
+        L(S.PROMOTIONS.name, result="completed"): [0, 266],
+        L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="deferred"): [64, 64],
+        L(S.REQUESTS.name, state="deferred"): [1, 1],
+        S.HIT_TOKENS.name: [0, 0],
+    }
+    return d
+
+
+def test_livelock_self_evicting_fires_though_the_churn_is_slow():
+    f = capacity_ceiling_livelock.classify(evidence(self_evicting_case()), TH)
+    assert f is not None and f.confidence_label == "high"
+    assert any("266 promotions completed since process start for 1 deferred request covering at most 64 chunk keys: each key promoted 4.2 times over, and no restore" in e for e in f.evidence)
+    assert any("it fits the 1,396-row primary tier" in e for e in f.evidence)
+    assert "livelocked on their own rows" in f.next_step
+
+
+def test_livelock_self_evicting_not_while_each_key_is_promoted_once():
+    d = self_evicting_case()
+    d[L(S.PROMOTIONS.name, result="completed")] = [0, 120]  # a slow disk, a restore on its way
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_self_evicting_not_for_promotions_still_in_flight():
+    d = self_evicting_case()
+    d[L(S.PROMOTIONS.name, result="completed")] = [0, 0]  # started, never done: stalled
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_self_evicting_not_once_restores_happen():
+    d = self_evicting_case()
+    d |= rounds(deferred=[0, 133], hit=[0, 4])
+    d[S.HIT_TOKENS.name] = [0, 4096]
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_self_evicting_not_without_a_deferred_request_now():
+    d = self_evicting_case()
+    d[L(S.REQUESTS.name, state="deferred")] = [1, 0]  # it ended (vetoed, recomputed)
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
+def test_livelock_self_evicting_counts_every_deferred_request():
+    d = self_evicting_case()
+    d[L(S.REQUESTS.name, state="deferred")] = [3, 3]  # 3 x 64 keys: 266 is not twice over
+    assert capacity_ceiling_livelock.classify(evidence(d), TH) is None
+
+
 # ---- queue wait ----------------------------------------------------------------
 def queue_case():
     d = base()

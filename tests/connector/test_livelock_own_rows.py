@@ -1,0 +1,78 @@
+"""The livelock kv-diagnose must name when a deferred request that fits the primary tier
+evicts its own rows: judged against what vLLM's real scheduler did on the CPU harness.
+
+The workload is the CI plan check's at 10 % fewer rows than planned: 24 prompts of 1,024
+tokens re-asked at once through 1,396 primary rows (64 per restore; 21 fit whole at once).
+On vLLM 0.33 the first re-ask stays deferred for good: each step it promotes two of its last
+three chunks, and the allocation evicts the third, its own (its lookup does not refresh a
+hit's place in the LRU order), two promotions a step, far below the churn rate of the
+classic livelock (a request larger than the tier). On vLLM 0.26 every re-ask ends.
+
+The engine keeps stepping while kv-diagnose scrapes it, as a server would; the verdict must
+follow the engine: the livelock named if and only if a re-ask is still unfinished.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+from kvscope.diagnostics.engine import diagnose_raw  # noqa: E402
+from kvscope.diagnostics.scrape import scrape_window  # noqa: E402
+from kvscope.exporters.prometheus import start_exporter  # noqa: E402
+from kvscope.sim.cpu_engine import CPUEngine  # noqa: E402
+from kvscope.sim.plan_workload import ASK_TOKENS, Workload  # noqa: E402
+
+ROWS = 1396
+LIVELOCK = "capacity_ceiling_livelock"
+
+
+@pytest.mark.vllm
+def test_the_livelock_verdict_follows_the_engine():
+    work = Workload(concurrency=24, prompt_tokens=1024)
+    engine = CPUEngine(work.engine_config(ROWS))
+    stop, stepper, exporter = threading.Event(), None, None
+    try:
+        for p in work.prompts():
+            engine.generate(p, ASK_TOKENS, max_steps=work.step_budget())
+            engine.drain()
+        for f in work.flood_prompts(0):
+            engine.generate(f, 1, max_steps=work.step_budget())
+            engine.drain()
+        rids = [engine.add_request(p, ASK_TOKENS) for p in work.prompts()]
+        try:
+            engine.run_until_done(rids, max_steps=work.step_budget())
+        except TimeoutError:
+            for _ in range(20):  # a stuck re-ask: the engine steps on, as a server's does
+                engine.step()
+        stuck = [r for r in rids if r not in engine.finished]
+        engine.refresh()
+
+        def step_on() -> None:
+            while not stop.wait(0.02):
+                engine.step()
+
+        stepper = threading.Thread(target=step_on, daemon=True)
+        stepper.start()
+        exporter = start_exporter([engine.connector.kvscope_recorder]
+                                  + [r.connector.kvscope_recorder for r in engine.ranks], 0)
+        report = diagnose_raw(scrape_window([exporter.url], 2.0))
+    finally:
+        stop.set()
+        if stepper is not None:
+            stepper.join(timeout=10)
+        if exporter is not None:
+            exporter.close()
+        engine.close()
+
+    found = {f.id: f for f in report.verdicts}
+    assert len(stuck) < len(rids) // 2, stuck  # the wave ran: most re-asks ended
+    assert (LIVELOCK in found) == bool(stuck), (stuck, list(found))
+    if stuck:
+        f = found[LIVELOCK]
+        assert any(f"it fits the {ROWS:,}-row primary tier" in e for e in f.evidence), f.evidence
+        assert any(f"{len(stuck)} request{'s' if len(stuck) != 1 else ''} deferred now" in e
+                   for e in f.evidence), f.evidence
