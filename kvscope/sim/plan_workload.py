@@ -125,6 +125,20 @@ class RunResult:
                 "waves": [asdict(w) for w in self.waves], "seconds": round(self.seconds, 1)}
 
 
+def ask_each(engine: CPUEngine, work: Workload) -> None:
+    """Ask every prompt of ``work`` one by one, each stored and cascaded to disk."""
+    for p in work.prompts():
+        engine.generate(p, ASK_TOKENS, max_steps=work.step_budget())
+        engine.drain()
+
+
+def flood(engine: CPUEngine, work: Workload, wave: int) -> None:
+    """Push every prompt out of the GPU blocks and the primary tier before ``wave``."""
+    for f in work.flood_prompts(wave):
+        engine.generate(f, 1, max_steps=work.step_budget())
+        engine.drain()
+
+
 def run_cpu(work: Workload, rows: int, *, window: bool = False) -> RunResult:
     """Run ``work`` on a CPU engine of ``rows`` primary rows; ``window``: also scrape
     kvscope's exporter after the last wave (the RawWindow ``kv-diagnose plan`` reads)."""
@@ -135,15 +149,11 @@ def run_cpu(work: Workload, rows: int, *, window: bool = False) -> RunResult:
     try:
         holds = tier_lookup(engine)
         prompts = work.prompts()
-        for p in prompts:
-            engine.generate(p, ASK_TOKENS, max_steps=work.step_budget())
-            engine.drain()
+        ask_each(engine, work)
         keys = [request_keys(engine, p) for p in prompts]
         waves = []
         for w in range(work.waves):
-            for f in work.flood_prompts(w):
-                engine.generate(f, 1, max_steps=work.step_budget())
-                engine.drain()
+            flood(engine, work, w)
             truth = WaveTruth(held=[held_tokens(k, holds, len(p), CHUNK, None)
                                     for k, p in zip(keys, prompts, strict=True)])
             rids = [engine.add_request(p, ASK_TOKENS) for p in prompts]

@@ -24,7 +24,7 @@ from kvscope.diagnostics.engine import diagnose_raw  # noqa: E402
 from kvscope.diagnostics.scrape import scrape_window  # noqa: E402
 from kvscope.exporters.prometheus import start_exporter  # noqa: E402
 from kvscope.sim.cpu_engine import CPUEngine  # noqa: E402
-from kvscope.sim.plan_workload import ASK_TOKENS, Workload  # noqa: E402
+from kvscope.sim.plan_workload import ASK_TOKENS, Workload, ask_each, flood  # noqa: E402
 
 ROWS = 1396
 LIVELOCK = "capacity_ceiling_livelock"
@@ -36,12 +36,8 @@ def test_the_livelock_verdict_follows_the_engine():
     engine = CPUEngine(work.engine_config(ROWS))
     stop, stepper, exporter = threading.Event(), None, None
     try:
-        for p in work.prompts():
-            engine.generate(p, ASK_TOKENS, max_steps=work.step_budget())
-            engine.drain()
-        for f in work.flood_prompts(0):
-            engine.generate(f, 1, max_steps=work.step_budget())
-            engine.drain()
+        ask_each(engine, work)
+        flood(engine, work, 0)
         rids = [engine.add_request(p, ASK_TOKENS) for p in work.prompts()]
         try:
             engine.run_until_done(rids, max_steps=work.step_budget())

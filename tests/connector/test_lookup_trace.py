@@ -17,7 +17,7 @@ vllm = pytest.importorskip("vllm")
 
 from benchmarks.lookup_trace import LookupTrace  # noqa: E402
 from kvscope.sim.cpu_engine import CPUEngine  # noqa: E402
-from kvscope.sim.plan_workload import ASK_TOKENS, Workload  # noqa: E402
+from kvscope.sim.plan_workload import ASK_TOKENS, Workload, ask_each, flood  # noqa: E402
 
 ROWS = 1396
 
@@ -28,12 +28,8 @@ def test_the_trace_says_what_the_engine_did():
     engine = CPUEngine(work.engine_config(ROWS))
     try:
         trace = LookupTrace(engine.scheduler)
-        for p in work.prompts():
-            engine.generate(p, ASK_TOKENS, max_steps=work.step_budget())
-            engine.drain()
-        for f in work.flood_prompts(0):
-            engine.generate(f, 1, max_steps=work.step_budget())
-            engine.drain()
+        ask_each(engine, work)
+        flood(engine, work, 0)
         assert trace.events == []  # nothing traced before follow()
         rids = [engine.add_request(p, ASK_TOKENS) for p in work.prompts()]
         trace.follow(rids)
