@@ -109,9 +109,10 @@ class Driver:
         return rec
 
     def run(self, prompts: list[list[int]], max_tokens: int, budget: int,
-            abort: bool = True) -> list[dict]:
+            abort: bool = True, added=None) -> list[dict]:
         """Ask ``prompts`` at once; step until they finish or ``budget`` steps pass
-        (``abort``: then abort the rest; else they stay: :meth:`abort` later)."""
+        (``abort``: then abort the rest; else they stay: :meth:`abort` later).
+        ``added(ids)``: told the requests' ids, in order, before the first step."""
         from vllm import SamplingParams
 
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -122,6 +123,8 @@ class Driver:
             self.out[rid] = {"tokens": [], "cached": 0, "restored": 0, "finished": False}
             self.eng.add_request(rid, {"prompt_token_ids": ids}, sp)
             rids.append(rid)
+        if added is not None:
+            added(rids)
         for _ in range(budget):
             if all(self.out[r]["finished"] for r in rids):
                 break

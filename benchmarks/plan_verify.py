@@ -130,9 +130,8 @@ def gpu_engine_run(args) -> dict:
         drv.idle()
         held = [held_tokens(k, holds, len(p), CHUNK, None)
                 for k, p in zip(keys, prompts, strict=True)]
-        if trace is not None:  # the ids Driver.run gives the wave's requests
-            trace.follow([f"kvo{drv.n + i + 1:06d}" for i in range(len(prompts))])
-        got = drv.run(prompts, ASK_TOKENS, budget)
+        got = drv.run(prompts, ASK_TOKENS, budget,
+                      added=trace.follow if trace is not None else None)
         waves.append({"held": held, "restored": [g["restored"] for g in got],
                       "finished": all(g["finished"] for g in got),
                       "unfinished": sum(1 for g in got if not g["finished"])})

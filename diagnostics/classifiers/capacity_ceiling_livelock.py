@@ -143,8 +143,9 @@ def _self_evicting(ev: Evidence, th: Thresholds) -> Finding | None:
             or not (waiting.present and waiting.last > 0) or not (rk.present and 0 < rk.max <= rows)):
         return None
     completed = ev.tiers.promotion(S.PromotionResult.COMPLETED)
+    w = window_word(ev)
     if hit.increase == 0 and r.hit_tokens.increase == 0:
-        promos, steps, when = completed.increase, ev.freshness.steps.increase, window_word(ev)
+        promos, steps, when = completed.increase, ev.freshness.steps.increase, w
     elif deferred.recent > 0 and hit.recent == 0:
         # restores earlier (other requests), none lately: judge the recent part alone
         promos, steps = completed.recent, ev.freshness.steps.recent
@@ -154,7 +155,6 @@ def _self_evicting(ev: Evidence, th: Thresholds) -> Finding | None:
     keys = waiting.max * rk.max  # at most this many keys the deferred requests cover
     if promos < 2 * keys:
         return None  # each key promoted at most about once: a restore on its way
-    w = window_word(ev)
     lines = [
         f"{n(deferred.increase)} deferred rounds {w}, {n(hit.increase)} hit rounds "
         f"({n(hit.recent)} in the last {ev.source.recent_span:.0f} s)",
