@@ -5,11 +5,12 @@ first, so the request is deferred forever while promotions evict each other,
 rewriting about one row budget per step, and nothing is ever restored.
 
 A second form churns slowly: a deferred request that fits the tier, whose own
-promotions evict its own earlier ones. vLLM 0.33's lookup does not refresh a hit's
-place in the LRU order, so a request deferred while others stored and loaded finds its
-promoted rows the least recently used; each step it promotes the chunks it lacks and the
-allocation evicts others of its own (two chunks a step on the CPU harness, at 10 % fewer
-rows than ``kv-diagnose plan`` asks for: ``benchmarks/README.md``). The rate is far below
+promotions evict its own earlier ones. The primary tier's lookup does not refresh a hit's
+place in the LRU order (0.26 and 0.33), so a request deferred while others stored and loaded
+finds its promoted rows the least recently used; on vLLM 0.33 each step it promotes the chunks
+it lacks and the allocation evicts another of its own (two chunks a step on the CPU harness, at
+10 % fewer rows than ``kv-diagnose plan`` asks for: ``benchmarks/README.md``,
+``own_rows_probe.py``; 0.26 ends that workload, for a reason not found). The rate is far below
 a row budget per step; what gives it away is the count: its keys promoted over and over,
 and never a restore.
 """

@@ -4,8 +4,9 @@ evicts its own rows: judged against what vLLM's real scheduler did on the CPU ha
 The workload is the CI plan check's at 10 % fewer rows than planned: 24 prompts of 1,024
 tokens re-asked at once through 1,396 primary rows (64 per restore; 21 fit whole at once).
 On vLLM 0.33 the first re-ask stays deferred for good: each step it promotes two of its last
-three chunks, and the allocation evicts the third, its own (its lookup does not refresh a
-hit's place in the LRU order), two promotions a step, far below the churn rate of the
+three chunks, and the allocation evicts the third, its own (the primary tier's lookup does
+not refresh a hit's place in the LRU order; benchmarks/own_rows_probe.py records the cycle),
+two promotions a step, far below the churn rate of the
 classic livelock (a request larger than the tier). On vLLM 0.26 every re-ask ends.
 
 The engine keeps stepping while kv-diagnose scrapes it, as a server would; the verdict must
