@@ -18,7 +18,8 @@ tier's rows. Three engines:
 Coverage measured = engine truth, never kvscope's counters: tokens vLLM loaded from the
 connector for each re-ask (its ``num_external_cached_tokens``) / tokens the tiers held for
 the re-asked prefix right before it (read from the tiers themselves,
-``oracle_truth.held_tokens``), summed over every re-ask. Checked: the plan's coverage
+``oracle_truth.held_tokens``), summed over every re-ask that ended (``truth_totals``: one
+still deferred when the step budget ran out is counted apart, ``unfinished``). Checked: the plan's coverage
 reaches the target, 10 % fewer rows miss it, and the prediction is within
 ``--max-error`` (5 points) of the measured coverage at both sizes.
 
@@ -83,7 +84,7 @@ def gpu_engine_run(args) -> dict:
     from vllm.config import KVTransferConfig
 
     from kvscope.sim.oracle_truth import held_tokens, request_keys, tier_lookup
-    from kvscope.sim.plan_workload import ASK_TOKENS, CHUNK
+    from kvscope.sim.plan_workload import ASK_TOKENS, CHUNK, truth_totals
 
     work = workload(args)
     t0 = time.monotonic()
@@ -134,7 +135,8 @@ def gpu_engine_run(args) -> dict:
                       added=trace.follow if trace is not None else None)
         waves.append({"held": held, "restored": [g["restored"] for g in got],
                       "finished": all(g["finished"] for g in got),
-                      "unfinished": sum(1 for g in got if not g["finished"])})
+                      "unfinished": sum(1 for g in got if not g["finished"]),
+                      "ended": [g["finished"] for g in got]})
         if trace is not None:
             waves[-1]["trace"] = trace.stop()
         drv.idle()
@@ -150,14 +152,7 @@ def gpu_engine_run(args) -> dict:
                               get_kv_transfer_group().kvscope_recorder], 0).url
         out["bundle"] = args.out + ".kvb"
         write_bundle(scrape_window([url], 0.5), out["bundle"], force=True)
-    held = sum(sum(w["held"]) for w in waves)
-    restored = sum(min(r, h) for w in waves for r, h in zip(w["restored"], w["held"], strict=True))
-    out.update(held_tokens=held, restored_tokens=restored,
-               coverage=restored / held if held else None,
-               restores=sum(len(w["held"]) for w in waves),
-               unfinished=sum(w["unfinished"] for w in waves),
-               restores_whole=sum(1 for w in waves for r, h in zip(w["restored"], w["held"],
-                                                                     strict=True) if h and r >= h),
+    out.update(truth_totals(waves),
                seconds=round(time.monotonic() - t0, 1))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -59,8 +59,8 @@ class Step:
 @dataclass(frozen=True)
 class Prediction:
     rows: int
-    coverage: float  # restores that fit whole at once (the model's prediction)
-    upper: float  # ... if a restore that finds only part of its rows free waits for the rest
+    coverage: float  # restores that end whole when all ask at once (the model's prediction)
+    at_least: float  # ... if the restore that found part of its rows is cut instead
     label: str  # "now", "plan", "plan - 10 %", "asked"
     measured: float | None = None  # the window's own coverage (at "now")
 

@@ -16,11 +16,11 @@ from .report import SCHEMA_VERSION, _iso, _source_line, kvscope_version, safe
 COVERAGE = ("coverage = tokens restored from the offload tiers / tokens the tiers held for "
             "the re-asked prefixes (kvscope_hit_tokens_total / "
             "kvscope_restore_held_tokens_total); the rest was recomputed")
-MODEL = ("model: C restores of k rows ask at once; R rows restore floor(R / k) of them whole, "
-         "a restore finding no free row is recomputed; coverage = min(1, floor(R / k) / C); "
-         "up to: one more restore, if the one finding part of its rows waits for the rest. "
-         "Below the plan it is a lower bound: restores cut late can find rows the first "
-         "loads freed (on an H200, one to four more of 32-64 at 10 % fewer rows)")
+MODEL = ("model: C restores of k rows ask at once; R rows restore ceil(R / k) of them whole "
+         "(a restore finding no free row is recomputed; the one finding part of its rows is "
+         "deferred and waits for the rest); coverage = min(1, ceil(R / k) / C). At least: "
+         "floor(R / k) / C, if that one is cut instead: the plan is sized for that count. Below "
+         "the plan restores cut late can find rows the first loads freed: more is possible")
 
 
 def _facts(plan: Plan) -> list[tuple[str, Fact | None, str]]:
@@ -72,11 +72,11 @@ def format_plan(plan: Plan, now: float | None = None, width: int = 100) -> str:
     out.append("  cpu_bytes_to_use  " + (f"≥ {plan.cpu_bytes} ({nbytes(plan.cpu_bytes)})"
                                          if plan.cpu_bytes is not None else "(row bytes unknown)"))
     out += ["", "Predicted coverage"]
-    head = f"  {'rows':>10}  {'predicted':>9}  {'up to':>7}  {'measured':>8}  "
+    head = f"  {'rows':>10}  {'predicted':>9}  {'at least':>8}  {'measured':>8}  "
     out.append(head + "at")
     for p in plan.predictions:
         meas = pct(p.measured) if p.measured is not None else "-"
-        out.append(f"  {n(p.rows):>10}  {pct(p.coverage):>9}  {pct(p.upper):>7}  {meas:>8}  "
+        out.append(f"  {n(p.rows):>10}  {pct(p.coverage):>9}  {pct(p.at_least):>8}  {meas:>8}  "
                    f"{p.label}")
     out += ["", "Definitions", _item(COVERAGE, width), _item(MODEL, width), "", "Notes"]
     out += [_item(safe(x), width) for x in plan.notes] or ["  - (none)"]
@@ -112,7 +112,7 @@ def plan_to_dict(plan: Plan) -> dict:
             "concurrency_given", "coverage_now", "row_loss", "other_loss", "chunk_tokens",
             "kv_groups", "rows_now", "row_bytes", "step_tokens", "reserve_given")},
         "reasoning": [{"what": s.what, "how": s.how, "value": s.value} for s in plan.steps],
-        "predictions": [{"rows": p.rows, "coverage": p.coverage, "up_to": p.upper,
+        "predictions": [{"rows": p.rows, "coverage": p.coverage, "at_least": p.at_least,
                          "measured": p.measured, "at": p.label} for p in plan.predictions],
         "notes": list(plan.notes),
     }

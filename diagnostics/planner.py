@@ -8,20 +8,26 @@ kvscope_restore_held_tokens_total``; the CPU check reads the same from vLLM and 
 **The model.** A restore from disk pins one primary row per chunk of its held prefix in every
 KV group (``k = groups x ceil(held tokens / chunk tokens)`` rows) from its promotion until its
 load: every restore asking at the same time needs its rows at once. vLLM gives the rows first
-come, first served; a restore whose promotion finds no free row is cut there, for a request
-asked at once with others at its first chunk (0 tokens: all recomputed, the concurrency form
-of the capacity ceiling). So with ``C`` restores asking at once, ``R`` rows restore
-``floor(R / k)`` of them whole and the coverage is ``min(1, floor(R / k) / C)``, times the
-share of held tokens lost for reasons rows do not fix (vLLM's load cap, quarantined keys). A
-restore that finds only part of its rows free is deferred; it gets the rest when the others'
-loads free theirs, or is cut when a recompute's stores take them first (a race, measured both
-ways on the CPU harness): the prediction is the lower bound, with that one restore as its
-upper bound (``ceil(R / k) / C``).
+come, first served. A restore whose first promotion finds no free row is cut there, for a
+request asked at once with others at its first chunk (0 tokens: all recomputed, the
+concurrency form of the capacity ceiling). A restore whose promotions found rows for part of
+its prefix is not cut: the group that promoted answers RETRY (0.26) or HIT_PENDING (0.33),
+the request is deferred, visited first at every later step, and promotes the rest of its
+prefix when the others' loads free their rows, if what it found reached every KV group's
+first chunk (groups are scanned in turn: a group left without a row answers 0 and vetoes the
+request, the cross-group AND). So with ``C`` restores asking at once, ``R`` rows restore
+``ceil(R / k)`` of them whole for one KV group (``floor(R / k)``, plus the partial one when
+its rows reached the last group, for several) and the coverage is that over ``C`` (at most 1),
+times the share of held tokens lost for reasons rows do not fix (vLLM's load cap,
+quarantined keys). At least ``floor(R / k) / C``: the deferred restore is cut instead when a
+recompute's stores take its first rows before it loads. More is possible below the plan:
+a restore cut late can find rows the first loads freed (a race of the tiers' threads
+against the steps, traced in ``benchmarks/README.md``).
 
 **C from a window.** The restores seen at once (latest-value gauges: a lower bound), and, when
-the row ceiling cut restores, the ``C`` that explains the coverage measured: ``floor(R_now / k)``
-whole restores out of ``C`` left ``1 - floor(R_now / k) / C`` of the held tokens to the row
-ceiling, so ``C = floor(R_now / k) / (1 - row-ceiling share)``. The larger is taken.
+the row ceiling cut restores, the ``C`` that explains the coverage measured: ``W_now`` whole
+restores (counted as above) out of ``C`` left ``1 - W_now / C`` of the held tokens to the row
+ceiling, so ``C = W_now / (1 - row-ceiling share)``. The larger is taken.
 
 **The plan.** ``n = ceil(target x C)`` restores whole at once, so ``n x k`` rows (at least the
 largest restore seen), plus headroom for one step's store job (``groups x ceil(
@@ -57,16 +63,26 @@ def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float) 
     return int(kv_groups) * max(1, math.ceil(held_tokens / chunk_tokens - EPS))
 
 
-def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0
-                ) -> tuple[float, float]:
-    """(predicted coverage, upper bound) of ``rows`` primary rows for ``concurrency``
+def restores_whole(rows: int, k: int, groups: int = 1) -> int:
+    """Restores of ``k`` rows (``groups`` KV groups of ``k / groups`` chunks) that ``rows``
+    primary rows end whole when all ask at once: the ones that found every row, and the one
+    that found part of them when the rest reached every group's first chunk (it waits for
+    the rest; a group left without a row vetoes it: cut)."""
+    whole, left = divmod(rows, k)
+    per_group = k // max(groups, 1)
+    return whole + (1 if left > (max(groups, 1) - 1) * per_group else 0)
+
+
+def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0,
+                groups: int = 1) -> tuple[float, float]:
+    """(predicted coverage, at least) of ``rows`` primary rows for ``concurrency``
     restores of ``k`` rows asking at once (see the module docstring)."""
     keep = 1.0 - other_loss
     c = max(concurrency, 1.0)
-    if rows < k:  # not one restore fits: truncated to the rows at best (or livelocked)
-        return 0.0, keep * min(1.0, rows / k / c)
-    return (keep * min(1.0, (rows // k) / c),
-            keep * min(1.0, math.ceil(rows / k - EPS) / c))
+    if rows < k:  # not one restore fits: truncated to the rows at best, or livelocked
+        return keep * min(1.0, rows / k / c), 0.0
+    return (keep * min(1.0, restores_whole(rows, k, groups) / c),
+            keep * min(1.0, (rows // k) / c))
 
 
 def _v(f: Fact | None, default: float = 0.0) -> float:
@@ -147,8 +163,8 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         if r <= 0 or r in seen:
             return
         seen.add(r)
-        lo, hi = coverage_at(r, k, c, other)
-        preds.append(Prediction(r, lo, hi, label, measured))
+        predicted, at_least = coverage_at(r, k, c, other, g)
+        preds.append(Prediction(r, predicted, at_least, label, measured))
 
     if i.rows_now is not None:
         add(int(i.rows_now.value), "now", i.coverage_now.value if i.coverage_now else None)
@@ -173,9 +189,10 @@ def _concurrency(i: PlanInputs, k: int, steps: list[Step], notes: list[str]) -> 
     fit = 0.0
     row_loss, rows_now = _v(i.row_loss), int(_v(i.rows_now))
     if row_loss > 0 and rows_now >= k:
-        fitting = rows_now // k
-        steps.append(Step("restores the tier holds whole now", f"⌊{n(rows_now)} rows / {n(k)}⌋",
-                          n(fitting)))
+        fitting = restores_whole(rows_now, k, int(i.kv_groups.value))
+        how = (f"⌊{n(rows_now)} rows / {n(k)}⌋" if fitting == rows_now // k
+               else f"⌈{n(rows_now)} rows / {n(k)}⌉ (the last waits for its rows)")
+        steps.append(Step("restores the tier holds whole now", how, n(fitting)))
         steps.append(Step("coverage the row ceiling left", f"1 - {pct(row_loss)} of held "
                           "tokens cut by a promotion without a free row", pct(1 - row_loss)))
         fit = fitting / (1 - row_loss) if row_loss < 1 else float(fitting + 1)

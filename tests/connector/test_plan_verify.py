@@ -7,8 +7,8 @@ at once): 24 prompts of 1,024 tokens re-asked at once, from a window engine at h
 they need together. Coverage measured is the engine's truth (tokens vLLM loaded for each
 re-ask / tokens the tiers held for its prefix), never kvscope's counters; the plan is read
 from kvscope's exporter by the same parser and model as the CLI. With 24 restores at once,
-coverage moves in steps of 1/24 = 4.2 points: one restore more or fewer than the model
-says fails the 5-point bound twice over.
+coverage moves in steps of 1/24 = 4.2 points: two restores more or fewer than the model
+says fail the 5-point bound.
 
 With promotions that complete two steps late (a slower disk, as on the H200), the window
 looks healthier than the demand: the restores that find no free row stay deferred, the cut
@@ -27,12 +27,13 @@ vllm = pytest.importorskip("vllm")
 
 from kvscope.sim.plan_workload import Workload, verify_cpu  # noqa: E402
 
-# vLLM 0.26 (the GPU machines' release) cuts first come, first served: the measured coverage
-# lies between the model's whole restores and one more, and every re-ask ends. vLLM 0.33
-# orders the cut otherwise: at 10 % fewer rows with promotions done by the next step it
-# leaves the first re-ask deferred for good (each step it promotes two of its last three
-# chunks, and the promotion evicts the third, its own: benchmarks/README.md), counted as
-# restoring nothing; there only the 5-point bound, and every re-ask ending at the plan's
+# vLLM 0.26 (the GPU machines' release) cuts first come, first served, and the restore that
+# found part of its rows waits for the rest: the measured coverage is at least the model's
+# count without that one, and every re-ask ends. vLLM 0.33 orders the cut otherwise: at 10 %
+# fewer rows with promotions done by the next step it can leave the first re-ask deferred
+# for good (each step it promotes two of its last three chunks, and the promotion evicts the
+# third, its own: benchmarks/README.md), a round that never ends, left out of the coverage
+# and counted apart; there only the 5-point bound, and every re-ask ending at the plan's
 # rows (a check of doc["passed"]).
 ON_026 = vllm.__version__.startswith("0.26.")
 
@@ -60,6 +61,36 @@ def test_planned_rows_reach_the_target_and_ten_percent_fewer_miss(delay):
     for label, s in sizes.items():
         assert s["error"] <= 0.05, (label, s)
         if ON_026:
-            assert s["within_range"], (label, s)  # between the whole restores and one more
+            assert s["at_least_held"], (label, s)  # not below the count without the waiting one
             assert s["unfinished"] == 0, (label, s)  # every re-ask ended (restored or cut)
     assert doc["passed"], doc["checks"]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("groups, left", [(1, 10), (2, 40), (2, 100)],
+                         ids=["one-group", "two-groups-second-finds-none", "two-groups-both-found"])
+def test_the_restore_finding_part_of_its_rows_waits_unless_a_group_found_none(groups, left):
+    """The model's whole-restore count against the engine at its edge: 4 prompts of 1,024
+    tokens re-asked at once, rows for 3 whole and ``left`` more. The 4th re-ask's scan
+    promotes into the ``left`` rows group by group (64 chunks each): with one group it is
+    deferred and waits for the others' loads; with two, 40 rows all go to group 0 and group 1
+    finds no row at its first chunk (the cross-group AND cuts it: recomputed), 100 reach
+    group 1 and it waits. On vLLM 0.33 the cut one's promotions and stores leave the other
+    three deferred for good (a livelock kv-diagnose names:
+    tests/connector/test_livelock_own_rows.py): those never end, and are counted apart."""
+    from kvscope.diagnostics.planner import restores_whole
+    from kvscope.sim.plan_workload import run_cpu
+
+    work = Workload(concurrency=4, prompt_tokens=1024, kv_groups=groups)
+    k = groups * work.chunks
+    rows = 3 * k + left
+    run = run_cpu(work, rows).as_dict()
+    wave = run["waves"][0]
+    waits = restores_whole(rows, k, groups) == 4
+    # the partial one (asked last): ended, whole when it waits, recomputed when cut
+    assert wave["ended"][3] and wave["restored"][3] == (1024 if waits else 0), wave
+    # the three that found every row: restored whole, or (0.33, the cut case) never ended
+    assert all(r == 1024 or (not ON_026 and not waits and not e)
+               for r, e in zip(wave["restored"][:3], wave["ended"][:3], strict=True)), wave
+    if ON_026:
+        assert run["unfinished"] == 0 and run["restores_whole"] == restores_whole(rows, k, groups)
