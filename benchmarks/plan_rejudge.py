@@ -21,8 +21,7 @@ import sys
 
 
 def rejudge(doc: dict, max_error: float) -> dict:
-    from kvscope.diagnostics.planner import coverage_at
-    from kvscope.sim.plan_workload import truth_totals
+    from kvscope.sim.plan_workload import judge_size, truth_totals
 
     plan, inputs = doc["plan"], doc["plan"]["inputs"]
     other = (inputs.get("other_loss") or {}).get("value") or 0.0
@@ -30,13 +29,10 @@ def rejudge(doc: dict, max_error: float) -> dict:
     out = {}
     for label, run in doc["runs"].items():
         truth = truth_totals(run["waves"])
-        predicted, at_least = coverage_at(run["rows"], plan["rows_per_restore"],
-                                          plan["concurrency"], other, groups)
-        meas = truth["coverage"]
-        out[label] = {"rows": run["rows"], "restores": truth["restores"],
-                      "whole": truth["restores_whole"], "unfinished": truth["unfinished"],
-                      "measured": meas, "predicted": predicted, "at_least": at_least,
-                      "error": abs(predicted - meas), "within": abs(predicted - meas) <= max_error,
+        s = judge_size({"rows": run["rows"], **truth}, plan["rows_per_restore"],
+                       plan["concurrency"], other, groups)
+        out[label] = {**s, "restores": truth["restores"], "whole": truth["restores_whole"],
+                      "within": s["error"] <= max_error,
                       "recorded_predicted": doc["sizes"][label]["predicted"],
                       "recorded_error": doc["sizes"][label]["error"]}
     return out

@@ -133,10 +133,9 @@ def gpu_engine_run(args) -> dict:
                 for k, p in zip(keys, prompts, strict=True)]
         got = drv.run(prompts, ASK_TOKENS, budget,
                       added=trace.follow if trace is not None else None)
+        ended = [g["finished"] for g in got]
         waves.append({"held": held, "restored": [g["restored"] for g in got],
-                      "finished": all(g["finished"] for g in got),
-                      "unfinished": sum(1 for g in got if not g["finished"]),
-                      "ended": [g["finished"] for g in got]})
+                      "finished": all(ended), "unfinished": ended.count(False), "ended": ended})
         if trace is not None:
             waves[-1]["trace"] = trace.stop()
         drv.idle()

@@ -100,7 +100,11 @@ def truth_totals(waves: list[dict]) -> dict:
     ended, their coverage, how many ended whole, and how many never ended."""
     held = restored = whole = restores = unfinished = 0
     for w in waves:
-        ended = w.get("ended") or [True] * len(w["held"])
+        ended = w.get("ended")
+        if ended is None:  # recorded before re-asks were told apart: only if none hung
+            if w.get("unfinished"):
+                raise ValueError("a wave with unfinished re-asks but no per-re-ask 'ended'")
+            ended = [True] * len(w["held"])
         for h, r, e in zip(w["held"], w["restored"], ended, strict=True):
             restores += 1
             if not e:
@@ -170,11 +174,11 @@ def run_cpu(work: Workload, rows: int, *, window: bool = False) -> RunResult:
             try:
                 engine.run_until_done(rids, max_steps=work.step_budget())
             except TimeoutError:
-                truth.finished = False
-                truth.unfinished = sum(1 for r in rids if r not in engine.finished)
-            truth.restored = [engine.finished[r].num_external_tokens if r in engine.finished
-                              else 0 for r in rids]
+                pass  # the budget ran out: what ended is in engine.finished
             truth.ended = [r in engine.finished for r in rids]
+            truth.finished, truth.unfinished = all(truth.ended), truth.ended.count(False)
+            truth.restored = [engine.finished[r].num_external_tokens if e else 0
+                              for r, e in zip(rids, truth.ended, strict=True)]
             engine.drain()
             waves.append(truth)
         raw = _scrape(engine) if window else None
@@ -215,23 +219,30 @@ def check_sizes(plan) -> dict[str, int]:
     return {"plan": plan.rows, "plan - 10 %": math.floor(plan.rows * (1 - SHORT_BY))}
 
 
+def judge_size(run: dict, k: int, concurrency: float, other_loss: float, groups: int) -> dict:
+    """One checked size: the model's prediction at ``run``'s rows against its measured
+    coverage (``run``: a run's ``as_dict()``, or a recorded one's totals)."""
+    from kvscope.diagnostics.planner import coverage_at
+
+    predicted, at_least = coverage_at(run["rows"], k, concurrency, other_loss, groups)
+    meas = run["coverage"]
+    return {"rows": run["rows"], "predicted": predicted, "at_least": at_least,
+            "measured": meas, "error": abs(predicted - meas) if meas is not None else None,
+            "unfinished": run.get("unfinished", 0),
+            "at_least_held": meas is not None and meas >= at_least - 1e-9}
+
+
 def judge(plan, runs: dict[str, dict], target: float, max_error: float) -> tuple[dict, dict]:
     """Predicted vs measured coverage at each checked size (``runs``: label -> a run's
     ``as_dict()``), and the checks: the plan reaches ``target`` with every re-ask finished,
     10 % fewer rows miss it, the prediction is within ``max_error`` at both."""
-    from kvscope.diagnostics.planner import coverage_at
-
     other = plan.inputs.other_loss.value if plan.inputs.other_loss else 0.0
     sizes, checks = {}, {}
     for label, run in runs.items():
-        predicted, at_least = coverage_at(run["rows"], plan.rows_per_restore, plan.concurrency,
-                                          other, int(plan.inputs.kv_groups.value))
-        meas = run["coverage"]
-        err = abs(predicted - meas) if meas is not None else None
-        sizes[label] = {"rows": run["rows"], "predicted": predicted, "at_least": at_least,
-                        "measured": meas, "error": err, "unfinished": run.get("unfinished", 0),
-                        "at_least_held": meas is not None and meas >= at_least - 1e-9}
-        checks[f"{label}: prediction error <= {max_error:g}"] = err is not None and err <= max_error
+        sizes[label] = s = judge_size(run, plan.rows_per_restore, plan.concurrency, other,
+                                      int(plan.inputs.kv_groups.value))
+        checks[f"{label}: prediction error <= {max_error:g}"] = (s["error"] is not None
+                                                                 and s["error"] <= max_error)
     plan_cov, short_cov = runs["plan"]["coverage"], runs["plan - 10 %"]["coverage"]
     checks[f"plan: measured >= target {target:g}"] = plan_cov is not None and plan_cov >= target - 1e-9
     checks["plan: every re-ask finished"] = runs["plan"].get("unfinished", 0) == 0

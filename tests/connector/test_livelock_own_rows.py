@@ -33,20 +33,21 @@ from kvscope.sim.plan_workload import ASK_TOKENS, Workload, ask_each, flood  # n
 LIVELOCK = "capacity_ceiling_livelock"
 CASES = {
     # the CI plan check at 10 % fewer rows: the first re-ask evicts its own rows (0.33)
+    # (work, rows, the livelock's tell, most re-asks that may be left unfinished)
     "one-group-24": (Workload(concurrency=24, prompt_tokens=1024), 1396,
-                     "it fits the 1,396-row primary tier"),
+                     "it fits the 1,396-row primary tier", 11),  # most re-asks end
     # two KV groups, rows for 3 of 4 whole and 40 more: the 4th is cut by the cross-group AND
     # (group 1 finds no row), and on 0.33 the other three are deferred for good while their
     # promotions churn (tests/connector/test_plan_verify.py checks the cut against the model)
     "two-groups-4": (Workload(concurrency=4, prompt_tokens=1024, kv_groups=2), 424,
-                     "promotions churn"),
+                     "promotions churn", 3),  # the cut re-ask ends
 }
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_livelock_verdict_follows_the_engine(case):
-    work, rows, tell = CASES[case]
+    work, rows, tell, most_stuck = CASES[case]
     engine = CPUEngine(work.engine_config(rows))
     stop, stepper, exporter = threading.Event(), None, None
     try:
@@ -79,7 +80,7 @@ def test_the_livelock_verdict_follows_the_engine(case):
         engine.close()
 
     found = {f.id: f for f in report.verdicts}
-    assert len(stuck) < len(rids), stuck  # the wave ran: a re-ask ended
+    assert len(stuck) <= most_stuck, stuck  # the wave ran
     assert (LIVELOCK in found) == bool(stuck), (stuck, list(found))
     if stuck:
         f = found[LIVELOCK]
