@@ -1,18 +1,30 @@
 # Two entry points (README): `make demo` and `make test`. Both set up what they
 # need on a fresh Debian machine: a .venv with kvscope[vllm,dev] (vLLM 0.26.0),
-# and for the tests a second one with vLLM 0.33.0 plus Debian's prometheus/promtool and
-# victoria-metrics/vmalert.
+# and for the tests .venv034 (vLLM 0.34.0) and .venv033 (vLLM 0.33.0) plus Debian's
+# prometheus/promtool and victoria-metrics/vmalert.
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.kvscope-installed
-# The oldest and the newest supported vLLM (pyproject: vllm>=0.26.0,<=0.33.0); `make test` runs
-# the suite on both ends of the range.
+# The oldest and the newest supported vLLM (pyproject: vllm>=0.26.0,<=0.34.0); `make test` runs
+# the whole suite on both ends of the range, and the release checks (below) on 0.33.0.
 VLLM_OLDEST := 0.26.0
-VLLM_NEWEST := 0.33.0
-VENV_NEWEST := .venv033
+VLLM_NEWEST := 0.34.0
+VENV_NEWEST := .venv034
 STAMP_NEWEST := $(VENV_NEWEST)/.kvscope-installed
+VLLM_PREVIOUS := 0.33.0
+VENV_PREVIOUS := .venv033
+STAMP_PREVIOUS := $(VENV_PREVIOUS)/.kvscope-installed
 
-.PHONY: demo test test-newest lint setup setup-newest prometheus
+# What `make check-release` runs on a vLLM release: the compat layer and its boundary, every CPU
+# scenario's verdict against what the engine did, the vLLM objects kvscope must leave untouched,
+# and kv-diagnose and the dashboards' native row on a stock engine.
+RELEASE_TESTS := tests/unit/test_compat_boundary.py tests/connector/test_scheduler_scenarios.py \
+  tests/connector/test_vllm_objects_untouched.py tests/connector/test_plugin.py \
+  tests/diagnostics/test_scenarios.py tests/diagnostics/test_native_live.py \
+  tests/dashboards/test_queries_native.py
+
+.PHONY: demo test test-newest test-previous lint setup setup-newest setup-previous prometheus \
+  check-release
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,19 +34,28 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# vLLM 0.33 shares ~170 of its ~200 dependencies with 0.26 at the same versions.
-# Rather than downloading and unpacking them again (this machine's package index
-# sends no cache headers, so pip caches nothing), start from hard links to .venv's
-# packages, then let pip swap the ~30 that differ (torch 2.14.0, vllm 0.33.0, ...).
-# pip replaces files (unlink + new file), never writes into a linked one, so .venv
-# is untouched.
-$(STAMP_NEWEST): $(STAMP)
-	rm -rf $(VENV_NEWEST)
-	$(PY) -m venv --without-pip $(VENV_NEWEST)
-	cp -al $(VENV)/lib/. $(VENV_NEWEST)/lib/
-	$(VENV_NEWEST)/bin/python -m pip install -q -e '.[vllm,dev]' 'vllm==$(VLLM_NEWEST)'
-	touch $(STAMP_NEWEST)
+# Later vLLMs share most of their ~200 dependencies with 0.26 at the same versions. Rather
+# than downloading and unpacking them again (this machine's package index sends no cache
+# headers, so pip caches nothing), start from hard links to an older venv's packages and let
+# pip swap those that differ (torch 2.14.0, vllm, ...). pip replaces files (unlink + new file),
+# never writes into a linked one, so the older venv is untouched.
+# tools/vllm_release.py installs vLLM without flashinfer-python, which vLLM's CPU path never
+# imports and whose exact pin (0.34.0: ==0.7.3) this package index lacks.
+define release_venv  # $(1) venv, $(2) vLLM release, $(3) venv to link from
+	rm -rf $(1)
+	$(PY) -m venv --without-pip $(1)
+	cp -al $(3)/lib/. $(1)/lib/
+	$(1)/bin/python tools/vllm_release.py $(2)
+	touch $(1)/.kvscope-installed
+endef
 
+$(STAMP_PREVIOUS): $(STAMP)
+	$(call release_venv,$(VENV_PREVIOUS),$(VLLM_PREVIOUS),$(VENV))
+
+$(STAMP_NEWEST): $(STAMP_PREVIOUS)
+	$(call release_venv,$(VENV_NEWEST),$(VLLM_NEWEST),$(VENV_PREVIOUS))
+
+setup-previous: $(STAMP_PREVIOUS)
 setup-newest: $(STAMP_NEWEST)
 
 # The PromQL engines the tests prove (README): Debian's prometheus (prometheus, promtool) and
@@ -61,9 +82,28 @@ test: $(STAMP) prometheus lint
 	@$(VENV)/bin/python -c 'import vllm; print("== tests on vLLM", vllm.__version__)'
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 	$(MAKE) test-newest
+	$(MAKE) test-previous
 
-# The same suite on vLLM 0.33 (connector both sides, checksums and refusals,
+# The same suite on the newest vLLM (connector both sides, checksums and refusals,
 # every CPU scenario, every kv-diagnose verdict, the live dashboard queries).
 test-newest: $(STAMP_NEWEST) prometheus
 	@$(VENV_NEWEST)/bin/python -c 'import vllm; print("== tests on vLLM", vllm.__version__)'
 	$(VENV_NEWEST)/bin/python -m pytest -q -p no:cacheprovider
+
+# The release checks on 0.33.0, the release between (its native captures stay proven too).
+test-previous: $(STAMP_PREVIOUS) prometheus
+	@$(VENV_PREVIOUS)/bin/python -c 'import vllm; print("== release checks on vLLM", vllm.__version__)'
+	$(VENV_PREVIOUS)/bin/python -m pytest -q -p no:cacheprovider $(RELEASE_TESTS) \
+	  tests/diagnostics/test_native.py tests/dashboards/test_queries_reality.py
+
+# `make check-release VLLM=x.y.z`: an environment for any vLLM release (.venv-x.y.z, linked
+# from .venv034), the release checks on it, and what broke. docs/releases.md says what to do
+# with a new vLLM.
+.venv-%/.kvscope-installed: $(STAMP_NEWEST)
+	$(call release_venv,.venv-$*,$*,$(VENV_NEWEST))
+
+check-release: prometheus
+	@test -n "$(VLLM)" || { echo "usage: make check-release VLLM=x.y.z"; exit 2; }
+	$(MAKE) .venv-$(VLLM)/.kvscope-installed
+	@.venv-$(VLLM)/bin/python -c 'import vllm; print("== release checks on vLLM", vllm.__version__)'
+	.venv-$(VLLM)/bin/python -m pytest -q -p no:cacheprovider -rfE $(RELEASE_TESTS)

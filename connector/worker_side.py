@@ -11,8 +11,10 @@ scheduler host) is first checked against this rank's own mapping of those rows:
   ``kv_load_failure_policy`` applies (``recompute`` recomputes those tokens,
   ``fail`` fails the request): its GPU blocks go through
   ``get_block_ids_with_load_errors`` (one KV group), or, on vLLM 0.33 with
-  several groups, its request through ``failed_recving``
-  (``compat.load_failures``). Never wrong tokens.
+  several groups, its request through ``failed_recving``; on vLLM 0.34 the job is
+  reported failed and vLLM fails its request the same way (``compat.load_failures``).
+  Never wrong tokens. Transfers vLLM's own worker reports failed (0.34) are counted
+  per rank and direction.
 
 Fail-open for observability, fail-closed for correctness: an exception in the
 telemetry is counted and swallowed; a rank that cannot read its own slot
@@ -30,6 +32,7 @@ from opentelemetry.trace import Tracer
 from kvscope.connector import compat
 from kvscope.connector.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
+from kvscope.connector.compat.device_pointers import gpu_block_count
 from kvscope.connector.integrity import mismatched_rows
 from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, TIMESTAMP_RESOLUTION_S
 from kvscope.connector.shared_region import remove_marker, write_marker
@@ -88,7 +91,7 @@ class WorkerProxy:
         self._tracing = tracing_enabled(tracer)
         self._slot_size = self._geometry.slot_size if self._geometry is not None else None
         # read by the connector once per step (start_load_kv): request-level refusals only
-        self.wants_load_jobs = refusal_path == load_failures.REQUESTS
+        self.wants_load_jobs = refusal_path in (load_failures.REQUESTS, load_failures.JOBS)
         setattr(self, compat.WRAPPED_MARK, True)
         r = self._rank_label
         recorder.declare(signals.TRANSFER_BYTES, (r, Direction.GPU_TO_CPU.value),
@@ -103,7 +106,7 @@ class WorkerProxy:
     # The submissions are per job (~1,500 per GPU iteration): the tally inline, no helper frame
     def submit_store(self, job_id, src_spec, dst_spec, *args, **kwargs):
         try:
-            self._start_store(job_id, len(src_spec.block_ids))
+            self._start_store(job_id, gpu_block_count(src_spec))
         except Exception as exc:
             self._telemetry_error(exc)
         return self._inner.submit_store(job_id, src_spec, dst_spec, *args, **kwargs)
@@ -111,11 +114,12 @@ class WorkerProxy:
     def submit_load(self, job_id, src_spec, dst_spec, *args, **kwargs):
         if self._policy != ChecksumPolicy.OFF and not self._verify(src_spec):
             if self._policy == ChecksumPolicy.REFUSE and self._can_refuse(job_id):
-                self._refused[job_id] = compat.spec_rows(dst_spec)
+                self._refused[job_id] = (compat.spec_rows(dst_spec)
+                                         if self._refusal_path == load_failures.BLOCKS else [])
                 self._tally.active = True
                 return True
         try:
-            self._start_load(job_id, len(dst_spec.block_ids))
+            self._start_load(job_id, gpu_block_count(dst_spec))
         except Exception as exc:
             self._telemetry_error(exc)
         return self._inner.submit_load(job_id, src_spec, dst_spec, *args, **kwargs)
@@ -132,6 +136,9 @@ class WorkerProxy:
             from kvscope.connector.compat.vllm_api import TransferResult
 
             for job_id, blocks in self._refused.items():
+                if self._refusal_path == load_failures.JOBS:  # vLLM fails the request
+                    results.append(TransferResult(job_id=job_id, success=False))
+                    continue
                 results.append(TransferResult(job_id=job_id, success=True))
                 if self._refusal_path == load_failures.REQUESTS:
                     self._failed_requests.add(self._load_requests[job_id])
@@ -168,8 +175,8 @@ class WorkerProxy:
 
     def _can_refuse(self, job_id: int) -> bool:
         """Whether vLLM can recompute this load if refused. Request-level reports
-        (0.33, several groups) need the job's request and an asynchronous load."""
-        if self._refusal_path == load_failures.REQUESTS:
+        (0.33, several groups) and failed jobs (0.34) need an asynchronous load."""
+        if self._refusal_path in (load_failures.REQUESTS, load_failures.JOBS):
             return self._load_requests.get(job_id) is not None
         return self._refusal_path is not None
 

@@ -14,6 +14,13 @@
   ``WAITING_FOR_REMOTE_KVS``, i.e. asynchronous loads; OffloadingConnector 0.33
   loads synchronously only within ``sync_load_budget_bytes`` (default 0: never).
   With a sync-load budget set there is again no safe path: ``observe``.
+* vLLM 0.34, any number of groups: job level. Its offloading worker accepts failed
+  transfers: a ``TransferResult`` with ``success=False`` marks the job failed on every
+  rank's metadata, its request comes back through ``failed_recving`` (the policy
+  applies) and the scheduler never loads that request from the offloaded cache again.
+  It raises for a failed synchronous load (its request already ran), so with a
+  sync-load budget set: ``observe``, as in 0.33. The worker sees device addresses,
+  not GPU block ids (``device_pointers``), so the block-level report is out of reach.
 """
 
 from __future__ import annotations
@@ -22,6 +29,16 @@ from typing import Any
 
 BLOCKS = "blocks"  # get_block_ids_with_load_errors (one KV group)
 REQUESTS = "requests"  # get_transfer_results().failed_recving (0.33, async loads)
+JOBS = "jobs"  # TransferResult(success=False) (0.34, async loads)
+
+
+def job_level_supported() -> bool:
+    """vLLM 0.34's connector worker collects failed transfers (``take_failed_recving``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
+        OffloadingConnectorWorker,
+    )
+
+    return hasattr(OffloadingConnectorWorker, "take_failed_recving")
 
 
 def request_level_supported() -> bool:
@@ -36,11 +53,13 @@ def request_level_supported() -> bool:
 
 
 def refusal_path(kv_cache_config: Any, extra_config: dict | None = None) -> str | None:
-    """BLOCKS, REQUESTS, or None when vLLM cannot recompute a refused load safely."""
+    """BLOCKS, REQUESTS, JOBS, or None when vLLM cannot recompute a refused load safely."""
     groups = len(getattr(kv_cache_config, "kv_cache_groups", ()) or ())
+    sync_budget = int((extra_config or {}).get("sync_load_budget_bytes", 0) or 0)
+    if job_level_supported():
+        return JOBS if sync_budget == 0 else None
     if groups <= 1:
         return BLOCKS
-    sync_budget = int((extra_config or {}).get("sync_load_budget_bytes", 0) or 0)
     if request_level_supported() and sync_budget == 0:
         return REQUESTS
     return None

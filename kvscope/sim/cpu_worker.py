@@ -54,9 +54,8 @@ class CPUCopyWorker(OffloadingWorker):
 
     def _copy(self, job_id: int, kind: str, gpu_spec, cpu_spec, to_cpu: bool) -> bool:
         t0 = time.perf_counter()
-        gpu_blocks = [int(b) for b in gpu_spec.block_ids]
-        rows = [int(r) for r in cpu_spec.block_ids]
-        sizes = list(gpu_spec.group_sizes) if gpu_spec.group_sizes else [len(gpu_blocks)]
+        gpu_blocks, sizes = harness_compat.gpu_blocks(gpu_spec, self._tensors, self._group_refs)
+        rows = renames.row_ids(cpu_spec)
         moved, i = 0, 0
         for group, n in enumerate(sizes):
             tensor_ids = {ref.tensor_idx for ref in self._group_refs[group]}

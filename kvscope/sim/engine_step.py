@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.outputs import ModelRunnerOutput
-
 from kvscope.sim import harness_compat
 
 if TYPE_CHECKING:
@@ -73,10 +71,9 @@ class EngineStepping:
                 kv_connector_worker_meta=c.build_connector_worker_meta())
             if meta is not None:
                 c.clear_connector_metadata()
-            outputs.append(ModelRunnerOutput(
-                req_ids=list(so.num_scheduled_tokens),
-                req_id_to_index={r: i for i, r in enumerate(so.num_scheduled_tokens)},
-                sampled_token_ids=sampled, kv_connector_output=out))
+            outputs.append(harness_compat.model_runner_output(
+                list(so.num_scheduled_tokens), sampled_token_ids=sampled,
+                kv_connector_output=out))
         merged = self._aggregator.aggregate(outputs)
         t0 = time.thread_time()
         engine_outputs = self.scheduler.update_from_output(so, merged)

@@ -2,7 +2,7 @@
 
 The harness (``cpu_engine.py``, ``cpu_worker.py``) plays the model runner and the GPU;
 these are the vLLM constructors and runner calls whose shape changed between 0.26 and
-0.33. The served connector's differences are in ``kvscope.connector.compat``.
+0.34. The served connector's differences are in ``kvscope.connector.compat``.
 """
 
 from __future__ import annotations
@@ -75,3 +75,37 @@ def connector_output(failed_recving: set[str], **fields: Any) -> Any:
     if "failed_recving" in KVConnectorOutput.__dataclass_fields__:
         fields["failed_recving"] = failed_recving
     return KVConnectorOutput(**fields)
+
+
+def model_runner_output(req_ids: list[str], **fields: Any) -> Any:
+    """A ModelRunnerOutput; ``req_id_to_index`` is a required field up to 0.33, gone in
+    0.34 (the index is the position in ``req_ids``)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # 0.26 .. 0.33
+        fields["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(req_ids=req_ids, **fields)
+
+
+def gpu_blocks(spec: Any, tensors: list[Any], group_refs: list[Any]) -> tuple[list[int], list[int]]:
+    """(GPU block ids, blocks per KV group) of a worker transfer's GPU side.
+
+    0.26 and 0.33 hand the worker a ``GPULoadStoreSpec`` (``block_ids``, ``group_sizes``).
+    0.34 hands it ``DevicePointers`` that vLLM resolved from those block ids as
+    ``base + block * stride(0)`` of each layer tensor, group by group and layer by layer;
+    the harness's "GPU" tensors are on the CPU, so each group's first layer maps back.
+    """
+    ids = getattr(spec, "block_ids", None)
+    if ids is not None:
+        sizes = list(spec.group_sizes) if spec.group_sizes else [len(ids)]
+        return [int(b) for b in ids], sizes
+    blocks: list[int] = []
+    offset = 0
+    for group, (n, refs) in enumerate(zip(spec.group_block_counts,
+                                          spec.group_data_ref_counts)):
+        if n:
+            tensor = tensors[group_refs[group][0].tensor_idx]
+            base, stride = tensor.data_ptr(), tensor.stride(0) * tensor.element_size()
+            blocks += [(int(p) - base) // stride for p in spec.ptrs[offset:offset + n]]
+        offset += n * refs
+    return blocks, list(spec.group_block_counts)
