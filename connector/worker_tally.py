@@ -38,6 +38,7 @@ class TransferTally:
         self._shown: list[int | None] = [None, None]  # in flight, as on the recorder
         self._bytes = [0, 0]  # finished since the last push, per direction
         self._seconds: list[list[float]] = [[], []]
+        self._failed = [0, 0]  # jobs vLLM's worker reported failed since the last push
         self.active = False  # a job started or finished since the worker last looked
         self.pending = False  # ... since the last push
 
@@ -59,10 +60,11 @@ class TransferTally:
                on_transfer: Callable[[int, Direction, int | None, float], None] | None) -> None:
         """vLLM's TransferResults of one get_finished: sizes (the job's blocks times the
         slot size when vLLM reports none) and durations (since submission when vLLM
-        reports none) summed per direction; failed jobs only leave the in-flight count."""
+        reports none) summed per direction; failed jobs (vLLM 0.34's worker reports them)
+        leave the in-flight count and are counted apart."""
         self.active = self.pending = True
-        stores, loads, sizes, seconds_of, now = (self.stores, self.loads, self._bytes,
-                                                 self._seconds, None)
+        stores, loads, sizes, seconds_of, failed, now = (
+            self.stores, self.loads, self._bytes, self._seconds, self._failed, None)
         with self._lock:
             for res in results:
                 job_id = res.job_id
@@ -75,6 +77,7 @@ class TransferTally:
                         continue
                     d = LOAD
                 if not res.success:
+                    failed[d] += 1
                     continue
                 size = res.transfer_size
                 if size is None and slot_size is not None:
@@ -95,6 +98,9 @@ class TransferTally:
         with self._lock:
             self.pending = False
             for d in (STORE, LOAD):
+                if self._failed[d]:
+                    rec.inc(signals.TRANSFERS_FAILED, self._labels[d], self._failed[d])
+                    self._failed[d] = 0
                 seconds = self._seconds[d]
                 if seconds:
                     labels = self._labels[d]

@@ -1,5 +1,8 @@
 """Panels from vLLM's own offload metrics (vLLM >= 0.33), for engines with or without kvscope.
 
+0.33 adds waiting requests by KV-fetch stage; 0.34 the primary chunks failed promotions hold
+until their reads end (deferred releases).
+
 vLLM 0.33's tiering manager exports per-tier chunk lookups, tier jobs in flight, job failures,
 the share of the primary tier pinned by tier jobs, and prompt tokens cached by source. They add
 what kvscope's own series do not carry (cached tokens by source, vLLM's view of each tier) and
@@ -108,6 +111,38 @@ def primary_pinned_by_tier_jobs(cfg: Config):
     ).max(1)
 
 
+def waiting_by_kv_fetch_stage(cfg: Config):
+    return c.timeseries(
+        "Waiting requests by KV-fetch stage (vLLM)",
+        "Requests vLLM holds waiting, split by where their asynchronous KV load stands: not "
+        "started, in progress, finished but not yet running, and the rest (waiting for the "
+        "scheduler, with no KV load: the GPU KV cache or the batch limits, not the offload "
+        "path). Requests piling up in 'no KV load' while the fetch stages stay at 0 is queue "
+        "wait, not a failing load path. Empty on vLLM < 0.33.",
+        [
+            (f"sum by (stage) ({s.VLLM_KV_FETCH_BY_STAGE}{_sel(cfg)})", "{{stage}}"),
+            (f"sum({s.VLLM_REQUESTS_WAITING}{_sel(cfg)})\n"
+             f"- sum({s.VLLM_KV_FETCH_BY_STAGE}{_sel(cfg)})", "no KV load"),
+        ],
+        stack=True,
+    )
+
+
+def deferred_releases(cfg: Config):
+    return c.timeseries(
+        "Primary chunks held by failed promotions (vLLM)",
+        "Chunks of the primary (CPU) tier that failed promotions still hold, per secondary tier: "
+        "vLLM 0.34 keeps them out of the free pool until the tier confirms its read can no "
+        "longer write into them. A level that stays up means reads that never end "
+        "(stalled storage): those rows are lost to restores meanwhile. Empty on vLLM < 0.34.",
+        [
+            (f"sum by ({TIER}) ({s.VLLM_TIERING_DEFERRED_RELEASE_CHUNKS}{_sel(cfg)})",
+             f"held {{{{{TIER}}}}}"),
+        ],
+    )
+
+
 def panels(cfg: Config) -> list:
     return [tier_chunk_hit_ratio(cfg), cached_tokens_by_source(cfg), tier_jobs_in_flight(cfg),
-            tier_job_failures(cfg), primary_pinned_by_tier_jobs(cfg).span(24)]
+            tier_job_failures(cfg), primary_pinned_by_tier_jobs(cfg),
+            waiting_by_kv_fetch_stage(cfg), deferred_releases(cfg).span(24)]

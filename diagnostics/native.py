@@ -1,8 +1,10 @@
-"""kv-diagnose on a stock vLLM 0.33 (no kvscope installed): reduced evidence.
+"""kv-diagnose on a stock vLLM 0.33 or later (no kvscope installed): reduced evidence.
 
 vLLM 0.33 exports native offload metrics (``vllm:kv_offload_tiering_*`` per tier,
 ``vllm:kv_offload_config_info``, ``vllm:prompt_tokens_cached_by_source``, the
-external prefix-cache counters). They show *that* the tiers hold data and
+external prefix-cache counters, waiting requests by reason and by KV-fetch stage); 0.34
+adds the primary chunks a failed promotion holds until its read ends
+(``vllm:kv_offload_tiering_deferred_release_chunks``). They show *that* the tiers hold data and
 *whether* anything came back, not *why*: no per-round verdicts, no per-group
 lookups, no pending-key sums, no per-rank checksums. So every finding here is a
 suspicion, marked reduced evidence, with what kvscope's
@@ -64,6 +66,11 @@ class NativeFacts:
     cached_by_source: dict[str, float] = field(default_factory=dict)
     requests_running: float = 0.0
     requests_waiting: float = 0.0
+    # last values: waiting requests by reason (capacity | deferred) and, where the engine
+    # exports it, by async KV-fetch stage (empty: not exported)
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    kv_fetch_by_stage: dict[str, float] = field(default_factory=dict)
+    deferred_release_chunks: float = 0.0  # 0.34, last value summed over tiers
     # (target, model, engine) of each vllm:kv_offload_config_info: one per engine. The sums
     # above over several engines hide one engine's suspicion behind another's restores.
     engines: set[tuple[str, str, str]] = field(default_factory=set)
@@ -104,8 +111,15 @@ def collect(raw: RawWindow) -> NativeFacts:
             where = s.label("source")
             f.cached_by_source[where] = f.cached_by_source.get(where, 0.0) + _amount(s, src)
         elif s.name in (S.VLLM_TIERING_ACTIVE_PROMOTIONS, S.VLLM_TIERING_ACTIVE_CASCADES,
-                        S.VLLM_REQUESTS_RUNNING, S.VLLM_REQUESTS_WAITING):
+                        S.VLLM_REQUESTS_RUNNING, S.VLLM_REQUESTS_WAITING,
+                        S.VLLM_TIERING_DEFERRED_RELEASE_CHUNKS):
             sums[s.name] += last
+        elif s.name == S.VLLM_REQUESTS_WAITING_BY_REASON:
+            reason = s.label("reason")
+            f.waiting_by_reason[reason] = f.waiting_by_reason.get(reason, 0.0) + last
+        elif s.name == S.VLLM_KV_FETCH_BY_STAGE:
+            stage = s.label("stage")
+            f.kv_fetch_by_stage[stage] = f.kv_fetch_by_stage.get(stage, 0.0) + last
         else:
             sums[s.name] += _amount(s, src)
     f.disk_write_bytes = sums[S.VLLM_TIERING_WRITE_BYTES]
@@ -123,6 +137,7 @@ def collect(raw: RawWindow) -> NativeFacts:
     f.external_hits = sums[S.VLLM_EXTERNAL_PREFIX_HITS]
     f.requests_running = sums[S.VLLM_REQUESTS_RUNNING]
     f.requests_waiting = sums[S.VLLM_REQUESTS_WAITING]
+    f.deferred_release_chunks = sums[S.VLLM_TIERING_DEFERRED_RELEASE_CHUNKS]
     return f
 
 
@@ -169,18 +184,41 @@ def classify(f: NativeFacts) -> list[NativeFinding]:
             f"{S.ROUNDS_AT_ROW_CEILING.name} and {S.LAST_ROUND_PENDING_KEYS.name} against "
             f"{S.PRIMARY_ROWS.name}{{{S.L_STATE}=\"{S.RowState.TOTAL.value}\"}}: the exact row "
             f"shortfall per request, per KV group ({_LOOKUPS_BY_GROUP})"))
-    if f.active_promotions + f.active_cascades > 0 and \
+    if f.active_promotions + f.active_cascades + f.deferred_release_chunks > 0 and \
             f.requests_running == 0 and f.requests_waiting == 0:
+        held = (f"; {f.deferred_release_chunks:g} primary chunks of failed promotions held "
+                "until their reads end (vllm:kv_offload_tiering_deferred_release_chunks)"
+                if f.deferred_release_chunks else "")
         out.append(NativeFinding(
             "pending_at_idle_suspected",
             "Suspected transfers pending at idle: tier jobs in flight with no request running "
             "or waiting",
             [*base, f"{f.active_promotions:g} promotion and {f.active_cascades:g} cascade jobs "
-                    "active; 0 requests running, 0 waiting"],
+                    f"active{held}; 0 requests running, 0 waiting"],
             "Check the secondary tier's storage (stalled reads or writes), or " + INSTALL + ".",
             f"{S.PENDING_TRANSFERS.name}{{{S.L_KIND}}} and {S.OLDEST_PENDING_TRANSFER.name} "
             f"(GPU<->CPU jobs too, per rank: {S.TRANSFERS_IN_FLIGHT.name}"
             f"{{{S.L_RANK},{S.L_DIRECTION}}})"))
+    # Waiting requests none of which waits on an async KV load, and no promotion a deferred
+    # lookup could wait on: what holds them is the scheduler's capacity (GPU KV blocks, the
+    # token budget), however vLLM words the reason (capacity, or deferred for the budget).
+    fetching = sum(f.kv_fetch_by_stage.values())
+    if f.kv_fetch_by_stage and f.requests_waiting > 0 and fetching == 0 \
+            and f.active_promotions == 0:
+        reasons = ", ".join(f"{v:g} {r}" for r, v in sorted(f.waiting_by_reason.items()))
+        out.append(NativeFinding(
+            "queue_wait_suspected",
+            "Suspected queue wait: requests wait for the scheduler, none for a KV load",
+            [*base, f"{f.requests_waiting:g} requests waiting ({S.VLLM_REQUESTS_WAITING}"
+                    + (f"; by reason: {reasons}" if reasons else "") + "), "
+                    + ", ".join(f"{f.kv_fetch_by_stage.get(st, 0):g} {st}"
+                                for st in S.VLLM_KV_FETCH_STAGES)
+                    + f" ({S.VLLM_KV_FETCH_BY_STAGE}), 0 promotion jobs active"],
+            "The offload load path is not what holds them: the GPU KV cache or the batch "
+            "limits (max_num_seqs, max_num_batched_tokens) are full; add capacity or shed "
+            "load, or " + INSTALL + ".",
+            f"{S.REQUESTS.name}{{{S.L_STATE}=\"{S.RequestState.QUEUED.value}\"}} beside "
+            f"{S.LOOKUP_ROUNDS.name}: queued requests that no lookup round reaches"))
     if f.promotion_job_failures + f.cascade_job_failures > 0:
         out.append(NativeFinding(
             "tier_job_failures",

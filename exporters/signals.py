@@ -582,6 +582,13 @@ LOADS_REFUSED = Metric(
     "CPU->GPU loads a rank refused (vLLM recomputes those tokens instead).",
     (L_RANK, L_REASON), label_values={L_REASON: _values(RefusalReason)},
 )
+TRANSFERS_FAILED = Metric(
+    "kvscope_transfers_failed_total", Kind.COUNTER,
+    "KV transfer jobs vLLM's own worker reported failed, per rank and direction (vLLM 0.34: a "
+    "failed load's request comes back through failed_recving and recomputes; kvscope's own "
+    "refusals are kvscope_loads_refused_total).",
+    (L_RANK, L_DIRECTION), label_values={L_DIRECTION: _values(Direction)},
+)
 WORKER_LAST_STEP_TIMESTAMP = Metric(
     "kvscope_worker_last_step_timestamp_seconds", Kind.GAUGE,
     "Unix time a rank last reported (get_finished); a stuck rank stops advancing it.",
@@ -604,7 +611,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,
-    WORKER_LAST_STEP_TIMESTAMP,
+    WORKER_LAST_STEP_TIMESTAMP, TRANSFERS_FAILED,
 )
 ALL_METRICS: tuple[Metric, ...] = SCHEDULER_METRICS + WORKER_METRICS
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL_METRICS}
@@ -646,6 +653,10 @@ def exposed_series(metric: Metric) -> tuple[str, ...]:
 VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 VLLM_REQUESTS_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+# waiting requests by async KV load stage (0.33+, engines with a KV consumer connector):
+# label ``stage``: waiting_to_start | in_progress | completed_waiting
+VLLM_KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"
+VLLM_KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 VLLM_REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
 VLLM_EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
@@ -671,6 +682,10 @@ VLLM_TIERING_PROMOTION_LATENCY_COUNT = "vllm:kv_offload_tiering_promotion_latenc
 VLLM_TIERING_PRIMARY_WRITE_USAGE = "vllm:kv_offload_tiering_primary_write_usage_perc"
 VLLM_TIERING_PRIMARY_READ_USAGE = "vllm:kv_offload_tiering_primary_read_usage_perc"
 VLLM_OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+# 0.34: primary chunks of failed promotions held out of the free pool until the tier can no
+# longer write into them (a read still in flight), per tier; and how long each was held
+VLLM_TIERING_DEFERRED_RELEASE_CHUNKS = "vllm:kv_offload_tiering_deferred_release_chunks"
+VLLM_TIERING_DEFERRED_RELEASE_HOLD = "vllm:kv_offload_tiering_deferred_release_hold_seconds"
 VLLM_OFFLOAD_TOTAL_BYTES = "vllm:kv_offload_total_bytes_total"  # label transfer_type
 VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"  # label source
 # store jobs prepare_store refused (no room in the primary tier); 0.26 exports it too

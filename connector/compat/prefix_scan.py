@@ -1,6 +1,6 @@
 """Where a round's per-key lookups can be read from the prefix scan's answer.
 
-vLLM 0.26 .. 0.33 scan a full-attention group's offload keys in one method of the
+vLLM 0.26 .. 0.34 scan a full-attention group's offload keys in one method of the
 connector scheduler, ``_maximal_prefix_lookup(keys, req_context, ...)``: it looks keys
 up in order, stops at the first MISS, and answers the number of hits, or None when a
 key was pending (HIT_PENDING, RETRY: the lookup is deferred). So an answer of ``n``
@@ -16,7 +16,7 @@ The scan reads every lookup of a round only when nothing else looks keys up:
 one KV group, full attention (no sliding-window scan), no secondary tier (a tiering
 lookup may start a promotion: its results are not the policy's), no 0.33 partial-tail
 lookup (models with a recurrent group), and vLLM's own CPU manager (its ``lookup``
-not overridden), on a release whose scan was read (0.26 .. 0.33).
+not overridden), on a release whose scan was read (0.26 .. 0.34; 0.34's scan and lookups are 0.33's).
 
 With a secondary tier (vLLM's tiering manager over its CPU primary tier and fs tiers),
 :func:`tiered_scan_reader` reads a deferred scan's lookups from the tiers' state right
@@ -102,8 +102,10 @@ _ABSENT_ROW = SimpleNamespace(ref_cnt=-2)
 _ABSENT = -2
 _REF_CNT = operator.attrgetter("ref_cnt")
 # The releases whose tiering lookups were read and tested: what a promotion this lookup
-# started answers (0.26: RETRY; 0.33: HIT_PENDING, the row being written)
-_PROMOTED_ANSWER = {(0, 26): LookupResult.RETRY, (0, 33): LookupResult.HIT_PENDING}
+# started answers (0.26: RETRY; 0.33: HIT_PENDING, the row being written; 0.34: as 0.33, its
+# prefix scan and the CPU and tiering managers' lookup unchanged)
+_PROMOTED_ANSWER = {(0, 26): LookupResult.RETRY, (0, 33): LookupResult.HIT_PENDING,
+                    (0, 34): LookupResult.HIT_PENDING}
 
 
 

@@ -1,11 +1,11 @@
-"""Which vLLM release is installed (kvscope supports 0.26.0 .. 0.33.0)."""
+"""Which vLLM release is installed (kvscope supports 0.26.0 .. 0.34.0)."""
 
 from __future__ import annotations
 
 import vllm
 
 VLLM_VERSION: str = getattr(vllm, "__version__", "unknown")
-SUPPORTED = ("0.26.0", "0.33.0")  # the range pyproject's ``vllm`` extra admits
+SUPPORTED = ("0.26.0", "0.34.0")  # the range pyproject's ``vllm`` extra admits
 
 
 def release(version: str = VLLM_VERSION) -> tuple[int, ...]:

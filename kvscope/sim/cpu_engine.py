@@ -98,7 +98,7 @@ class CPUEngine(EngineStepping):
         self.connector = self.scheduler.connector
         self.ranks = []
         for r in range(cfg.world_size):
-            with cpu_worker.simulated_rank(r, cfg.own_region_ranks, cfg.stuck):
+            with cpu_worker.simulated_rank(r, cfg.own_region_ranks, cfg.stuck, cfg.failed):
                 conn = type(self.connector)(self.vllm_config, KVConnectorRole.WORKER,
                                             self.kv_cache_config)
                 kv = {name: torch.zeros((cfg.num_gpu_blocks, self.page), dtype=torch.int8)

@@ -30,6 +30,8 @@ _SIM_OWN_REGION: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
     "kvscope_sim_own_region", default=frozenset())
 _SIM_STUCK: contextvars.ContextVar[Callable[[int, str, int], bool] | None] = contextvars.ContextVar(
     "kvscope_sim_stuck", default=None)
+_SIM_FAILED: contextvars.ContextVar[Callable[[int, str, int], bool] | None] = contextvars.ContextVar(
+    "kvscope_sim_failed", default=None)
 
 
 class CPUCopyWorker(OffloadingWorker):
@@ -37,7 +39,8 @@ class CPUCopyWorker(OffloadingWorker):
 
     def __init__(self, kv_caches: Any, region: Any | None, rows: int,
                  slot_size: int, rank: int = 0,
-                 stuck: Callable[[int, str, int], bool] | None = None) -> None:
+                 stuck: Callable[[int, str, int], bool] | None = None,
+                 failed: Callable[[int, str, int], bool] | None = None) -> None:
         self._rank = rank
         self._tensors = [t.tensor for t in kv_caches.tensors]
         self._group_refs = kv_caches.group_data_refs
@@ -49,11 +52,15 @@ class CPUCopyWorker(OffloadingWorker):
                            for t in self._tensors]
         self._slot_size = slot_size
         self._stuck = stuck
+        self._failed = failed
         self._done: list[TransferResult] = []
         self._held: dict[int, TransferResult] = {}
 
     def _copy(self, job_id: int, kind: str, gpu_spec, cpu_spec, to_cpu: bool) -> bool:
         t0 = time.perf_counter()
+        if self._failed is not None and self._failed(self._rank, kind, job_id):
+            self._done.append(TransferResult(job_id, False))  # nothing copied
+            return True
         gpu_blocks, sizes = harness_compat.gpu_blocks(gpu_spec, self._tensors, self._group_refs)
         rows = renames.row_ids(cpu_spec)
         moved, i = 0, 0
@@ -98,17 +105,20 @@ class CPUCopyWorker(OffloadingWorker):
 
 @contextlib.contextmanager
 def simulated_rank(rank: int, own_region_ranks: tuple[int, ...],
-                   stuck: Callable[[int, str, int], bool] | None) -> Iterator[None]:
+                   stuck: Callable[[int, str, int], bool] | None,
+                   failed: Callable[[int, str, int], bool] | None = None) -> Iterator[None]:
     """While a worker-role connector of ``rank`` is built: which rank its worker copies
-    for, whether it maps a region of its own, and which of its transfers never report."""
+    for, whether it maps a region of its own, which of its transfers never report and
+    which report failure."""
     tokens = (_SIM_RANK.set(rank), _SIM_OWN_REGION.set(frozenset(own_region_ranks)),
-              _SIM_STUCK.set(stuck))
+              _SIM_STUCK.set(stuck), _SIM_FAILED.set(failed))
     try:
         yield
     finally:
         _SIM_RANK.reset(tokens[0])
         _SIM_OWN_REGION.reset(tokens[1])
         _SIM_STUCK.reset(tokens[2])
+        _SIM_FAILED.reset(tokens[3])
 
 
 def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
@@ -121,7 +131,7 @@ def _make_worker(spec, kv_caches, tiering: bool) -> CPUCopyWorker:
         region = harness_compat.shared_region(engine_id, spec, rank)
     return CPUCopyWorker(kv_caches, region, renames.spec_rows_total(spec),
                          spec.cpu_page_size_per_worker,
-                         rank, _SIM_STUCK.get())
+                         rank, _SIM_STUCK.get(), _SIM_FAILED.get())
 
 
 class CPUSimTieringSpec(TieringOffloadingSpec):

@@ -54,6 +54,9 @@ class EngineConfig:
     max_model_len: int = 4096
     own_region_ranks: tuple[int, ...] = ()  # ranks with their own /dev/shm region
     stuck: Callable[[int, str, int], bool] | None = None  # (rank, kind, job id) -> never report
+    # (rank, kind, job id) -> report the copy failed, as a GPU copy that raised (vLLM >= 0.34
+    # takes failed transfers; earlier releases assert every transfer succeeded)
+    failed: Callable[[int, str, int], bool] | None = None
     # A test fault of kvscope.connector.faults on for this engine's scheduler side (its
     # KVSCOPE_FAULT_FILE names a file in the engine's temp dir while the scheduler is built)
     fault: str | None = None

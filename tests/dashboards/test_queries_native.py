@@ -1,9 +1,11 @@
-"""The native-metrics panels (vLLM >= 0.33) against a live Prometheus scraping real vLLM 0.33.
+"""The native-metrics panels (vLLM >= 0.33) against a live Prometheus scraping real vLLM 0.33
+and 0.34.
 
 vLLM 0.26 exports none of the series these panels read, so a 0.26 engine cannot feed them;
-the real vLLM 0.33 /metrics captures of ``tests/diagnostics/native/`` (stock
+the real vLLM 0.33 and 0.34 /metrics captures of ``tests/diagnostics/native/`` (stock
 OffloadingConnector, CPU runs: healthy, capacity ceiling, a stalled and a failing disk tier, a
-restart) are served as their engines served them, on both test environments. Each panel
+restart, requests waiting for the scheduler) are served as their engines served them, on
+every test environment. Each panel
 query must parse, name only known series and return data wherever its series exist; and every
 native panel must show something on at least one of these engines (no panel is decoration).
 test_queries_reality.py checks which vLLM version produces the series on a live engine.
@@ -25,7 +27,9 @@ from tests.support.static_metrics import serving
 pytestmark = pytest.mark.prometheus
 
 CAPTURES = Path(__file__).parents[1] / "diagnostics" / "native"
-NAMES = ("healthy", "capacity-ceiling", "tier-stall", "tier-failures", "restart-without-seed")
+NAMES = ("healthy", "capacity-ceiling", "tier-stall", "tier-failures", "restart-without-seed",
+         "queue-wait")
+RELEASES = ("0.33.0", "0.34.0")
 
 
 
@@ -40,10 +44,11 @@ def _native_queries():
 
 @pytest.fixture(scope="module")
 def captured(live_pool):
-    targets = {n: live_pool.claim(f"native-capture-{n}") for n in NAMES}
+    targets = {(v, n): live_pool.claim(f"native-capture-{v}-{n}") for v in RELEASES for n in NAMES}
     with contextlib.ExitStack() as stack:
-        for name, target in targets.items():
-            stack.enter_context(serving(CAPTURES / f"vllm-0.33.0-{name}.prom", live.HOST, target.port))
+        for (release, name), target in targets.items():
+            stack.enter_context(serving(CAPTURES / f"vllm-{release}-{name}.prom", live.HOST,
+                                        target.port))
         instances = "|".join(qc.regex_escape(t.instance) for t in targets.values())
         live_pool.prom.wait_for(
             f'count(count_over_time(vllm:kv_offload_config_info{{instance=~"{instances}",'
@@ -52,7 +57,7 @@ def captured(live_pool):
         yield live_pool.prom, targets
 
 
-def test_native_panels_against_real_vllm_033(captured):
+def test_native_panels_against_real_vllm(captured):
     prom, targets = captured
     queries = _native_queries()
     shown: set[str] = set()
@@ -64,13 +69,15 @@ def test_native_panels_against_real_vllm_033(captured):
     assert shown == {q.name for q in queries}, sorted({q.name for q in queries} - shown)
 
 
-def test_native_panels_show_each_engine_its_incident(captured):
+@pytest.mark.parametrize("release", RELEASES)
+def test_native_panels_show_each_engine_its_incident(captured, release):
     """What an operator should see: failures on the failing tier, a job in flight on the
-    stalled one, promotions refused a row at the capacity ceiling, disk hits when healthy."""
+    stalled one, promotions refused a row at the capacity ceiling, disk hits when healthy,
+    requests waiting with no KV load when the scheduler is what holds them."""
     prom, targets = captured
 
     def value(expr: str, name: str) -> float:
-        rows = prom.query(qc.scope(expr, targets[name].within))
+        rows = prom.query(qc.scope(expr, targets[release, name].within))
         return sum(float(r["value"][1]) for r in rows)
 
     s = qc.s
@@ -84,3 +91,6 @@ def test_native_panels_show_each_engine_its_incident(captured):
                  "healthy") > 0
     assert value(f'{s.VLLM_PROMPT_TOKENS_CACHED_BY_SOURCE}{{source=~"host|disk"}}',
                  "restart-without-seed") == 0
+    no_kv_load = f"sum({s.VLLM_REQUESTS_WAITING}) - sum({s.VLLM_KV_FETCH_BY_STAGE})"
+    assert value(no_kv_load, "queue-wait") > 0
+    assert value(s.VLLM_KV_FETCH_BY_STAGE, "queue-wait") == 0

@@ -1,4 +1,5 @@
-"""The committed native captures still come out of today's code and vLLM (>= 0.33 only).
+"""The committed native captures still come out of today's code and vLLM (>= 0.33 only; each
+release's own captures).
 
 Runs the disk-tier fault runs of ``native/runs.py`` (and the store-never-fits scenario) again
 with the stock connector, scrapes
@@ -44,11 +45,14 @@ def _verdicts(path, capsys) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["tier-failures", "restart-without-seed", "store-never-fits",
-                                  "tier-stall"])
+                                  "tier-stall", "queue-wait"])
 def test_capture_reproduces(name, tmp_path, capsys):
     if name == "tier-stall" and not _can_mount_ramfs():
         pytest.skip("mounting a ramfs needs root")
-    committed = NATIVE / f"vllm-0.33.0-{name}.prom"
+    committed = NATIVE / f"vllm-{versions.VLLM_VERSION}-{name}.prom"
+    if not committed.exists():
+        pytest.skip(f"no capture of vLLM {versions.VLLM_VERSION}'s /metrics committed: make one "
+                    "with tests/diagnostics/native/capture.py (docs/releases.md)")
     fresh = tmp_path / committed.name
     # In its own process: vLLM's /metrics is the process-wide prometheus-client registry,
     # which earlier tests in this process filled with kvscope's series (the stock engine

@@ -12,6 +12,9 @@ metrics. ``capture.py`` serves vLLM's /metrics after a run and writes one scrape
   answering reads: its block files become FIFOs nobody writes, so a promotion's read blocks.
   The client gives up on the request that waits for it (abort); the engine idles with the
   promotion in flight. Capturing it mounts a ramfs, so it needs root.
+* ``queue-wait``: more requests than the GPU KV cache holds at once, none of whose prefixes
+  any tier holds: after a few steps the engine is stopped mid-run (a stalled scheduler, as a
+  scrape sees it between two steps) with requests waiting for capacity and none for a KV load.
 * ``restart-without-seed``: an engine stores four prompts on the disk tier and restarts with
   another PYTHONHASHSEED; the new engine re-asks the four prompts and restores nothing,
   although the disk holds them.
@@ -135,8 +138,23 @@ def restart_without_seed(engines: list[CPUEngine], facts: dict[str, Any],
                  same_output=all(a.output == f.output for a, f in zip(again, first)))
 
 
+def queue_wait(engines: list[CPUEngine], facts: dict[str, Any], cleanups: Cleanups) -> None:
+    e = CPUEngine(BASE)  # 40 GPU blocks: 3 prompts of 6 chunks x 2 groups at once
+    engines.append(e)
+    rids = [e.add_request(prompt(seed, PROMPT_TOKENS), 64) for seed in range(1, 9)]
+    for _ in range(4):  # vLLM's stats describe the queues as the last step left them
+        e.step()
+    requests = [e.scheduler.requests[r] for r in rids if r in e.scheduler.requests]
+    facts.update(
+        requests_added=len(rids),
+        waiting=sum(r.status == RequestStatus.WAITING for r in requests),
+        waiting_for_kv=sum(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in requests),
+        running=sum(r.status == RequestStatus.RUNNING for r in requests))
+
+
 RUNS: dict[str, Callable[[list[CPUEngine], dict[str, Any], Cleanups], None]] = {
     "tier-failures": tier_failures,
     "tier-stall": tier_stall,
     "restart-without-seed": restart_without_seed,
+    "queue-wait": queue_wait,
 }
