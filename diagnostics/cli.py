@@ -142,7 +142,7 @@ def parse_target(text: str) -> float:
 
 
 def _plan(argv: list[str]) -> int:
-    from .plan_inputs import Given, read_inputs
+    from .plan_inputs import Given, native_inputs, read_inputs
     from .plan_report import format_plan, plan_to_json
     from .planner import make_plan
 
@@ -152,8 +152,13 @@ def _plan(argv: list[str]) -> int:
                   chunk_tokens=args.chunk_tokens, kv_groups=args.kv_groups, rows=args.rows,
                   row_bytes=args.row_bytes, reserve_rows=args.reserve_rows,
                   step_tokens=args.step_tokens)
+    inputs = None
     if args.scrape or args.prometheus or args.bundle:
-        ev = build_evidence(load_source(args))
+        raw = load_source(args)
+        if native.applies(raw):  # a stock vLLM: its geometry, the command line's restores
+            inputs = native_inputs(raw, given)
+        else:
+            ev = build_evidence(raw)
     else:
         given_opts = [f"--{k}" for k in ("since", "start", "end", "selector", "interval",
                                          "timeout", "deadline") if getattr(args, k, None)]
@@ -162,7 +167,7 @@ def _plan(argv: list[str]) -> int:
             raise DiagnoseError(f"{'/'.join(given_opts)} only {verb} with a source (--scrape, "
                                 "--prometheus or --bundle)")
         ev = None
-    plan = make_plan(read_inputs(ev, given), target, tuple(args.predict))
+    plan = make_plan(inputs or read_inputs(ev, given), target, tuple(args.predict))
     sys.stdout.write(plan_to_json(plan) + "\n" if args.json else format_plan(plan))
     sys.stdout.flush()
     return 0 if plan.reachable else EXIT_INCONCLUSIVE

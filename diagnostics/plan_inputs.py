@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from kvscope.exporters import signals as S
 
 from .evidence_model import Evidence
-from .model import DiagnoseError, Quantity
+from .model import DiagnoseError, Quantity, RawWindow
 from .plan_model import Fact, PlanInputs
 
 ROW_LOSS = (S.ShortReason.ROW_CEILING, S.ShortReason.GROUP_VETO)  # what more rows fix
@@ -169,6 +169,64 @@ def _bucket_max(buckets: dict) -> float | None:
         if n >= total and le != float("inf"):
             return le
     return None
+
+
+def native_inputs(raw: RawWindow, given: Given = Given()) -> PlanInputs:
+    """A stock vLLM (0.33+, no kvscope series): the primary tier's geometry from vLLM's
+    ``kv_offload_config_info`` (its primary tier's series), restores from the command line.
+
+    ``cpu_kv_cache_size_tokens`` is the tokens the tier holds for requests of
+    ``max_model_len``, every KV group's chunks counted: divided by ``cpu_num_chunks`` it is
+    a request's tokens per row, which the plan takes as one KV group of that many tokens a
+    chunk (sliding-window groups, capped at their window there, make it an upper bound).
+    """
+    given.check()
+    geometry = None
+    engines = 0
+    for series in raw.series:
+        if series.name != S.VLLM_OFFLOAD_CONFIG_INFO or not series.label(
+                S.VLLM_TIER_LABEL).endswith(":primary"):
+            continue
+        engines += 1
+        chunks, tokens, size = (series.label(k) for k in (
+            "cpu_num_chunks", "cpu_kv_cache_size_tokens", "cpu_kv_cache_size_bytes"))
+        if chunks.isdigit() and tokens.isdigit() and int(chunks) > 0 and int(tokens) > 0:
+            geometry = (int(chunks), int(tokens), int(size) if size.isdigit() else None)
+    missing = [f"--{f}" for f, v in (("held-tokens", given.held_tokens),
+                                       ("concurrency", given.concurrency)) if v is None]
+    if missing:
+        raise DiagnoseError("a stock vLLM (no kvscope series) says nothing of its restores: "
+                            "plan needs " + ", ".join(missing))
+    info = f'{S.VLLM_OFFLOAD_CONFIG_INFO}{{tier="0:primary"}}'
+    rows = _opt(given.rows, "--rows")
+    chunk = _opt(given.chunk_tokens, "--chunk-tokens")
+    groups = _opt(given.kv_groups, "--kv-groups")
+    row_bytes = _opt(given.row_bytes, "--row-bytes")
+    if geometry is not None:
+        n, tokens, size = geometry
+        rows = rows or Fact(n, f"{info} cpu_num_chunks")
+        if chunk is None and groups is None:
+            chunk = Fact(tokens / n, f"{info} cpu_kv_cache_size_tokens / cpu_num_chunks "
+                                     "(a request's tokens per row, every KV group counted)")
+            groups = Fact(1, "folded into the tokens per row")
+        if row_bytes is None and size:
+            row_bytes = Fact(size / n, f"{info} cpu_kv_cache_size_bytes / cpu_num_chunks")
+    if chunk is None:
+        raise DiagnoseError(f"no {info} with cpu_kv_cache_size_tokens in the window (vLLM "
+                            "< 0.33, or a tier without it): pass --chunk-tokens")
+    notes = ["a stock vLLM: the restores and their concurrency are the command line's "
+             "(install kvscope's connector for the window's own)"]
+    if engines > 1:
+        notes.append(f"{engines} engines in the window: the last one's geometry is used; "
+                     "plan one engine at a time (--selector, or one --scrape target)")
+    return PlanInputs(
+        source=raw.source, chunk_tokens=chunk, kv_groups=groups or Fact(1, "default"),
+        rows_now=rows, row_bytes=row_bytes, step_tokens=_opt(given.step_tokens, "--step-tokens"),
+        restores=None, held_per_restore=_opt(given.held_tokens, "--held-tokens"),
+        largest_rows=None, concurrency_seen=None,
+        concurrency_given=_opt(given.concurrency, "--concurrency"), coverage_now=None,
+        row_loss=None, other_loss=None,
+        reserve_given=_opt(given.reserve_rows, "--reserve-rows"), notes=tuple(notes))
 
 
 def _command_line_only(given: Given) -> PlanInputs:

@@ -1,6 +1,6 @@
 """Everything kvscope reads from vLLM's offload internals, in one place.
 
-kvscope supports vLLM 0.26.0 .. 0.33.0 (the ``vllm`` extra). What differs
+kvscope supports vLLM 0.26.0 .. 0.34.0 (the ``vllm`` extra). What differs
 between releases is absorbed in this package and nowhere else, one module per
 difference, each naming the release that needs it:
 
@@ -10,9 +10,12 @@ difference, each naming the release that needs it:
   prefix scan (its name and contract, the same in 0.26 and 0.33; 0.33's partial-tail
   lookups rule it out).
 * ``load_failures``: how a refused load reaches vLLM; 0.33's request-level
-  ``failed_recving`` for models with several KV groups.
+  ``failed_recving`` for models with several KV groups; 0.34's failed transfer jobs.
 * ``block_pool``: vLLM's GPU KV-cache block pool as the scheduler binds it (0.26:
   ``bind_gpu_block_pool``; 0.33: ``bind_kv_cache_manager``, which calls it), read only.
+* ``device_pointers``: 0.34 hands a worker's transfers device addresses, not GPU block ids.
+* ``hash_lookahead``: 0.34's lookahead block hashes (an EAGLE/MTP drafter's trailing chunk
+  keyed with the tokens after it), which fixed the drafter group's veto and changed its keys.
 * ``registry``: naming the connector to vLLM's connector factory (the ``vllm.general_plugins``
   entry point, ``kvscope.connector.plugin``); the same API in 0.26 and 0.33.
 * The CPU harness has its own (``kvscope.sim.harness_compat``: 0.33's ``KVCacheTensor``
@@ -40,7 +43,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
 
-from kvscope.connector.compat import renames
+from kvscope.connector.compat import hash_lookahead, renames
 from kvscope.connector.compat.block_pool import gpu_blocks_in_use
 from kvscope.connector.compat.prefix_scan import (
     SCAN_METHOD,
@@ -235,12 +238,15 @@ def process_rank() -> int:
 
 
 def hash_fingerprint(vllm_config: Any) -> str:
-    """Short digest of the prefix-hash configuration (hash algorithm + NONE_HASH).
+    """Short digest of the prefix-hash configuration (hash algorithm + NONE_HASH, and
+    vLLM 0.34's lookahead tokens where there are any).
 
     vLLM 0.26 seeds NONE_HASH from PYTHONHASHSEED, or from os.urandom when it is
     unset: two processes (or one process before and after a restart) with
     different fingerprints compute different keys for the same tokens, so one
-    never hits what the other stored.
+    never hits what the other stored. vLLM 0.34 with an EAGLE/MTP drafter hashes
+    each block with the tokens after it (``hash_lookahead``): an upgrade from 0.33
+    with such a drafter changes every key, so it changes the fingerprint too.
     """
     from vllm.v1.core import kv_cache_utils
 
@@ -248,7 +254,10 @@ def hash_fingerprint(vllm_config: Any) -> str:
     algo = getattr(getattr(vllm_config, "cache_config", None), "prefix_caching_hash_algo", "")
     if none_hash is None:
         return "unset"
-    return hashlib.blake2b(bytes(none_hash) + str(algo).encode(), digest_size=4).hexdigest()
+    lookahead = hash_lookahead.lookahead_tokens(vllm_config)
+    extra = f"lookahead={lookahead}".encode() if lookahead else b""
+    return hashlib.blake2b(bytes(none_hash) + str(algo).encode() + extra,
+                           digest_size=4).hexdigest()
 
 
 def kv_group_kinds(kv_cache_config: Any) -> list[str]:
