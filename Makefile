@@ -97,10 +97,11 @@ test-previous: $(STAMP_PREVIOUS) prometheus
 	  tests/diagnostics/test_native.py tests/dashboards/test_queries_reality.py
 
 # `make check-release VLLM=x.y.z`: an environment for any vLLM release (.venv-x.y.z, linked
-# from .venv034), the release checks on it, and what broke. docs/releases.md says what to do
-# with a new vLLM.
+# from CHECK_BASE: a venv whose torch matches saves pip that download), the release checks on
+# it, and what broke. docs/releases.md says what to do with a new vLLM.
+CHECK_BASE ?= $(VENV_NEWEST)
 .venv-%/.kvscope-installed: $(STAMP_NEWEST)
-	$(call release_venv,.venv-$*,$*,$(VENV_NEWEST))
+	$(call release_venv,.venv-$*,$*,$(CHECK_BASE))
 
 check-release: prometheus
 	@test -n "$(VLLM)" || { echo "usage: make check-release VLLM=x.y.z"; exit 2; }
