@@ -23,6 +23,10 @@ import sys
 # vLLM's GPU sampling/attention kernels: never imported on CPU, and not on this index
 # at every pin vLLM names.
 SKIPPED = {"flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"}
+# Pinned exactly, and taken as that exact build: the index carries torch 2.13.0 both plain and
+# as 2.13.0+cpu, which ``==`` also matches and pip prefers, while the torchvision vLLM pins
+# beside it is built against the plain one (importing it then fails: torchvision::nms).
+EXACT_BUILD = {"torch"}
 
 
 def pip(*args: str) -> subprocess.CompletedProcess:
@@ -45,7 +49,12 @@ def runtime_requirements(dist: str) -> list[str]:
         req = Requirement(spec)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
-        if requirement_name(spec) in SKIPPED:
+        name = requirement_name(spec)
+        if name in SKIPPED:
+            continue
+        pins = [s.version for s in req.specifier if s.operator == "=="]
+        if name in EXACT_BUILD and len(pins) == 1 and "+" not in pins[0]:
+            wanted.append(f"{req.name}==={pins[0]}")
             continue
         wanted.append(str(req).split(";")[0].strip())
     return wanted
