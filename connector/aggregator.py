@@ -15,8 +15,10 @@ at once. A daemon thread wakes every
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
 events in the order they were recorded (round judging and coverage, request states,
 store jobs), then the flush into the recorder, the gauges and vLLM's stats object. A
-wake-up that finds no event only samples the host's memory when due (every 5 s:
-``host_memory.py``), so that it is watched while the engine idles too.
+wake-up that finds no event refreshes the gauges if a reader's drain applied events since
+they were last refreshed (:attr:`Aggregator.gauges_due`), else only samples the host's
+memory when due (every 5 s: ``host_memory.py``), so that it is watched while the engine
+idles too.
 On a GPU server that work overlaps the forward pass, where the engine thread waits
 with the GIL released.
 
@@ -120,6 +122,12 @@ class Aggregator:
         # while vLLM's tier reads are in flight (its busy: TierTaps.reading, set by the owner
         # once its taps exist)
         self.hold_back = HoldBack(None, MAX_DEFER_S)
+        # Set by the owner when a reader's drain applied events and left the gauges as they
+        # were (a scrape: counters at once, gauges at this cadence), cleared by a refresh.
+        # Without it the next wake-up finds the journal empty and the gauges keep what they
+        # read before those events for good: an engine that stopped stepping (vLLM holds no
+        # request) would read busy until its next request.
+        self.gauges_due = False
         # Held until close() releases it: the thread waits with one C-level timed acquire
         # (a threading.Event's wait is Python code around it: ~1.5x the CPU per wake-up,
         # 20 wake-ups a second) and is woken at once by close()
@@ -144,26 +152,31 @@ class Aggregator:
 
     def _loop(self) -> None:
         stopped = self._stop.acquire
-        hold = self.hold_back.hold
         # interval_s read at each wake-up: a benchmark may change it while the engine runs
         while not stopped(timeout=self.interval_s):
-            try:
-                # sampled at every wake-up, the journal empty or not: one that finds no read
-                # in flight ends the hold's period. Left open across an idle engine (its
-                # journal drained by a scrape, nothing journaled since), the period ran out
-                # at the first wake-up beside the next restore's reads and drained there
-                held = hold()
-                if self.journal:
-                    if held:
-                        continue
-                    self._refresh()
-                elif self._quiet is not None:
-                    self._quiet()
-            except Exception as exc:  # refresh guards its parts; this is the last line
-                self.rec.error(ErrorSite.AGGREGATOR, exc)
+            self.wake()
             self.cpu_s = time.thread_time()
         if not self._closed:  # pragma: no cover - the lock is free only after close()
             self.rec.error(ErrorSite.AGGREGATOR, RuntimeError("aggregator loop left"))
+
+    def wake(self) -> None:
+        """One wake-up's work: this thread's every ``interval_s`` (a test's, in step with an
+        engine). Events waiting, or events a reader's drain applied since the gauges were
+        last refreshed (:attr:`gauges_due`): the whole refresh, unless held back; else the
+        quiet work."""
+        try:
+            # sampled at every wake-up, the journal empty or not: one that finds no read
+            # in flight ends the hold's period. Left open across an idle engine (its
+            # journal drained by a scrape, nothing journaled since), the period ran out
+            # at the first wake-up beside the next restore's reads and drained there
+            held = self.hold_back.hold()
+            if self.journal or self.gauges_due:
+                if not held:
+                    self._refresh()
+            elif self._quiet is not None:
+                self._quiet()
+        except Exception as exc:  # refresh guards its parts; this is the last line
+            self.rec.error(ErrorSite.AGGREGATOR, exc)
 
     def drain(self) -> None:
         """Apply the journal's events in order (the caller holds :attr:`lock`)."""

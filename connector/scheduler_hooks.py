@@ -148,6 +148,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                 journal_extend((on_finished, 1, rid))
                 if live:
                     live.discard(rid)
+                    if not live:  # vLLM's last request: this step's end settles (settle)
+                        obs.settle_due = True
             except Exception as exc:
                 rec_error(ErrorSite.STEP, exc)
             return out

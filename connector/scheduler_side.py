@@ -190,6 +190,8 @@ class SchedulerObserver:
         # its blocks in use, and what the latest settled step left in use (settle)
         self._blocks_in_use: Callable[[], int] | None = None
         self._settled_blocks = 0
+        # the last live request finished: the step's end settles the gauges (settle)
+        self.settle_due = False
         self._job_map = compat.connector_job_map(connector_scheduler)
         self._set_tracing(tracing_enabled(tracer))
         self._step_guard = recorder.guard(ErrorSite.STEP)
@@ -307,19 +309,24 @@ class SchedulerObserver:
 
     def settle(self) -> None:
         """Scheduler thread, the end of a step (vLLM's stats hook, after it freed what the
-        step finished) that left no request known to the connector: unless a load or store
-        job is in flight, the blocks vLLM's pool still holds are held by no request
-        (``kvscope_idle_gpu_blocks_in_use``; 0 on a healthy engine). O(1); a change is
-        aggregated at once and handed to vLLM's stats path in this very hook, since an idle
-        engine may not step again."""
-        in_use = self._blocks_in_use
-        if in_use is None or self._job_map:
-            return
+        step finished) that left no request known to the connector. The step that finished
+        the last one (:attr:`settle_due`, set by the finish hook) is aggregated at once, the
+        gauges with it, and handed to vLLM's stats path in this very hook: vLLM may never
+        step again (its engine core does not once it holds no request; an in-process
+        ``LLM.generate`` returns after that step), so what this step leaves is the settled
+        state, the request gauges at 0. Unless a load or store job is in flight, the blocks
+        vLLM's pool still holds are held by no request (``kvscope_idle_gpu_blocks_in_use``;
+        0 on a healthy engine), aggregated the same way when it changed. O(1) otherwise."""
+        due, self.settle_due = self.settle_due, False
         try:
-            n = in_use()
-            if n != self._settled_blocks:
-                self._settled_blocks = n
-                self.rec.set(signals.IDLE_GPU_BLOCKS, (), n)
+            in_use = self._blocks_in_use
+            if in_use is not None and not self._job_map:
+                n = in_use()
+                if n != self._settled_blocks:
+                    self._settled_blocks = n
+                    self.rec.set(signals.IDLE_GPU_BLOCKS, (), n)
+                    due = True
+            if due:
                 self.refresh(hand_over=True)
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)
@@ -416,16 +423,19 @@ class SchedulerObserver:
         recorder: :meth:`drain`): the snapshot gauges keep their step cadence.
         ``hand_over``: a stats object for vLLM even if one already waits (:meth:`settle`:
         vLLM may take none after this one)."""
-        rec = self.rec
-        with self.agg.lock:
+        rec, agg = self.rec, self.agg
+        with agg.lock:
             self._flushed_at = time.monotonic()
-            self.agg.drain()
+            if not gauges and agg.journal:  # gauges left behind the events: the next wake-up
+                agg.gauges_due = True
+            agg.drain()
             self._flush_rooms()
             with self._step_guard:
                 if self._steps:
                     rec.inc(signals.SCHEDULER_STEPS, (), self._steps)
                     self._steps = 0
                 if gauges:
+                    agg.gauges_due = False
                     self.gauges.refresh()
                     self.group_stores.refresh_gauges()
                     now = time.time()

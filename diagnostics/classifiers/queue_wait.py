@@ -32,8 +32,23 @@ _CONNECTOR_REASON = "deferred"
 _CAPACITY_REASON = "capacity"
 
 
+def _vllm_holds_none(ev: Evidence) -> bool:
+    """vLLM's own gauges (its /metrics) read no request waiting and none running on every
+    sample of the recent span: whatever kvscope's request gauges say, nothing waits for
+    admission (kvscope's lag behind the engine's last step, or lost events, not a queue)."""
+    req = ev.requests
+    gauges = (req.vllm_waiting, req.vllm_running)
+    if not all(q.present for q in gauges):
+        return False
+    since = ev.source.end - ev.source.recent_span - 1e-6
+    recent = [v for q in gauges for t, v in q.samples if t >= since]
+    return bool(recent) and max(recent) == 0
+
+
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     req = ev.requests
+    if _vllm_holds_none(ev):
+        return None
     queued = req.get(S.RequestState.QUEUED)
     # Requests the connector holds now: deferred (lookup answered None) or
     # loading (async load in flight; vLLM also counts those as waiting).

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from prometheus_client import REGISTRY, generate_latest
+from vllm.v1.request import RequestStatus
 
 from kvscope.connector import Settings
 from kvscope.connector.aggregator import INTERVAL_S
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.vllm
 
 BUSY_S = 1.0  # wall time the engine is kept busy: 20 of the default cadence's wake-ups
 NEVER_S = 3600.0  # a cadence no wake-up of which falls within a test
+ANCHOR_TOKENS = 4000  # the request kept running while the engine is busy: never reached
 
 
 def _engine(flush_interval_s: float, **kw) -> CPUEngine:
@@ -51,17 +53,24 @@ def _count_lookup_rounds(e: CPUEngine) -> list[int]:
 
 
 def _step_busy(e: CPUEngine, until) -> None:
-    """Step with a request always running (no idle step: an idle step drains at once) until
-    ``until()``; a new request per finished one, each with a shared prefix to look up."""
+    """Step with vLLM holding a request throughout until ``until()``: neither an idle step
+    nor the end of a step that finished vLLM's last request (both aggregate at once, the
+    engine may not step again). A long request stays the whole time (aborted after), beside
+    a new request per finished one, each with a shared prefix to look up."""
     shared, n, deadline = prompt(0, 32), 0, time.monotonic() + 60
+    anchor = e.add_request(prompt(10**6, 16), ANCHOR_TOKENS)
     running: set[str] = set()
-    while not until():
-        running -= set(e.finished)
-        while len(running) < 2:
-            n += 1
-            running.add(e.add_request(shared + prompt(n, 16), 24))
-        e.step()
-        assert time.monotonic() < deadline, "engine busy for 60 s without the condition"
+    try:
+        while not until():
+            running -= set(e.finished)
+            while len(running) < 2:
+                n += 1
+                running.add(e.add_request(shared + prompt(n, 16), 24))
+            e.step()
+            assert anchor not in e.finished, "the long request ended: the engine idled"
+            assert time.monotonic() < deadline, "engine busy for 60 s without the condition"
+    finally:
+        e.scheduler.finish_requests(anchor, RequestStatus.FINISHED_ABORTED)
 
 
 def test_flush_interval_is_validated_at_start_up():

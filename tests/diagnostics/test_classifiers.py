@@ -277,6 +277,17 @@ def test_queue_wait_not_when_queue_empties():
     assert queue_wait.classify(evidence(d), TH) is None
 
 
+def test_queue_wait_not_while_vllm_holds_no_request():
+    # vLLM's own gauges say nothing waits or runs: kvscope's queued count lags the engine
+    d = queue_case()
+    d[L(S.VLLM_REQUESTS_WAITING_BY_REASON, reason="capacity")] = [0, 0]
+    d[S.VLLM_REQUESTS_WAITING] = [0, 0]
+    d[S.VLLM_REQUESTS_RUNNING] = [0, 0]
+    assert queue_wait.classify(evidence(d), TH) is None
+    d[S.VLLM_REQUESTS_RUNNING] = [0, 1]  # one ran at the last scrape: vLLM holds a request
+    assert queue_wait.classify(evidence(d), TH) is not None
+
+
 def test_queue_wait_yields_to_ceiling():
     d = queue_case() | {L(S.ROUNDS_AT_ROW_CEILING.name, verdict="vetoed"): [1, 2]}
     assert queue_wait.classify(evidence(d), TH) is None
