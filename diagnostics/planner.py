@@ -27,7 +27,12 @@ against the steps, traced in ``benchmarks/README.md``).
 **C from a window.** The restores seen at once (latest-value gauges: a lower bound), and, when
 the row ceiling cut restores, the ``C`` that explains the coverage measured: ``W_now`` whole
 restores (counted as above) out of ``C`` left ``1 - W_now / C`` of the held tokens to the row
-ceiling, so ``C = W_now / (1 - row-ceiling share)``. The larger is taken.
+ceiling, so ``C = W_now / (1 - row-ceiling share)``. The larger is taken. Which count
+``W_now`` is, the window says: where ``floor(R / k)`` with the restores seen at once explains
+the coverage and ``ceil(R / k)`` would need more restores at once than were seen, the partial
+restore was cut (four 64,000-token re-asks through 9,000 rows on an H200 restored 2 of 4
+whole, the first asker cut too), and the predictions follow that rule. A ``C`` above what
+was seen is said in a note.
 
 **The plan.** ``n = ceil(target x C)`` restores whole at once, so ``n x k`` rows (at least the
 largest restore seen), plus headroom for one step's store job (``groups x ceil(
@@ -119,7 +124,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                      f" more than the mean's {n(k)}: restores differ in length; the plan keeps "
                      "room for the largest, the coverage model counts mean-sized restores")
 
-    c, other = _concurrency(i, k, steps, notes), _v(i.other_loss)
+    (c, partial_cut), other = _concurrency(i, k, steps, notes), _v(i.other_loss)
     keep = 1.0 - other
     if other > 0:
         steps.append(Step("lost whatever the rows", "load cap, other (of held tokens)", pct(other)))
@@ -164,6 +169,8 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
             return
         seen.add(r)
         predicted, at_least = coverage_at(r, k, c, other, g)
+        if partial_cut:  # the window showed the partial restore cut: that is the prediction
+            predicted = at_least
         preds.append(Prediction(r, predicted, at_least, label, measured))
 
     if i.rows_now is not None:
@@ -178,25 +185,48 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                 notes=tuple(notes))
 
 
-def _concurrency(i: PlanInputs, k: int, steps: list[Step], notes: list[str]) -> float:
-    """C: restores asking for rows at once (see the module docstring)."""
+def _concurrency(i: PlanInputs, k: int, steps: list[Step],
+                 notes: list[str]) -> tuple[float, bool]:
+    """(C, whether the window shows the restore that found part of its rows cut): restores
+    asking for rows at once (see the module docstring)."""
     if i.concurrency_given is not None:
         c = i.concurrency_given.value
         steps.append(Step("restores asking at once", "--concurrency", f"C = {n(c)}"))
-        return c
+        return c, False
     seen = _v(i.concurrency_seen)
     parts = [f"{n(seen)} seen at once ({i.concurrency_seen.source})"] if seen else []
-    fit = 0.0
+    fit, partial_cut = 0.0, False
     row_loss, rows_now = _v(i.row_loss), int(_v(i.rows_now))
     if row_loss > 0 and rows_now >= k:
-        fitting = restores_whole(rows_now, k, int(i.kv_groups.value))
-        how = (f"⌊{n(rows_now)} rows / {n(k)}⌋" if fitting == rows_now // k
-               else f"⌈{n(rows_now)} rows / {n(k)}⌉ (the last waits for its rows)")
+        waits = restores_whole(rows_now, k, int(i.kv_groups.value))
+        cut = rows_now // k
+        left = 1 - row_loss
+
+        def explain(whole: int) -> float:
+            return whole / left if row_loss < 1 else float(whole + 1)
+
+        # Which partial-restore rule the window shows: the one whose C the restores seen at
+        # once explain. If only "the partial restore was cut" does, it was (the engine cut
+        # it before the others' loads freed rows): taking "it waits" instead would invent
+        # restores at once the window never saw, and size the plan for them.
+        partial_cut = (waits != cut and seen > 0 and explain(cut) <= seen + EPS
+                       and explain(waits) > seen + EPS)
+        fitting = cut if partial_cut else waits
+        how = (f"⌊{n(rows_now)} rows / {n(k)}⌋" + (
+                   " (the restore that found part of its rows was cut: the C seen explains "
+                   "the coverage so, not with it waiting)" if partial_cut else "")
+               if fitting == cut else
+               f"⌈{n(rows_now)} rows / {n(k)}⌉ (the last waits for its rows)")
         steps.append(Step("restores the tier holds whole now", how, n(fitting)))
         steps.append(Step("coverage the row ceiling left", f"1 - {pct(row_loss)} of held "
-                          "tokens cut by a promotion without a free row", pct(1 - row_loss)))
-        fit = fitting / (1 - row_loss) if row_loss < 1 else float(fitting + 1)
-        parts.append(f"{n(fitting)} / {pct(1 - row_loss)} = {n(round(fit, 2))} to explain the cut")
+                          "tokens cut by a promotion without a free row", pct(left)))
+        fit = explain(fitting)
+        parts.append(f"{n(fitting)} / {pct(left)} = {n(round(fit, 2))} to explain the cut")
+        if fit > seen + EPS:
+            notes.append(f"C = {n(round(fit, 2))} restores at once explains the coverage the "
+                         f"row ceiling left, more than the {n(seen)} seen at once (a latest-"
+                         "value lower bound): the plan is sized for restores the window did "
+                         "not show together; pass --concurrency if you know better")
     elif row_loss > 0:
         notes.append(f"one restore needs {n(k)} rows, more than the {n(rows_now)} the tier has "
                      "(the truncated form): how many ask at once is known only from the gauges")
@@ -209,7 +239,7 @@ def _concurrency(i: PlanInputs, k: int, steps: list[Step], notes: list[str]) -> 
         parts = ["none seen: 1"]
     steps.append(Step("restores asking at once", "C = max(" + "; ".join(parts) + ")",
                       f"C = {n(round(c, 2))}"))
-    return c
+    return c, partial_cut
 
 
 def _reserve(i: PlanInputs, g: int, t: float, steps: list[Step], notes: list[str]) -> int:

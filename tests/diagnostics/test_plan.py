@@ -21,6 +21,7 @@ from kvscope.diagnostics.cli import main
 from kvscope.diagnostics.evidence import build_evidence
 from kvscope.diagnostics.model import DiagnoseError
 from kvscope.diagnostics.plan_inputs import Given, read_inputs
+from kvscope.diagnostics.plan_model import Fact, PlanInputs
 from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
 from kvscope.diagnostics.planner import coverage_at, make_plan, rows_per_restore
 from kvscope.exporters import signals as S
@@ -195,10 +196,46 @@ def test_a_healthy_window_says_its_rows_already_reach_the_target():
 
 
 def test_a_vllm_release_the_model_was_not_checked_on_is_flagged():
-    assert not _plan(concurrency_window(vllm="0.33.0")).notes  # checked on CPU
+    assert not any("coverage model was checked" in x  # checked on CPU
+                   for x in _plan(concurrency_window(vllm="0.33.0")).notes)
     p = _plan(concurrency_window(vllm="0.34.1"))
     assert any("vLLM 0.34.1: the coverage model was checked on vLLM 0.26 and 0.33" in x
                for x in p.notes)
+
+
+def _inputs(**over) -> PlanInputs:
+    base = dict(source=None, chunk_tokens=Fact(16, "t"), kv_groups=Fact(1, "g"),
+                rows_now=Fact(9_000, "r"), row_bytes=Fact(32_768, "b"),
+                step_tokens=Fact(8_192, "s"), restores=Fact(4, "n"),
+                held_per_restore=Fact(64_000, "h"), largest_rows=None,
+                concurrency_seen=Fact(4, "seen"), concurrency_given=None,
+                coverage_now=Fact(0.5, "c"), row_loss=Fact(0.5, "l"), other_loss=Fact(0.0, "o"),
+                reserve_given=None)
+    return PlanInputs(**{**base, **over})
+
+
+def test_the_partial_restore_cut_in_the_window_sizes_the_plan_for_the_restores_seen():
+    """One H200's window (vLLM 0.26): four 64,000-token re-asks at once through 9,000 rows
+    (k = 4,000) restored 2 of 4 whole, the first asker cut too. "The partial restore waits"
+    counts 3 whole and needs C = 6 to explain 50 %; "it was cut" counts 2 and needs the 4
+    seen. The engine at each size: 24,512 rows and 22,060 restored 4 of 4, and so did
+    16,512 = 4 x 4,000 + 512."""
+    p = make_plan(_inputs())
+    assert p.concurrency == 4
+    assert p.rows == 16_512
+    by_label = {x.label: x for x in p.predictions}
+    assert by_label["now"].coverage == 0.5  # the window's own: 2 of 4
+    assert by_label["plan"].coverage == 1.0
+    assert by_label["plan - 10%"].coverage == 0.75  # 3 whole of 4: misses the target
+    assert not any("more than the" in x for x in p.notes)
+
+
+def test_a_c_above_the_restores_seen_is_said():
+    """The same window with one restore seen at once: neither rule explains 50 % with C = 1,
+    so C comes from the coverage, and the plan says it exceeds what the window showed."""
+    p = make_plan(_inputs(concurrency_seen=Fact(1, "seen")))
+    assert p.concurrency == 6  # 3 whole (the partial one waiting) / 50 %
+    assert any("more than the 1 seen at once" in x for x in p.notes)
 
 
 # ---- the formatter: golden text, fixed clock ----------------------------------------------
