@@ -64,6 +64,16 @@ def _scan_tells_lookups(connector_scheduler: Any) -> bool:
     return not getattr(config, "supports_partial_tail", False)
 
 
+def scan_read_on_this_release(tiering: bool) -> bool:
+    """Whether this vLLM release's scan was read and tested: with vLLM's CPU manager alone
+    (``versions.SUPPORTED``) or with its tiering manager (``_PROMOTED_ANSWER``). Elsewhere
+    kvscope keeps its per-key tap, whatever the scan now answers."""
+    low, high = (versions.release(v) for v in versions.SUPPORTED)
+    if not low <= versions.release(versions.VLLM_VERSION) <= high:
+        return False
+    return not tiering or versions.release()[:2] in _PROMOTED_ANSWER
+
+
 def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any] | None:
     """When a round's lookups can be read from the prefix scan (see the module's doc): a
     function of a key, what the CPU manager's ``lookup`` answers for it now, read from its
@@ -217,7 +227,7 @@ def tiered_scan_reader(connector_scheduler: Any, manager: Any) -> TieredReader |
     promotion of the scan (HIT), and the last of the keys when the scan reached it: its
     answer is the secondary tiers' (their existence checks' results, 0.33's held promotions
     and each request's tier filter). Only vLLM's own tiering manager, CPU primary tier and
-    fs tiers, on the releases read (0.26, 0.33)."""
+    fs tiers, on the releases read (0.26, 0.33, 0.34)."""
     promoted_answer = _PROMOTED_ANSWER.get(versions.release()[:2])
     if promoted_answer is None or not _scan_tells_lookups(connector_scheduler):
         return None
