@@ -14,6 +14,7 @@ difference, each naming the release that needs it:
 * ``block_pool``: vLLM's GPU KV-cache block pool as the scheduler binds it (0.26:
   ``bind_gpu_block_pool``; 0.33: ``bind_kv_cache_manager``, which calls it), read only.
 * ``device_pointers``: 0.34 hands a worker's transfers device addresses, not GPU block ids.
+* ``skip_reading``: the request attribute that skips the connector's lookup (0.34 renamed it).
 * ``hash_lookahead``: 0.34's lookahead block hashes (an EAGLE/MTP drafter's trailing chunk
   keyed with the tokens after it), which fixed the drafter group's veto and changed its keys.
 * ``registry``: naming the connector to vLLM's connector factory (the ``vllm.general_plugins``
@@ -43,7 +44,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult as VLookupResult
 
-from kvscope.connector.compat import hash_lookahead, renames
+from kvscope.connector.compat import hash_lookahead, renames, skip_reading
 from kvscope.connector.compat.block_pool import gpu_blocks_in_use
 from kvscope.connector.compat.prefix_scan import (
     SCAN_METHOD,
@@ -328,8 +329,9 @@ def group_of_suffix(suffix: bytes) -> int:
 # True on a request that asked not to read cached KV (on by default with
 # ``prompt_logprobs``): vLLM's GPU prefix cache and the offloading connector's lookup
 # both answer it with no hit, without looking. Read with getattr(request, ..., False)
-# (once per lookup round: scheduler_hooks.py, no function call around it).
-SKIP_PREFIX_CACHE_ATTR = "skip_reading_prefix_cache"
+# (once per lookup round: scheduler_hooks.py, no function call around it); its name moved
+# in 0.34 (``skip_reading``).
+SKIP_PREFIX_CACHE_ATTR = skip_reading.attribute()
 
 
 def request_statuses(connector_scheduler: Any) -> dict[str, Any] | None:

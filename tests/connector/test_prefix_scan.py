@@ -288,7 +288,7 @@ def test_a_release_whose_scan_was_not_read_keeps_the_per_key_tap(monkeypatch):
         obs = e.connector._kvscope_observer
         assert obs.lookups_from_scan  # this release, this engine: read from the scan
         assert compat.scan_reader(obs.cs, obs.primary) is not None
-        monkeypatch.setattr(versions, "VLLM_VERSION", "0.34.0")
+        monkeypatch.setattr(versions, "VLLM_VERSION", "0.35.0")
         assert compat.scan_reader(obs.cs, obs.primary) is None
 
 
