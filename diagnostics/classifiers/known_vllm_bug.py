@@ -22,7 +22,7 @@ from ._common import window_word
 
 ID = "known_vllm_bug"
 TITLE = "A known vLLM bug"
-SEVERITY = 84  # an engine killer on this release: above the restore-path classes
+SEVERITY = 62  # the engine lived (contained): what serving suffers now ranks first
 CHECK = ("known vLLM offload bugs of the running vLLM release (diagnostics/known_bugs.py), from "
          f"{S.VLLM_FAULTS_CONTAINED.name} where the engine exports it")
 # what it explains of unclassified_anomaly's invariants: the contained fault itself

@@ -48,8 +48,11 @@ def test_the_capture_is_the_bug_contained():
 def test_named_on_the_release_that_has_it_with_the_release_to_upgrade_to(capsys):
     code, report = _diagnose(CAPTURE.read_text(), capsys)
     assert code == 1
-    top = report["verdicts"][0]
-    assert top["id"] == "known_vllm_bug"
+    verdicts = {v["id"]: v for v in report["verdicts"]}
+    # the run's other stores never fit 4 rows (the way to the bug): that serving incident
+    # ranks first, the release's bug beside it
+    assert list(verdicts)[:2] == ["store_never_fits", "known_vllm_bug"]
+    top = verdicts["known_vllm_bug"]
     assert "store_after_finish" in top["title"]
     assert "upgrade vLLM to 0.27.0 or later" in top["next_step"]
     assert "contain_vllm_faults" in top["next_step"]  # what to do until then
@@ -114,4 +117,4 @@ def test_a_live_run_on_a_release_with_the_bug_gets_the_same_verdict(capsys):
     capsys.readouterr()  # vLLM's own log lines, printed while it ran
     assert facts["short_finished"] and facts["holder_keys_held"] and facts["same_holder_output"]
     code, report = _diagnose(text, capsys)
-    assert code == 1 and report["verdicts"][0]["id"] == "known_vllm_bug"
+    assert code == 1 and "known_vllm_bug" in [v["id"] for v in report["verdicts"]]
