@@ -190,11 +190,15 @@ CPU_USAGE_GAUGE_ZERO = KnownBug(
     verified=("0.26.0 cpu/manager.py:303-310, 0.33.0 :487-496: (allocated - free - "
               "evictable) / total, i.e. rows pinned by a transfer in flight, not rows holding "
               "KV; between transfers it is 0 however full the tier is"),
-    evidence_rule="",  # kv-diagnose does not read that gauge; nothing to diagnose
+    # the shape (the gauge 0 at every scrape while restores load bytes) is cosmetic: kv-diagnose
+    # gives no verdict for it, and does not read the gauge
+    evidence_rule="",
     evidence=None,
     until_then="read kvscope_primary_rows{state=\"occupied\"} (or vLLM 0.33's tiering usage "
                "gauges) for how full the CPU tier is",
-    reproduced="not reproduced as a scenario: it is the gauge's definition, read in source",
+    reproduced=("recorded capture tests/diagnostics/native/vllm-0.33.0-healthy.prom (stock "
+                "connector, vLLM 0.33.0 on CPU): the gauge reads 0.0 while the re-ask restored "
+                "96 tokens (its engine facts); test_known_bugs.py checks the capture says so"),
 )
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (

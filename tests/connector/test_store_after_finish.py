@@ -98,6 +98,14 @@ def test_nothing_is_wrapped_on_a_release_without_the_bug():
         assert _contained(e) == 0  # declared, never counted
 
 
+def test_nothing_is_wrapped_without_the_tiering_manager():
+    """vLLM's CPU manager alone keeps no per-request state: nothing to contain, any release."""
+    with CPUEngine(saf.engine_config(tiering=False, stuck=None)) as e:
+        proxy = e.connector.connector_scheduler.manager
+        assert e.connector._kvscope_observer.contained is False
+        assert proxy.prepare_store.__qualname__ == "_store_tap.<locals>.prepare_store"
+
+
 def test_the_gate_is_the_release():
     assert bug.has_bug("0.26.0") and bug.has_bug("0.26.1")
     assert not bug.has_bug("0.27.0") and not bug.has_bug("0.33.0")

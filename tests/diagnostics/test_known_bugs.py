@@ -104,6 +104,20 @@ def test_every_entry_says_what_was_checked_and_where_it_is_reproduced():
     assert set(kb.BY_ID) >= {f.value for f in S.VllmFault}  # every contained fault is listed
 
 
+def test_the_usage_gauge_capture_reads_zero_while_restores_succeed():
+    """cpu_usage_gauge_zero's recorded capture: vLLM's gauge 0.0, the engine's facts a
+    restore of 96 tokens (vLLM's own load bytes say the same)."""
+    path = Path(__file__).parent / "native" / "vllm-0.33.0-healthy.prom"
+    text = path.read_text()
+    assert _facts(text)["restored_tokens"] == 96
+    assert path.name in kb.CPU_USAGE_GAUGE_ZERO.reproduced
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(("vllm:kv_offload_cpu_cache_usage_perc{",
+                                  "vllm:kv_offload_load_bytes_total{"))}
+    assert values["vllm:kv_offload_cpu_cache_usage_perc"] == 0.0
+    assert values["vllm:kv_offload_load_bytes_total"] > 0
+
+
 @pytest.mark.vllm
 def test_a_live_run_on_a_release_with_the_bug_gets_the_same_verdict(capsys):
     pytest.importorskip("vllm")
