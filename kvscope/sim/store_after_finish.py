@@ -59,7 +59,7 @@ class Drive:
     holder: str  # A: its store held the rows
     short: str  # R: refused, finished, then its last store prepared
     holder_keys: list[bytes]  # A's offload keys (one KV group)
-    refused_before_finish: int  # R's steps (each one a refused store) before it finished
+    short_steps: int  # steps R ran (on 0.26 each one a store refused) before it finished
 
 
 def drive(e: CPUEngine) -> Drive:
