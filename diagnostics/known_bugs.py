@@ -102,9 +102,11 @@ STORE_AFTER_FINISH = KnownBug(
     until_then=("keep kvscope's contain_vllm_faults on (the default): each occurrence skips "
                 "one finished request's last store instead of killing the engine; size the CPU "
                 "tier so stores stop being refused (kv-diagnose plan), the usual way there"),
-    reproduced=("tests/connector/test_store_after_finish.py (kvscope.sim.store_after_finish): "
-                "the stock connector raises KeyError on 0.26.0 and runs through on 0.33.0; "
-                "kvscope contains it on 0.26.0"),
+    reproduced=("tests/connector/test_store_after_finish.py (kvscope.sim.store_after_finish), "
+                "both ways there (a store refused, then retried after finish; with "
+                "offload_prompt_only false, the last token filling a chunk): the stock "
+                "connector raises KeyError on 0.26.0 and runs through on 0.33.0; kvscope "
+                "contains it on 0.26.0. Capture: tests/diagnostics/known_bugs/"),
 )
 
 CAPACITY_CEILING = KnownBug(

@@ -11,6 +11,10 @@ step), and the step after R's finish prepares R's last store, which now fits: 0.
 the request: the same drive runs through. With kvscope the store is skipped instead (no row
 taken, A's rows kept), counted in ``kvscope_vllm_faults_contained_total``.
 
+The other way there, :func:`drive_last_token`: with ``offload_prompt_only`` false, a request
+whose last generated token fills a chunk; its store of that chunk is built the step after it
+finished, its state already gone (no refused store needed: one request is enough).
+
 The connector option is kvscope's ``contain_vllm_faults`` (:func:`kvscope_options`), the
 same in any engine (``vllm serve``'s ``--kv-transfer-config`` carries it on a GPU).
 """
@@ -88,6 +92,27 @@ def drive(e: CPUEngine) -> Drive:
         raise AssertionError(f"{r} did not finish two steps after A's store was released")
     e.step()  # R's last store is prepared: vLLM 0.26 raises here
     return Drive(a, r, keys, steps + 2)
+
+
+LAST_PROMPT_TOKENS = 6 * BLOCK
+LAST_MAX_TOKENS = BLOCK  # 96 + 16 tokens: the last one fills chunk 7
+
+
+def last_token_config(connector: str = "ObservedOffloadingConnector",
+                      contain: bool | None = None, **overrides: Any) -> EngineConfig:
+    cfg: dict[str, Any] = dict(rows=12, stuck=None,
+                               offload_options={"offload_prompt_only": False})
+    cfg.update(overrides)
+    return engine_config(connector, contain, **cfg)
+
+
+def drive_last_token(e: CPUEngine) -> str:
+    """One request whose last token fills a chunk, then the step that prepares that chunk's
+    store (vLLM 0.26 raises there); the request's id."""
+    rid = e.add_request(prompt(1, LAST_PROMPT_TOKENS), LAST_MAX_TOKENS)
+    e.run_until_done([rid], max_steps=MAX_STEPS)
+    e.step()
+    return rid
 
 
 FLOOD_TOKENS = 28 * BLOCK  # pushes A and R out of the 32-block GPU prefix cache

@@ -81,11 +81,36 @@ def test_kvscope_skips_that_store_and_every_other_request_is_whole(caplog):
     assert len(logged) == 1 and f"fixed in vLLM {bug.FIXED_IN}" in logged[0].getMessage()
 
 
+@needs_bug
+def test_the_last_token_filling_a_chunk_kills_the_stock_engine_and_not_kvscopes():
+    """offload_prompt_only false: one request is enough, no store refused before."""
+    with CPUEngine(saf.last_token_config("OffloadingConnector")) as e, \
+            pytest.raises(KeyError) as raised:
+        saf.drive_last_token(e)
+    assert _raised_by_vllm_prepare_store(raised.value)
+    with CPUEngine(saf.last_token_config()) as e:
+        rid = saf.drive_last_token(e)
+        first = e.finished[rid]
+        assert _contained(e) == 1
+        e.generate(saf.prompt(3, saf.FLOOD_TOKENS), 2, max_steps=saf.MAX_STEPS)
+        e.drain()
+        again = e.generate(saf.prompt(1, saf.LAST_PROMPT_TOKENS), saf.LAST_MAX_TOKENS,
+                           max_steps=saf.MAX_STEPS)
+        assert again.output == first.output
+        # the prompt's chunks were stored before the skipped one: the whole prompt served
+        # from the caches again, what the flood pushed out of the GPU from the tiers
+        assert again.num_cached_tokens == saf.LAST_PROMPT_TOKENS
+        assert again.num_external_tokens > 0
+        assert _contained(e) == 1
+
+
 @fixed
 def test_a_fixed_release_runs_the_drive_through_with_the_stock_connector():
     with CPUEngine(saf.engine_config("OffloadingConnector")) as e:
         d = saf.drive(e)
         assert d.short in e.finished
+    with CPUEngine(saf.last_token_config("OffloadingConnector")) as e:
+        assert saf.drive_last_token(e) in e.finished
 
 
 @fixed
