@@ -68,6 +68,8 @@ def test_kvscope_skips_that_store_and_every_other_request_is_whole(caplog):
         assert short_keys is None  # vLLM let the finished request go, as after a store
         served = {"holder": e.finished[d.holder], "short": e.finished[d.short],
                   **saf.serve_after(e)}
+        # the flood's last store also comes after its state is gone, but 28 chunks never fit
+        # 4 rows: vLLM refuses it without raising, and kvscope leaves that call to vLLM
         assert _contained(e) == 1
     for name, ref in reference.items():
         assert served[name].output == ref.output, name
