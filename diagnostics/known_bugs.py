@@ -175,12 +175,15 @@ EAGLE_NEVER_CERTIFIES = KnownBug(
               "last chunk under lookahead hashes (scheduler.py:971). Not checked: that the "
               "lookup needs tail+1 on 0.26 (not found in its _sliding_window_lookup), and "
               "whether 0.33's use_eagle store mask already lets some hits through"),
-    evidence_rule="",  # kvscope's series do not say whether speculative decoding is on
+    # kvscope's series do not say whether a drafter group is there: every restore vetoed by
+    # one group's miss (restore_stopped_rounds{reason="group_veto"}) has other causes too
+    evidence_rule="",
     evidence=None,
     until_then="upgrade to 0.34.0 (lookahead block hashes); speculative decoding off restores "
                "the hits",
     reproduced=("not reproduced: the CPU harness runs no speculative decoding (no EAGLE "
-                "group); no capture recorded"),
+                "group); no capture recorded. kvscope's side of the fix: "
+                "connector/compat/hash_lookahead.py (the keys change on the upgrade)"),
 )
 
 CPU_USAGE_GAUGE_ZERO = KnownBug(
