@@ -71,6 +71,10 @@ class ManagerProxy:
 
         return direct
 
+    def wrap_store(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """``prepare_store`` becomes ``wrap(prepare_store)`` (contained_faults.py)."""
+        object.__setattr__(self, "prepare_store", wrap(self.prepare_store))
+
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:
         # vLLM calls manager.touch etc. every step). The real manager's bound

@@ -80,6 +80,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     stats_builder=stats_from_delta,
                     flush_interval_s=self.kvscope_settings.flush_interval_s,
                     per_key_lookups=self.kvscope_settings.per_key_lookups,
+                    contain_vllm_faults=self.kvscope_settings.contain_vllm_faults,
                     checksum_scope=self.kvscope_settings.checksum_scope)
                 faults.install_round_faults(self._kvscope_observer)  # test-only, off
                 scheduler_hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)

@@ -38,7 +38,7 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from kvscope.connector import compat, prefix_scan
+from kvscope.connector import compat, contained_faults, prefix_scan
 from kvscope.connector.aggregator import INTERVAL_S, Aggregator
 from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.coverage import group_suffixes
@@ -57,7 +57,7 @@ from kvscope.connector.tier_taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
-from kvscope.exporters.signals import ErrorSite, LookupResult, StoreJobResult
+from kvscope.exporters.signals import ErrorSite, LookupResult, StoreJobResult, VllmFault
 
 # Freshness gauges move at most this often: alerts compare them with minutes,
 # and an unchanged gauge costs nothing on vLLM's per-step stats path.
@@ -81,6 +81,7 @@ class SchedulerObserver:
                  stats_builder: Callable[[Any], Any] | None = None,
                  flush_interval_s: float = FLUSH_INTERVAL_S,
                  per_key_lookups: bool = False,
+                 contain_vllm_faults: bool = True,
                  checksum_scope: str = ChecksumScope.UNSHARED) -> None:
         """``per_key_lookups``: record each key looked up even where the prefix scan's
         answer tells the lookups (prefix_scan.py; the setting of the same name)."""
@@ -159,6 +160,7 @@ class SchedulerObserver:
         self._after_alloc = self.requests.after_alloc
         self._on_finished = self.requests.on_finished
         self._store_jobs = [0, 0]  # no_space, prepared since then (aggregator side)
+        self.contained = False  # a vLLM fault contained on this release (contained_faults.py)
         if not getattr(connector_scheduler.manager, compat.WRAPPED_MARK, False):
             # vLLM's CPU manager alone: the scan's answer and the tier's policy; with a
             # secondary tier: the scan's answer and the tiers' state (prefix_scan.py)
@@ -173,6 +175,9 @@ class SchedulerObserver:
             proxy = ManagerProxy(inner, self,
                                  per_key_lookups=result_of is None and read is None)
             connector_scheduler.manager = proxy
+            # vLLM bugs that raise out of its step, answered quietly (contained_faults.py)
+            self.contained = contained_faults.install(proxy, inner, recorder,
+                                                      contain_vllm_faults)
             if read is not None:
                 # a request's deferred scans counted per change (scan_cache.py), where
                 # the tier taps log every primary call that changes rows
@@ -230,6 +235,7 @@ class SchedulerObserver:
         self.group_stores.declare()
         rec.declare(signals.TELEMETRY_ERRORS, *one(ErrorSite))
         rec.declare(signals.SCHEDULER_STEPS)
+        rec.declare(signals.VLLM_FAULTS_CONTAINED, *one(VllmFault))
         self.taps.declare()
 
     # ---- manager calls (the proxy's prepare_store: manager_proxy._store_tap) ----------------

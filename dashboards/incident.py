@@ -330,6 +330,20 @@ def scheduler_steps(cfg: Config):
     )
 
 
+def vllm_faults_contained(cfg: Config):
+    return c.stat(
+        "vLLM faults contained (time range)",
+        "Calls on which the installed vLLM would have raised a known bug of its own out of its "
+        "scheduler step, killing the engine, and kvscope answered quietly instead, by fault "
+        f"({r.ALERT_VLLM_FAULT_CONTAINED}): store_after_finish is vLLM 0.26's KeyError in "
+        "TieringOffloadingManager.prepare_store, fixed in 0.27.0. The engine lived; upgrade "
+        "vLLM (kv-diagnose names the release).",
+        [(f"sum(increase({s.VLLM_FAULTS_CONTAINED.name}{c.dsel(cfg)}[{RANGE}])) or vector(0)",
+          "contained")],
+        width=6, height=8, red_at=1,
+    )
+
+
 def telemetry_errors(cfg: Config):
     return c.timeseries(
         "Instrumentation errors",
@@ -339,7 +353,7 @@ def telemetry_errors(cfg: Config):
         "kv-diagnose bundle.",
         [(f"sum by ({s.L_WHERE}) (rate({s.TELEMETRY_ERRORS.name}{c.dsel(cfg)}[{R}]))",
           f"{{{{{s.L_WHERE}}}}}")],
-        unit="ops", width=24,
+        unit="ops", width=18,
     )
 
 
@@ -414,4 +428,5 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_panel(stats_freshness(cfg))
         .with_panel(scheduler_steps(cfg))
         .with_panel(telemetry_errors(cfg))
+        .with_panel(vllm_faults_contained(cfg))
     )

@@ -27,6 +27,7 @@ ALERT_TRANSFER_STUCK = "KVOffloadTransferStuck"
 ALERT_TELEMETRY_ERRORS = "KVOffloadTelemetryErrors"
 ALERT_GPU_BLOCKS_HELD_AT_IDLE = "KVOffloadGpuBlocksHeldAtIdle"
 ALERT_TIER_FLOODED = "KVOffloadTierFloodedByGroup"
+ALERT_VLLM_FAULT_CONTAINED = "KVOffloadVllmFaultContained"
 
 ALERT_NAMES: tuple[str, ...] = (
     ALERT_PENDING_AT_IDLE,
@@ -41,6 +42,7 @@ ALERT_NAMES: tuple[str, ...] = (
     ALERT_TRANSFER_STUCK,
     ALERT_GPU_BLOCKS_HELD_AT_IDLE,
     ALERT_TELEMETRY_ERRORS,
+    ALERT_VLLM_FAULT_CONTAINED,
     ALERT_TIER_FLOODED,
 )
 
@@ -293,6 +295,13 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # a series born within the window with a value > 0 (an exporter older than the preset)
         f"or sum by ({by_where}) ({errs} > 0 unless {errs} offset {ew})"
     )
+    faults = f"{s.VLLM_FAULTS_CONTAINED.name}{sel()}"
+    vw, by_fault = cfg.vllm_faults_window, f"{by}, {s.L_FAULT}"
+    vllm_faults = (
+        f"sum by ({by_fault}) (increase({faults}[{vw}])) > 0\n"
+        # a series born within the window with a value > 0 (scraped after the fact)
+        f"or sum by ({by_fault}) ({faults} > 0 unless {faults} offset {vw})"
+    )
     lost = f"{s.TIER_LOST_KEYS.name}{sel()}"
     lw, by_tier = cfg.tier_data_lost_window, f"{by}, {s.L_TIER}"
     tier_data_lost = (
@@ -421,6 +430,16 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
             f"goes on, but the events those calls were recording are missing from kvscope's "
             f"counters: the other KV offload alerts may miss an incident, and kv-diagnose reads "
             f"inconclusive.",
+        ),
+        _alert(
+            cfg, ALERT_VLLM_FAULT_CONTAINED, vllm_faults, "0m", cfg.severity_warning,
+            "A known vLLM bug would have stopped this engine; kvscope contained it. Upgrade vLLM.",
+            f"{_WHO}: the installed vLLM would have raised out of its scheduler step "
+            f"{{{{ printf \"%.0f\" $value }}}} time(s) in the last {vw} (known vLLM bug "
+            f"{s.L_FAULT}={{{{ $labels.{s.L_FAULT} }}}}), which stops the engine; kvscope answered "
+            f"those calls as vLLM's quiet path and the engine went on. Nothing is wrong with "
+            f"serving now; the vLLM release needs upgrading (the runbook and kv-diagnose name "
+            f"the release that fixed it).",
         ),
         _alert(
             cfg, ALERT_TIER_FLOODED, tier_flooded, cfg.tier_flood_for, cfg.severity_warning,

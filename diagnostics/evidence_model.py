@@ -264,6 +264,8 @@ class Evidence:
     # holds those without vLLM's engine label (standalone exporters: one target per rank)
     rank_scopes: dict[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)
     settling: Settling = field(default_factory=Settling)
+    # VllmFault value -> calls kvscope answered where the installed vLLM would have raised
+    vllm_faults: dict[str, Quantity] = field(default_factory=dict)
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present

@@ -107,6 +107,7 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
 # Evidence fields that are one Read themselves
 FIELDS: dict[str, Read] = {
     "telemetry_errors": Read(S.TELEMETRY_ERRORS, S.L_WHERE),
+    "vllm_faults": Read(S.VLLM_FAULTS_CONTAINED, S.L_FAULT),
 }
 
 

@@ -189,6 +189,7 @@ def _summary(ev: Evidence) -> dict:
         "idle_gpu_blocks_in_use": _last(ev.settling.idle_gpu_blocks),
         "host_memory_available_bytes": _last(ev.settling.host_available),
         "process_resident_memory_bytes": _last(ev.settling.process_resident),
+        "vllm_faults_contained": {k: q.increase for k, q in ev.vllm_faults.items()},
         "ranks": {
             rk: {
                 "transfer_bytes": {d: q.increase for d, q in rt.bytes.items()},

@@ -72,6 +72,7 @@ L_CHUNK_TOKENS = "chunk_tokens"
 L_MAX_BATCHED_TOKENS = "max_num_batched_tokens"
 L_WORLD_SIZE = "world_size"
 L_CHECK = "check"
+L_FAULT = "fault"
 
 # Labels vLLM's stats pipeline puts in front of ours on its /metrics.
 VLLM_LABEL_MODEL = "model_name"
@@ -204,6 +205,15 @@ class CeilingForm(str, Enum):
 
     ALONE = "alone"  # it needs more rows at once than the tier has: truncated whatever else runs
     CONCURRENT = "concurrent"  # it fits alone; rows pinned by other work at the time cut it
+
+
+class VllmFault(str, Enum):
+    """A vLLM bug kvscope contains (``fault`` label): the call vLLM would raise on is
+    answered as vLLM's own quiet path instead (``connector/contained_faults.py``)."""
+
+    # vLLM 0.26 (fixed in 0.27.0): a store prepared for a request whose tiering state
+    # vLLM already deleted raises KeyError and kills the engine; kvscope skips that store
+    STORE_AFTER_FINISH = "store_after_finish"
 
 
 # Reasons where the tiers held no more than was offered, and the others: where they held more.
@@ -549,6 +559,15 @@ PROCESS_RESIDENT_MEMORY = Metric(
     "Resident memory of the process kvscope's scheduler side runs in (vLLM's engine core: "
     "/proc/self/statm), sampled with kvscope_host_memory_available_bytes.",
 )
+VLLM_FAULTS_CONTAINED = Metric(
+    "kvscope_vllm_faults_contained_total", Kind.COUNTER,
+    "Calls on which the installed vLLM would have raised a known bug of its own, and kvscope "
+    "answered as vLLM's quiet path instead so the engine went on, by fault: store_after_finish "
+    "(vLLM 0.26: a store for a request whose state vLLM had already deleted, skipped; the "
+    "finished request's last chunks are not offloaded, nothing else changes). Always 0 on a "
+    "release without the bug or with kvscope's contain_vllm_faults off.",
+    (L_FAULT,), label_values={L_FAULT: _values(VllmFault)},
+)
 TELEMETRY_ERRORS = Metric(
     "kvscope_telemetry_errors_total", Kind.COUNTER,
     "Exceptions the instrumentation caught and swallowed (serving went on).",
@@ -608,6 +627,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     LAST_CEILING_CONCURRENT_REQUESTS, CEILING_CONCURRENT_REQUESTS, LAST_CEILING_CONCURRENT_ROWS,
     TIER_LOST_KEYS, TIER_ROOT_PRESENT, TIER_LAST_LOSS_TIMESTAMP,
     GPU_BLOCKS, IDLE_GPU_BLOCKS, HOST_MEMORY_AVAILABLE, PROCESS_RESIDENT_MEMORY,
+    VLLM_FAULTS_CONTAINED,
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,
@@ -631,7 +651,7 @@ PRESET_VALUES: tuple[Metric, ...] = (
     TELEMETRY_ERRORS,
     RESTORE_SHORT_ROUNDS, RESTORE_SHORT_TOKENS, RESTORE_STOPPED_ROUNDS, RESTORE_CEILING_ROUNDS,
     ROW_CHECKSUMS, LOADS_REFUSED, LAST_ROUND_PENDING_KEYS, LAST_ROUND_REQUEST_KEYS,
-    CHECKSUM_RANKS,
+    CHECKSUM_RANKS, VLLM_FAULTS_CONTAINED,
 )
 # Preset only by the kvscope that also labels kvscope_info with world_size (0 = no such
 # round yet): an input whose kvscope_info lacks that label predates the preset, and a value

@@ -17,6 +17,9 @@ difference, each naming the release that needs it:
 * ``skip_reading``: the request attribute that skips the connector's lookup (0.34 renamed it).
 * ``hash_lookahead``: 0.34's lookahead block hashes (an EAGLE/MTP drafter's trailing chunk
   keyed with the tokens after it), which fixed the drafter group's veto and changed its keys.
+* ``store_after_finish``: vLLM 0.26's ``TieringOffloadingManager.prepare_store`` raising
+  ``KeyError`` for a request whose state it already deleted (fixed in 0.27.0): the version
+  gate and the reads ``connector/contained_faults.py`` needs to skip that one store.
 * ``registry``: naming the connector to vLLM's connector factory (the ``vllm.general_plugins``
   entry point, ``kvscope.connector.plugin``); the same API in 0.26 and 0.33.
 * The CPU harness has its own (``kvscope.sim.harness_compat``: 0.33's ``KVCacheTensor``

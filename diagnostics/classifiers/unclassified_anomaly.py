@@ -10,7 +10,9 @@ so a new incident class does not double-report as an anomaly). The invariants:
   half over the window or collapsed (was high, is near zero now); without the
   coverage series, the restore hit ratio collapsed;
 * ``stuck_transfer``: a transfer pending far longer than any real one (age
-  gauge), or, without the age gauge, pending the whole time on an idle engine.
+  gauge), or, without the age gauge, pending the whole time on an idle engine;
+* ``contained_fault``: kvscope counted a contained vLLM fault, yet no engine in the window
+  runs a release with that bug (``known_bugs``): kvscope wraps nothing there.
 
 Each invariant runs on the series that are present; a missing one is already
 reported as "could not check" by the classifiers that need it.
@@ -21,15 +23,18 @@ from __future__ import annotations
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
+from ..known_bugs import BY_ID
 from ..model import Finding, Mark, Quantity
 from ..thresholds import Thresholds
 from ._common import n, secs, window_word
+from .known_vllm_bug import affected_engines, contained_faults
 
 ID = "unclassified_anomaly"
 TITLE = "Unclassified anomaly (an invariant broke; no known incident class explains it)"
 SEVERITY = 65
 CHECK = ("invariants no incident may break unexplained: most rounds vetoed or deferred, "
-         "restore coverage low or collapsed, a transfer pending far longer than any real one")
+         "restore coverage low or collapsed, a transfer pending far longer than any real one, "
+         "a vLLM fault contained on a release without that bug")
 NEEDS = ()
 AFTER = True
 DEFAULT_EXPLAINS = frozenset({"rounds", "coverage"})
@@ -150,6 +155,23 @@ def _stuck(ev: Evidence, th: Thresholds) -> tuple[list[str], list[Mark]]:
     return lines, marks
 
 
+def _contained_fault(ev: Evidence) -> list[str]:
+    versions = sorted({t.vllm_version for t in ev.targets})
+    if not versions:  # the release is unknown: known_vllm_bug could not check
+        return []
+    lines = []
+    for fault, count in contained_faults(ev).items():
+        bug = BY_ID.get(fault)
+        if bug is not None and affected_engines(ev, bug):
+            continue
+        fixed = f" (fixed in vLLM {bug.fixed_in})" if bug is not None and bug.fixed_in else ""
+        lines.append(f"kvscope counted {n(count)} contained vLLM fault(s) {fault} "
+                     f"{window_word(ev)}, yet no engine here runs a release with that bug{fixed}: "
+                     f"vLLM {', '.join(versions)}, where kvscope wraps nothing for it (a window "
+                     f"mixing engines, or one mislabelled)")
+    return lines
+
+
 def classify(ev: Evidence, th: Thresholds, findings: list[Finding], modules=()) -> Finding | None:
     explained = _explained(findings, modules)
     lines: list[str] = []
@@ -167,6 +189,9 @@ def classify(ev: Evidence, th: Thresholds, findings: list[Finding], modules=()) 
             lines += got
             marks += mk
             kinds.append("stuck_transfer")
+    if "contained_fault" not in explained and (got := _contained_fault(ev)):
+        lines += got
+        kinds.append("contained_fault")
     if not lines:
         return None
     if ev.failures:

@@ -89,6 +89,13 @@ class CPUCopyWorker(OffloadingWorker):
         # expedited (vLLM 0.33's sync loads): copies here complete at once anyway
         return self._copy(job_id, "load", dst_spec, src_spec, to_cpu=False)
 
+    def release_held(self) -> int:
+        """Report every held transfer at the next ``get_finished`` (a slow transfer that
+        completes at last); how many."""
+        held, self._held = self._held, {}
+        self._done.extend(held.values())
+        return len(held)
+
     def get_finished(self) -> list[TransferResult]:
         done, self._done = self._done, []
         return done

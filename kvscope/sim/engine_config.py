@@ -64,6 +64,8 @@ class EngineConfig:
     kv_load_failure_policy: str = "recompute"
     exporter_port: int | None = None
     kvscope_options: dict[str, Any] = field(default_factory=dict)  # more kvscope settings
+    # More of vLLM's offloading options (kv_connector_extra_config), e.g. offload_prompt_only
+    offload_options: dict[str, Any] = field(default_factory=dict)
     connector: str = "ObservedOffloadingConnector"  # or "OffloadingConnector" (stock)
     # Name the connector only (no kv_connector_module_path): vLLM's factory must know it
     # already (ObservedOffloadingConnector: kvscope's vllm.general_plugins entry point).
@@ -184,6 +186,7 @@ def _kv_transfer_config(cfg: EngineConfig, engine_id: str, fs_root: str,
         **({"blocks_per_chunk": 1} if cfg.group_block_sizes else {"block_size": cfg.block_size}),
         "kvscope": {"checksum_policy": cfg.checksum_policy,
                     "exporter_port": cfg.exporter_port, **cfg.kvscope_options},
+        **cfg.offload_options,
     }
     if cfg.connector != "ObservedOffloadingConnector":
         extra.pop("kvscope")

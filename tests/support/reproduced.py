@@ -25,7 +25,9 @@ def vllm_store_after_finish(exc: BaseException) -> bool:
     with no GPU->CPU store pending, yet the offloading scheduler still prepares a
     final store for it next step: ``prepare_store`` then raises KeyError(req_id).
     Reached when an earlier store of that request was refused (no_space) and the
-    final one fits: capacity-ceiling on a loaded machine. Not kvscope's bug."""
+    final one fits: capacity-ceiling on a loaded machine. Not kvscope's bug; kvscope
+    contains it by default (connector/contained_faults.py), so only a stock-connector or
+    containment-off run still raises it."""
     frames = traceback.extract_tb(exc.__traceback__)
     return (isinstance(exc, KeyError) and bool(frames)
             and frames[-1].filename.endswith("kv_offload/tiering/manager.py")

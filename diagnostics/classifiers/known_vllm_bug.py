@@ -1,0 +1,77 @@
+"""Known vLLM bug: a bug of ``diagnostics/known_bugs.py`` whose evidence the window shows, on
+an engine whose vLLM release has it.
+
+The running release is ``kvscope_info{vllm_version}``, per engine. A bug is named only for
+engines on a release that has it (never on the release that fixed it or later); the finding
+says what to upgrade to and what to do until then. The same evidence where no engine runs an
+affected release is not this class: ``unclassified_anomaly`` reports it (kvscope wraps nothing
+on a fixed release, so such a count is inconsistent). Bugs that other classes already name
+(the capacity ceiling, a transfer that never completes) and bugs no series can show are
+listed in ``known_bugs`` but not named here.
+"""
+
+from __future__ import annotations
+
+from kvscope.exporters import signals as S
+
+from ..evidence import Evidence
+from ..known_bugs import KNOWN_BUGS, KnownBug
+from ..model import Finding
+from ..thresholds import Thresholds
+from ._common import window_word
+
+ID = "known_vllm_bug"
+TITLE = "A known vLLM bug"
+SEVERITY = 62  # the engine lived (contained): what serving suffers now ranks first
+CHECK = ("known vLLM offload bugs of the running vLLM release (diagnostics/known_bugs.py), from "
+         f"{S.VLLM_FAULTS_CONTAINED.name} where the engine exports it")
+# what it explains of unclassified_anomaly's invariants: the contained fault itself
+EXPLAINS = frozenset({"contained_fault"})
+
+
+def contained_faults(ev: Evidence) -> dict[str, float]:
+    """Fault -> times kvscope contained it in the window (those that rose)."""
+    return {f: q.increase for f, q in sorted(ev.vllm_faults.items())
+            if q.present and q.increase > 0}
+
+
+def needs(ev: Evidence) -> tuple:
+    """A rise names a bug only with the release it ran on (kvscope_info)."""
+    return (S.INFO,) if contained_faults(ev) else ()
+
+
+def affected_engines(ev: Evidence, bug: KnownBug) -> list[str]:
+    """``vllm_version`` on engine for every engine whose release has ``bug``."""
+    return [f"{t.vllm_version} on {t.key}" for t in ev.targets if bug.affects(t.vllm_version)]
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    w = window_word(ev)
+    named: list[KnownBug] = []
+    lines: list[str] = []
+    for bug in KNOWN_BUGS:
+        if bug.evidence is None:
+            continue
+        shown = bug.evidence(ev)
+        engines = affected_engines(ev, bug) if shown else []
+        if not engines:
+            continue
+        named.append(bug)
+        lines.append(f"{bug.title} ({w}): {bug.upstream}")
+        lines += shown
+        lines.append(f"vLLM {', '.join(engines)}: the releases from {bug.since} "
+                     + (f"before {bug.fixed_in} have it" if bug.fixed_in else "on have it "
+                        "(no release fixes it yet)"))
+        lines.append(f"checked in vLLM's source: {bug.verified}")
+    if not named:
+        return None
+    upgrade = [f"{b.id}: upgrade vLLM to {b.fixed_in} or later" for b in named if b.fixed_in]
+    until = [f"until then ({b.id}): {b.until_then}" for b in named]
+    return Finding(
+        id=ID,
+        title=f"{TITLE} ({', '.join(b.id for b in named)})",
+        confidence=0.95,
+        evidence=lines,
+        next_step="; ".join(upgrade + until) + ".",
+        severity=SEVERITY,
+    )
