@@ -13,7 +13,11 @@ its own process (a vLLM exception ends it), ``--parallel`` at once:
   ``TieringOffloadingManager.prepare_store`` end the engine, and what did each request get;
 * kvscope at rows where the re-asks restore (default 22,060): ``--scrape-after`` seconds after
   the wave returned, kv-diagnose on kvscope's exporter beside vLLM's own queues (an engine
-  whose queues are empty must read idle).
+  whose queues are empty must read idle);
+* ``--plan-window R``: kvscope at R rows (default 9,000: restores cut), ``kv-diagnose plan``
+  on its exporter after the wave (target 99 %), then engines at the plan's rows, 10 % and
+  20 % fewer: the plan must restore every re-ask whole, 10 % fewer must not (or the plan
+  says why it cannot be that tight).
 
 Engine truth per request: tokens vLLM loaded from the connector (``num_external_cached_tokens``),
 its output against the first ask's, finished or not; after the wave, whether vLLM still holds
@@ -132,6 +136,22 @@ def _engine(args, rec: dict) -> None:
                               "exit_code": report.exit_code}
         rec["vllm_at_scrape"] = {"has_requests": sched.has_requests(),
                                  "waiting": len(sched.waiting), "running": len(sched.running)}
+    if observed and args.plan:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        from kvscope.diagnostics.evidence import build_evidence
+        from kvscope.diagnostics.plan_inputs import read_inputs
+        from kvscope.diagnostics.plan_report import plan_to_dict
+        from kvscope.diagnostics.planner import make_plan
+        from kvscope.diagnostics.scrape import scrape_window
+        from kvscope.exporters.prometheus import start_exporter
+
+        url = start_exporter([sched.connector.kvscope_recorder,
+                              get_kv_transfer_group().kvscope_recorder], 0).url
+        plan = make_plan(read_inputs(build_evidence(scrape_window([url], 0.5))), 0.99)
+        doc = plan_to_dict(plan)
+        rec["plan"] = {k: doc.get(k) for k in ("rows", "rows_per_restore", "concurrency",
+                                               "reserve_rows", "predictions")}
     if observed:
         from kvscope.exporters import signals as S
 
@@ -143,31 +163,35 @@ def _engine(args, rec: dict) -> None:
             "requests_in_flight": r.value(S.REQUESTS_IN_FLIGHT)}
         faults = getattr(S, "VLLM_FAULTS_CONTAINED", None)
         if faults is not None:
-            rec["kvscope"]["faults_contained"] = r.value(faults, ("prepare_store_finished",))
+            rec["kvscope"]["faults_contained"] = r.value(faults, ("store_after_finish",))
     aborted = [r for r in drv.out if not drv.out[r]["finished"]]
     drv.abort(aborted)
 
 
 def _spawn(args, connector: str, rows: int, options: str, out: str,
-           scrape_after: float) -> subprocess.Popen:
+           scrape_after: float, plan: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "engine", "--connector", connector,
            "--rows", str(rows), "--kvscope-options", options, "--out", out,
            "--fs-root", args.fs_root, "--scrape-after", str(scrape_after)]
+    if plan:
+        cmd.append("--plan")
     log = open(out + ".log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
 def run_all(args) -> dict:
     os.makedirs(args.fs_root, exist_ok=True)
-    work = [(c, r, args.kvscope_options, 0.0) for r in args.rows for c in args.connectors]
-    work += [("kvscope", r, args.kvscope_options, args.scrape_after) for r in args.idle_rows]
+    work = [("kvscope", r, args.kvscope_options, 0.0, True) for r in args.plan_window]
+    work += [(c, r, args.kvscope_options, 0.0, False) for r in args.rows for c in args.connectors]
+    work += [("kvscope", r, args.kvscope_options, args.scrape_after, False)
+             for r in args.idle_rows]
     tmp = tempfile.mkdtemp(prefix="kvscope-reasks-")
     results, running, deadline = [], [], time.monotonic() + args.deadline_s
     while work or running:
         while work and len(running) < args.parallel:
-            c, r, o, s = work.pop(0)
+            c, r, o, s, plan = work.pop(0)
             out = os.path.join(tmp, f"{c}-{r}.json")
-            running.append((_spawn(args, c, r, o, out, s), out))
+            running.append((_spawn(args, c, r, o, out, s, plan), out))
         p, out = running.pop(0)
         try:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -180,6 +204,10 @@ def run_all(args) -> dict:
             with open(out + ".log") as f:
                 tail = f.read()[-1500:]
             results.append({"out": out, "no_record": True, "exit": p.returncode, "log": tail})
+        planned = (results[-1].get("plan") or {}).get("rows")
+        if planned:  # the plan, 10 % and 20 % fewer rows, next
+            work[:0] = [("kvscope", int(planned * f), args.kvscope_options, 0.0, False)
+                        for f in (1.0, 0.9, 0.8)]
         print(json.dumps(results[-1])[:600], flush=True)
     doc = {"command": "python benchmarks/concurrent_long_reasks.py " + " ".join(sys.argv[1:]),
            "prompt_tokens": PROMPT_TOKENS, "prompts": PROMPTS, "floods": FLOODS,
@@ -197,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connectors", nargs="+", default=["stock", "kvscope"])
     ap.add_argument("--rows", type=int, nargs="+", default=[12_512])
     ap.add_argument("--idle-rows", type=int, nargs="*", default=[22_060])
+    ap.add_argument("--plan-window", type=int, nargs="*", default=[9_000])
+    ap.add_argument("--plan", action="store_true", help="engine mode: kv-diagnose plan after")
     ap.add_argument("--kvscope-options", default="{}", help="JSON: kvscope's extra options")
     ap.add_argument("--scrape-after", type=float, default=1.5)
     ap.add_argument("--parallel", type=int, default=3)

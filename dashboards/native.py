@@ -114,16 +114,12 @@ def primary_pinned_by_tier_jobs(cfg: Config):
 def waiting_by_kv_fetch_stage(cfg: Config):
     return c.timeseries(
         "Waiting requests by KV-fetch stage (vLLM)",
-        "Requests vLLM holds waiting, split by where their asynchronous KV load stands: not "
-        "started, in progress, finished but not yet running, and the rest (waiting for the "
-        "scheduler, with no KV load: the GPU KV cache or the batch limits, not the offload "
-        "path). Requests piling up in 'no KV load' while the fetch stages stay at 0 is queue "
+        "Requests vLLM holds waiting on an asynchronous KV load, by where the load stands: not "
+        "started, in progress, finished but the request not yet running. Beside vLLM's waiting "
+        "requests (Requests row): requests that wait while these stay at 0 wait for the "
+        "scheduler (the GPU KV cache, the batch limits), not for the offload path: queue "
         "wait, not a failing load path. Empty on vLLM < 0.33.",
-        [
-            (f"sum by (stage) ({s.VLLM_KV_FETCH_BY_STAGE}{_sel(cfg)})", "{{stage}}"),
-            (f"sum({s.VLLM_REQUESTS_WAITING}{_sel(cfg)})\n"
-             f"- sum({s.VLLM_KV_FETCH_BY_STAGE}{_sel(cfg)})", "no KV load"),
-        ],
+        [(f"sum by (stage) ({s.VLLM_KV_FETCH_BY_STAGE}{_sel(cfg)})", "{{stage}}")],
         stack=True,
     )
 

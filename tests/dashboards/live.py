@@ -64,7 +64,7 @@ class Target:
         return f'instance="{self.instance}"'
 
 
-SLOTS = 24
+SLOTS = 40
 
 
 @dataclasses.dataclass
