@@ -33,7 +33,7 @@ from .plan_model import Fact, PlanInputs
 
 ROW_LOSS = (S.ShortReason.ROW_CEILING, S.ShortReason.GROUP_VETO)  # what more rows fix
 OTHER_LOSS = (S.ShortReason.LOAD_CAP, S.ShortReason.OTHER)  # the tiers held it; rows do not help
-CHECKED_ON = ("0.26", "0.33")  # the vLLM releases the coverage model was checked on
+CHECKED_ON = ("0.26", "0.33", "0.34")  # the vLLM releases the coverage model was checked on
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ def read_inputs(ev: Evidence | None, given: Given = Given()) -> PlanInputs:
                          if t.vllm_version and not t.vllm_version.startswith(CHECKED_ON)})
     if other_vllm:
         notes.append(f"vLLM {', '.join(other_vllm)}: the coverage model was checked on vLLM "
-                     f"{' and '.join(CHECKED_ON)} (benchmarks/plan_verify.py): pass "
+                     f"{', '.join(CHECKED_ON[:-1])} and {CHECKED_ON[-1]} (benchmarks/plan_verify.py, "
+                     "tests/connector/test_plan_verify.py): pass "
                      "--concurrency when you know the restores asking at once")
     if len({t.key for t in ev.targets}) > 1:
         notes.append(f"{len(ev.targets)} engines in the window: their restores are summed; "

@@ -198,8 +198,8 @@ def test_a_healthy_window_says_its_rows_already_reach_the_target():
 def test_a_vllm_release_the_model_was_not_checked_on_is_flagged():
     assert not any("coverage model was checked" in x  # checked on CPU
                    for x in _plan(concurrency_window(vllm="0.33.0")).notes)
-    p = _plan(concurrency_window(vllm="0.34.1"))
-    assert any("vLLM 0.34.1: the coverage model was checked on vLLM 0.26 and 0.33" in x
+    p = _plan(concurrency_window(vllm="0.35.0"))
+    assert any("vLLM 0.35.0: the coverage model was checked on vLLM 0.26, 0.33 and 0.34" in x
                for x in p.notes)
 
 
