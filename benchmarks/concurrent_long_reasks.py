@@ -132,7 +132,7 @@ def _engine(args, rec: dict) -> None:
         url = start_exporter([sched.connector.kvscope_recorder,
                               get_kv_transfer_group().kvscope_recorder], 0).url
         report = diagnose_raw(scrape_window([url], 1.0))
-        rec["kv_diagnose"] = {"verdicts": [f.id for f in report.findings],
+        rec["kv_diagnose"] = {"verdicts": [f.id for f in report.verdicts],
                               "exit_code": report.exit_code}
         rec["vllm_at_scrape"] = {"has_requests": sched.has_requests(),
                                  "waiting": len(sched.waiting), "running": len(sched.running)}
