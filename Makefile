@@ -75,7 +75,7 @@ demo: $(STAMP)
 	$(VENV)/bin/kvscope demo capacity-ceiling
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check connector exporters dashboards diagnostics kvscope tests benchmarks
+	$(VENV)/bin/ruff check connector exporters dashboards diagnostics kvscope tests benchmarks tools
 
 test: $(STAMP) prometheus lint
 	$(VENV)/bin/kvscope dashboards --check && $(VENV)/bin/kvscope rules --check
