@@ -54,21 +54,26 @@ def _prompt(seed: int) -> list[int]:
     return [rng.randrange(3, 1000) for _ in range(PROMPT_TOKENS)]
 
 
-def engine_run(args) -> dict:
-    """One engine in this process; the record is written even when vLLM raises."""
+def recorded(engine, args, rec: dict) -> dict:
+    """``engine(args, rec)`` in this process (vLLM's engine core in-process), ``rec`` written
+    to ``args.out`` even when vLLM raises: what it raised is then the result."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    rec: dict = {"connector": args.connector, "rows": args.rows,
-                 "kvscope_options": json.loads(args.kvscope_options)}
     t0 = time.monotonic()
     try:
-        _engine(args, rec)
-    except BaseException as exc:  # the engine died: what vLLM raised is the result
+        engine(args, rec)
+    except BaseException as exc:  # the engine died
         rec["died"] = {"type": type(exc).__name__, "message": str(exc)[:500],
-                       "where": traceback.format_exc().splitlines()[-6:]}
+                       "where": traceback.format_exc().splitlines()[-8:]}
     rec["seconds"] = round(time.monotonic() - t0, 1)
     with open(args.out, "w") as f:
         json.dump(rec, f, indent=1)
     return rec
+
+
+def engine_run(args) -> dict:
+    """One engine in this process; the record is written even when vLLM raises."""
+    return recorded(_engine, args, {"connector": args.connector, "rows": args.rows,
+                                    "kvscope_options": json.loads(args.kvscope_options)})
 
 
 def _engine(args, rec: dict) -> None:
@@ -161,9 +166,8 @@ def _engine(args, rec: dict) -> None:
                                     for w in S.ErrorSite),
             "requests": {st.value: r.value(S.REQUESTS, (st.value,)) for st in S.RequestState},
             "requests_in_flight": r.value(S.REQUESTS_IN_FLIGHT)}
-        faults = getattr(S, "VLLM_FAULTS_CONTAINED", None)
-        if faults is not None:
-            rec["kvscope"]["faults_contained"] = r.value(faults, ("store_after_finish",))
+        rec["kvscope"]["faults_contained"] = r.value(
+            S.VLLM_FAULTS_CONTAINED, (S.VllmFault.STORE_AFTER_FINISH.value,))
     aborted = [r for r in drv.out if not drv.out[r]["finished"]]
     drv.abort(aborted)
 

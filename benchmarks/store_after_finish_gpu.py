@@ -22,8 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -36,18 +34,9 @@ GPU_BLOCKS = 64
 
 
 def engine_run(args) -> dict:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    rec: dict = {"connector": args.connector, "contain": args.contain}
-    t0 = time.monotonic()
-    try:
-        _engine(args, rec)
-    except BaseException as exc:  # the engine died: what vLLM raised is the result
-        rec["died"] = {"type": type(exc).__name__, "message": str(exc)[:300],
-                       "where": traceback.format_exc().splitlines()[-8:]}
-    rec["seconds"] = round(time.monotonic() - t0, 1)
-    with open(args.out, "w") as f:
-        json.dump(rec, f, indent=1)
-    return rec
+    from concurrent_long_reasks import recorded
+
+    return recorded(_engine, args, {"connector": args.connector, "contain": args.contain})
 
 
 def _engine(args, rec: dict) -> None:
@@ -101,7 +90,8 @@ def _engine(args, rec: dict) -> None:
         from kvscope.exporters import signals as S
 
         r = drv.sched.connector.kvscope_recorder
-        rec["faults_contained"] = r.value(S.VLLM_FAULTS_CONTAINED, ("store_after_finish",))
+        rec["faults_contained"] = r.value(S.VLLM_FAULTS_CONTAINED,
+                                          (S.VllmFault.STORE_AFTER_FINISH.value,))
         rec["telemetry_errors"] = sum(r.value(S.TELEMETRY_ERRORS, (w.value,))
                                       for w in S.ErrorSite)
 

@@ -49,6 +49,10 @@ class Given:
     reserve_rows: int | None = None
     step_tokens: int | None = None
 
+    def missing(self, *fields: str) -> list[str]:
+        """The command-line flags of ``fields`` left unset."""
+        return [f"--{f.replace('_', '-')}" for f in fields if getattr(self, f) is None]
+
     def check(self) -> None:
         for name, v in vars(self).items():
             if v is None:
@@ -193,8 +197,7 @@ def native_inputs(raw: RawWindow, given: Given = Given()) -> PlanInputs:
             "cpu_num_chunks", "cpu_kv_cache_size_tokens", "cpu_kv_cache_size_bytes"))
         if chunks.isdigit() and tokens.isdigit() and int(chunks) > 0 and int(tokens) > 0:
             geometry = (int(chunks), int(tokens), int(size) if size.isdigit() else None)
-    missing = [f"--{f}" for f, v in (("held-tokens", given.held_tokens),
-                                       ("concurrency", given.concurrency)) if v is None]
+    missing = given.missing("held_tokens", "concurrency")
     if missing:
         raise DiagnoseError("a stock vLLM (no kvscope series) says nothing of its restores: "
                             "plan needs " + ", ".join(missing))
@@ -231,9 +234,7 @@ def native_inputs(raw: RawWindow, given: Given = Given()) -> PlanInputs:
 
 
 def _command_line_only(given: Given) -> PlanInputs:
-    missing = [f"--{f}" for f, v in (("held-tokens", given.held_tokens),
-                                       ("concurrency", given.concurrency),
-                                       ("chunk-tokens", given.chunk_tokens)) if v is None]
+    missing = given.missing("held_tokens", "concurrency", "chunk_tokens")
     if missing:
         raise DiagnoseError("plan without a source needs " + ", ".join(missing)
                             + " (or read them from --scrape, --prometheus or --bundle)")

@@ -22,7 +22,3 @@ def gpu_block_count(spec: Any) -> int:
         return len(ids)
     return int(sum(getattr(spec, "group_block_counts", ()) or ()))
 
-
-def carries_block_ids(spec: Any) -> bool:
-    """Whether a worker sees the GPU block ids of a transfer (not in 0.34)."""
-    return getattr(spec, "block_ids", None) is not None

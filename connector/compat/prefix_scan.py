@@ -47,8 +47,7 @@ def _cpu_manager_lookup() -> Any:
 def _scan_tells_lookups(connector_scheduler: Any) -> bool:
     """A supported release, the scan method there, one full-attention KV group, no 0.33
     partial tail: every lookup of a round is one of the prefix scan's."""
-    low, high = (versions.release(v) for v in versions.SUPPORTED)
-    if not low <= versions.release(versions.VLLM_VERSION) <= high:
+    if not _supported_release():
         return False
     if not callable(getattr(connector_scheduler, SCAN_METHOD, None)):
         return False
@@ -64,14 +63,16 @@ def _scan_tells_lookups(connector_scheduler: Any) -> bool:
     return not getattr(config, "supports_partial_tail", False)
 
 
+def _supported_release() -> bool:
+    low, high = (versions.release(v) for v in versions.SUPPORTED)
+    return low <= versions.release(versions.VLLM_VERSION) <= high
+
+
 def scan_read_on_this_release(tiering: bool) -> bool:
     """Whether this vLLM release's scan was read and tested: with vLLM's CPU manager alone
     (``versions.SUPPORTED``) or with its tiering manager (``_PROMOTED_ANSWER``). Elsewhere
     kvscope keeps its per-key tap, whatever the scan now answers."""
-    low, high = (versions.release(v) for v in versions.SUPPORTED)
-    if not low <= versions.release(versions.VLLM_VERSION) <= high:
-        return False
-    return not tiering or versions.release()[:2] in _PROMOTED_ANSWER
+    return _supported_release() and (not tiering or versions.release()[:2] in _PROMOTED_ANSWER)
 
 
 def scan_reader(connector_scheduler: Any, manager: Any) -> Callable[[bytes], Any] | None:

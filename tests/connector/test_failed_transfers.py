@@ -58,7 +58,8 @@ def test_a_failed_load_is_recomputed_and_counted_on_its_rank(connector):
         after = e.generate(target, 4)  # the next ask of the same prompt
         e.drain()
         counted = [r.connector.kvscope_recorder.value(S.TRANSFERS_FAILED, (str(r.rank), d))
-                   for r in e.ranks for d in ("gpu_to_cpu", "cpu_to_gpu")] \
+                   for r in e.ranks for d in (S.Direction.GPU_TO_CPU.value,
+                                              S.Direction.CPU_TO_GPU.value)] \
             if connector == "ObservedOffloadingConnector" else None
         scheduler_has_requests = e.scheduler.has_requests()
     assert failed, "the re-ask loaded nothing from the CPU tier: no load to fail"
