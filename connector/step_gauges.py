@@ -16,14 +16,20 @@ from typing import Any
 
 from kvscope import __version__
 from kvscope.connector import compat
-from kvscope.connector.compat import vllm_api
+from kvscope.connector.compat import hash_lookahead, vllm_api
 from kvscope.connector.host_memory import HostMemory
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.request_states import STATES, RequestStates
 from kvscope.connector.tier_taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
-from kvscope.exporters.signals import GpuBlockState, PendingKind, RankCheck, RowState
+from kvscope.exporters.signals import (
+    DrafterKeys,
+    GpuBlockState,
+    PendingKind,
+    RankCheck,
+    RowState,
+)
 
 # The recorder's keys (metric, labels) of every snapshot gauge, built once
 _ROW_KEYS = tuple((signals.PRIMARY_ROWS, (s.value,))
@@ -134,7 +140,9 @@ class StepGauges:
             self.rec.set(signals.PRIMARY_ROW_BYTES, (), geometry.row_stride)
         if not self._static_done:
             kinds = compat.kv_group_kinds(self.kv_cache_config)
+            drafter = hash_lookahead.drafter_keys(self.cs, self.vllm_config)
             self.rec.replace_gauge(signals.KV_GROUP_INFO, {
-                (str(g), kind, str(tpb[g] if g < len(tpb) else 0)): 1.0
+                (str(g), kind, str(tpb[g] if g < len(tpb) else 0),
+                 drafter.get(g, DrafterKeys.NONE.value)): 1.0
                 for g, kind in enumerate(kinds)})
             self._static_done = True

@@ -32,7 +32,7 @@ from .evidence_model import (
 from .limits import MAX_LABEL_CHARS
 from .model import DiagnoseError, Quantity, RawWindow, Series, SourceInfo
 from .quantities import aggregate, by_label
-from .targets import TargetInfo, read_kv_groups, read_targets, scope_key
+from .targets import TargetInfo, read_kv_group_drafters, read_kv_groups, read_targets, scope_key
 from .wanted import WANTED_SERIES, is_counter
 
 __all__ = [
@@ -78,6 +78,7 @@ def build_evidence(raw: RawWindow) -> Evidence:
         source=src,
         targets=targets,
         kv_groups=kv_groups,
+        kv_group_drafters=read_kv_group_drafters(series_of(S.KV_GROUP_INFO.name)),
         lookups=_split(T.LOOKUPS, series_of, read, extra_keys=kv_groups),
         ranks=_split(T.RANKS, series_of, read),
         freshness=steps_cls(

@@ -266,6 +266,9 @@ class Evidence:
     settling: Settling = field(default_factory=Settling)
     # VllmFault value -> calls kvscope answered where the installed vLLM would have raised
     vllm_faults: dict[str, Quantity] = field(default_factory=dict)
+    # KV group -> how vLLM keys it for an EAGLE/MTP drafter (DrafterKeys value; groups of a
+    # kvscope that exports no drafter label are absent)
+    kv_group_drafters: dict[str, str] = field(default_factory=dict)
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present

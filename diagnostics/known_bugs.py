@@ -57,6 +57,8 @@ class KnownBug:
     reproduced: str  # the CPU scenario (test) or recorded capture, or why neither exists
     # kv-diagnose classes that already name this behaviour (the known-bug class does not)
     named_by: tuple[str, ...] = ()
+    # invariants of unclassified_anomaly its shape breaks, explained once it is named
+    explains: frozenset[str] = frozenset()
 
     def affects(self, version: str) -> bool | None:
         """Whether ``version`` has the bug (None: not a version string)."""
@@ -160,30 +162,51 @@ HIT_PENDING_CASCADE_DROP = KnownBug(
                 "harness does not build (its fs tier is block-level); no capture recorded"),
 )
 
+def _drafter_veto(ev: Evidence) -> list[str] | None:
+    """A drafter's sliding-window group whose trailing chunk vLLM drops stopped restores by
+    its miss (group_veto): the restore the cross-group AND gave 0 for that group alone."""
+    dropped = {g for g, keys in ev.kv_group_drafters.items()
+               if keys == S.DrafterKeys.TAIL_DROPPED.value}
+    stops = [(g, rounds) for g, kind, rounds in ev.stopping_groups(S.ShortReason.GROUP_VETO)
+             if g in dropped and kind == "sliding_window"]
+    if not stops:
+        return None
+    return [f"{S.RESTORE_STOPPED_ROUNDS.name}{{{S.L_KV_GROUP}=\"{g}\",{S.L_REASON}="
+            f"\"{S.ShortReason.GROUP_VETO.value}\"}} rose by {rounds:.0f} on KV group {g}, an "
+            f"EAGLE/MTP drafter's sliding-window group ({S.KV_GROUP_INFO.name}{{{S.L_DRAFTER}="
+            f"\"{S.DrafterKeys.TAIL_DROPPED.value}\"}}): its miss gave every other group's "
+            "hit 0" for g, rounds in stops]
+
+
 EAGLE_NEVER_CERTIFIES = KnownBug(
     id="eagle_group_never_hits",
-    title="EAGLE/MTP sliding-window groups never certify an offloaded hit (stores keep "
-          "`tail` chunks per segment, the lookup needs tail+1)",
-    upstream="vLLM #44082 (the GPU prefix cache's twin); fixed for offloading by lookahead "
-             "block hashes",
+    title="An EAGLE/MTP drafter's sliding-window group never certifies an offloaded hit "
+          "(stores keep the window's trailing chunks of each full-attention chunk, the "
+          "lookup needs one chunk more)",
+    upstream="vLLM #44082 (the GPU prefix cache's twin); the offloading store stopped "
+             "trimming in 0.27.0, and 0.34.0 keys a drafter's blocks with lookahead hashes",
     since="0.26.0",
-    fixed_in="0.34.0",
+    fixed_in="0.27.0",
     verified=("0.26.0 offloading/scheduler.py:994 (_build_store_jobs) keeps only the "
-              "trailing `tail` chunks of each alignment segment, no EAGLE allowance; 0.34.0 "
-              "OffloadingConnector.supports_lookahead_block_hashes returns True "
-              "(offloading_connector.py:77) and the scheduler drops the EAGLE 'unverified' "
-              "last chunk under lookahead hashes (scheduler.py:971). Not checked: that the "
-              "lookup needs tail+1 on 0.26 (not found in its _sliding_window_lookup), and "
-              "whether 0.33's use_eagle store mask already lets some hits through"),
-    # kvscope's series do not say whether a drafter group is there: every restore vetoed by
-    # one group's miss (restore_stopped_rounds{reason="group_veto"}) has other causes too
-    evidence_rule="",
-    evidence=None,
-    until_then="upgrade to 0.34.0 (lookahead block hashes); speculative decoding off restores "
-               "the hits",
-    reproduced=("not reproduced: the CPU harness runs no speculative decoding (no EAGLE "
-                "group); no capture recorded. kvscope's side of the fix: "
-                "connector/compat/hash_lookahead.py (the keys change on the upgrade)"),
+              "trailing `tail` chunks of each full-attention alignment segment, and :624 "
+              "(_lookup) asks a drafter group (is_eagle_unverified) for `tail`+1 chunks in a "
+              "row; 0.27.0 to 0.29.0 store every chunk; 0.32.0 and 0.33.0 key a partial tail "
+              "with an EAGLE proof margin; 0.34.0 drops no drafter chunk under lookahead "
+              "hashes (scheduler.py:971). Run on vLLM's scheduler on CPU (scenario "
+              "drafter-group): 0.26.0 restores 0 tokens, 0.27.0, 0.28.0, 0.29.0, 0.32.0, "
+              "0.33.0 and 0.34.0 restore"),
+    evidence_rule=(f"{S.RESTORE_STOPPED_ROUNDS.name}{{reason=\"group_veto\"}} rose on a KV "
+                   f"group whose {S.KV_GROUP_INFO.name} says kind=\"sliding_window\", "
+                   f"drafter=\"tail_dropped\""),
+    evidence=_drafter_veto,
+    until_then="speculative decoding off restores the hits (the drafter's group is then no "
+               "drafter's); or a full-attention chunk no longer than the drafter's "
+               "(offloaded block_size), so no chunk is trimmed",
+    reproduced=("scenario drafter-group (kvscope/sim/scenarios.py: an EAGLE drafter's "
+                "sliding-window group beside a full-attention group of twice its block size), "
+                "tests/diagnostics/test_drafter_group.py on 0.26.0 (every restore vetoed, "
+                "named), 0.33.0 and 0.34.0 (restored, healthy, not named)"),
+    explains=frozenset({"coverage", "rounds"}),
 )
 
 CPU_USAGE_GAUGE_ZERO = KnownBug(

@@ -101,3 +101,9 @@ def read_kv_groups(group_info: list[Series]) -> dict[str, tuple[str, str]]:
     """KV group -> (attention kind, tokens per block), from ``kvscope_kv_group_info``."""
     return {s.label(S.L_KV_GROUP): (s.label(S.L_KIND), s.label(S.L_TOKENS_PER_BLOCK))
             for s in group_info}
+
+
+def read_kv_group_drafters(group_info: list[Series]) -> dict[str, str]:
+    """KV group -> how vLLM keys it for a drafter (``kvscope_kv_group_info{drafter}``)."""
+    return {s.label(S.L_KV_GROUP): s.label(S.L_DRAFTER) for s in group_info
+            if s.label(S.L_DRAFTER)}

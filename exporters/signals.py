@@ -61,6 +61,7 @@ L_REASON = "reason"
 L_FORM = "form"
 L_TIER = "tier"
 L_TOKENS_PER_BLOCK = "tokens_per_block"
+L_DRAFTER = "drafter"
 L_KVSCOPE_VERSION = "kvscope_version"
 L_VLLM_VERSION = "vllm_version"
 L_SPEC = "spec"
@@ -183,6 +184,18 @@ class RankCheck(str, Enum):
 class RefusalReason(str, Enum):
     CHECKSUM_MISMATCH = "checksum_mismatch"
     CHECKSUM_ERROR = "checksum_error"  # the rank could not read its own slot
+
+
+class DrafterKeys(str, Enum):
+    """How vLLM keys a KV group for speculative decoding (``drafter`` label of
+    kvscope_kv_group_info)."""
+
+    NONE = "none"  # not an EAGLE/MTP drafter's group
+    # a drafter's group whose volatile trailing chunk vLLM drops (legacy hashes: vLLM before
+    # 0.34, or 0.34 with lookahead hashes off): with a sliding window its lookup needs one
+    # chunk more than it stores, so its miss vetoes every restore
+    TAIL_DROPPED = "tail_dropped"
+    LOOKAHEAD = "lookahead"  # keyed with the tokens after each block (vLLM 0.34): nothing dropped
 
 
 class ShortReason(str, Enum):
@@ -510,8 +523,10 @@ LAST_CEILING_CONCURRENT_ROWS = Metric(
 )
 KV_GROUP_INFO = Metric(
     "kvscope_kv_group_info", Kind.GAUGE,
-    "Always 1; one series per KV-cache group with its attention kind and block size.",
-    (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK),
+    "Always 1; one series per KV-cache group with its attention kind, block size and, for "
+    "an EAGLE/MTP drafter's group, how vLLM keys its trailing chunk (drafter).",
+    (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK, L_DRAFTER),
+    label_values={L_DRAFTER: _values(DrafterKeys)},
 )
 # ---- secondary-tier probe (its own thread, every few seconds; tier_probe.py) ------------
 TIER_LOST_KEYS = Metric(

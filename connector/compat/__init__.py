@@ -16,7 +16,8 @@ difference, each naming the release that needs it:
 * ``device_pointers``: 0.34 hands a worker's transfers device addresses, not GPU block ids.
 * ``skip_reading``: the request attribute that skips the connector's lookup (0.34 renamed it).
 * ``hash_lookahead``: 0.34's lookahead block hashes (an EAGLE/MTP drafter's trailing chunk
-  keyed with the tokens after it), which fixed the drafter group's veto and changed its keys.
+  keyed with the tokens after it), which changed such a model's keys; and how each release
+  keys a drafter's group (``kvscope_kv_group_info{drafter}``).
 * ``store_after_finish``: vLLM 0.26's ``TieringOffloadingManager.prepare_store`` raising
   ``KeyError`` for a request whose state it already deleted (fixed in 0.27.0): the version
   gate and the reads ``connector/contained_faults.py`` needs to skip that one store.

@@ -1,12 +1,13 @@
-"""vLLM 0.34's lookahead block hashes.
+"""vLLM 0.34's lookahead block hashes, and how each release keys a drafter's KV group.
 
 With speculative decoding that drops the EAGLE/MTP drafter's trailing block
 (``speculative_config.use_eagle_block_drop()``), 0.34 hashes each block together with the
 ``num_hash_lookahead_tokens`` tokens after it (``VllmConfig.num_hash_lookahead_tokens``,
 resolved at start-up; 0 keeps the legacy hashes), and ``OffloadingConnector`` accepts it
-(``supports_lookahead_block_hashes``). That is the upstream fix for a drafter group whose
-trailing chunk was never stored yet always looked up, which vetoed every restore through
-the cross-group AND (0.26 .. 0.33). It also changes every offload key of such a model: a
+(``supports_lookahead_block_hashes``), so no drafter chunk is dropped. (The veto a
+sliding-window drafter group caused on 0.26, whose store trimmed the chunk its lookup
+needed, was gone from 0.27 on: ``diagnostics/known_bugs.py``, scenario drafter-group.)
+It also changes every offload key of such a model: a
 tier written by 0.33 with a drafter stops hitting after the upgrade. Without a drafter the
 keys are 0.33's (a 0.33-written fs tier restores whole on 0.34:
 ``tests/connector/test_tier_upgrade.py``).
@@ -23,3 +24,16 @@ def lookahead_tokens(vllm_config: Any) -> int:
         return int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def drafter_keys(connector_scheduler: Any, vllm_config: Any) -> dict[int, str]:
+    """How vLLM keys each KV group for speculative decoding, by group index: "tail_dropped"
+    for a group the connector flags as an EAGLE/MTP drafter's (``GroupOffloadConfig.
+    is_eagle_group``, every release) under legacy hashes, "lookahead" for one under 0.34's
+    lookahead hashes, "none" for the others. Read once, at the first refresh."""
+    configs = getattr(getattr(connector_scheduler, "config", None), "kv_group_configs", ())
+    lookahead = lookahead_tokens(vllm_config) > 0
+    return {int(getattr(c, "group_idx", i)): (
+        ("lookahead" if lookahead else "tail_dropped")
+        if getattr(c, "is_eagle_group", False) else "none")
+        for i, c in enumerate(configs or ())}

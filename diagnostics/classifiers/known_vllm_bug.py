@@ -45,17 +45,34 @@ def affected_engines(ev: Evidence, bug: KnownBug) -> list[str]:
     return [f"{t.vllm_version} on {t.key}" for t in ev.targets if bug.affects(t.vllm_version)]
 
 
-def classify(ev: Evidence, th: Thresholds) -> Finding | None:
-    w = window_word(ev)
-    named: list[KnownBug] = []
-    lines: list[str] = []
+def shown_bugs(ev: Evidence) -> list[tuple[KnownBug, list[str], list[str]]]:
+    """(bug, its evidence lines, the affected engines) of every bug the window shows on an
+    engine whose release has it."""
+    out = []
     for bug in KNOWN_BUGS:
         if bug.evidence is None:
             continue
         shown = bug.evidence(ev)
         engines = affected_engines(ev, bug) if shown else []
-        if not engines:
-            continue
+        if engines:
+            out.append((bug, shown, engines))
+    return out
+
+
+def explains(ev: Evidence) -> frozenset[str]:
+    """The unclassified invariants this class explains: a contained fault, and what a named
+    bug's shape breaks (the drafter group's veto: every restore's coverage)."""
+    out = set(EXPLAINS)
+    for bug, _, _ in shown_bugs(ev):
+        out |= bug.explains
+    return frozenset(out)
+
+
+def classify(ev: Evidence, th: Thresholds) -> Finding | None:
+    w = window_word(ev)
+    named: list[KnownBug] = []
+    lines: list[str] = []
+    for bug, shown, engines in shown_bugs(ev):
         named.append(bug)
         lines.append(f"{bug.title} ({w}): {bug.upstream}")
         lines += shown

@@ -40,13 +40,18 @@ AFTER = True
 DEFAULT_EXPLAINS = frozenset({"rounds", "coverage"})
 
 
-def _explained(findings: list[Finding], modules) -> set[str]:
+def _explained(findings: list[Finding], modules, ev: Evidence) -> set[str]:
+    """Invariant kinds the incident findings explain: a module's ``explains(ev)`` where what
+    it explains depends on what it found, else its ``EXPLAINS``."""
     by_id = {m.ID: m for m in modules}
     out: set[str] = set()
     for f in findings:
         if f.kind != "incident":
             continue
         mod = by_id.get(f.id)
+        if mod is not None and hasattr(mod, "explains"):
+            out |= set(mod.explains(ev))
+            continue
         out |= set(getattr(mod, "EXPLAINS", DEFAULT_EXPLAINS)) if mod else DEFAULT_EXPLAINS
     return out
 
@@ -173,7 +178,7 @@ def _contained_fault(ev: Evidence) -> list[str]:
 
 
 def classify(ev: Evidence, th: Thresholds, findings: list[Finding], modules=()) -> Finding | None:
-    explained = _explained(findings, modules)
+    explained = _explained(findings, modules, ev)
     lines: list[str] = []
     marks: list[Mark] = []
     kinds = []

@@ -165,6 +165,17 @@ CATALOG: dict[str, Scenario] = _all(
         or (not f["same_output"] and f["restored_tokens"] > 0),
         "refused and recomputed (same output, nothing restored; 0.33) or served and wrong (0.26)",
         variant=True),
+    Scenario(
+        "drafter-group", "drafter_group",
+        "A hybrid model speculating with an EAGLE drafter whose KV group has a 16-token "
+        "window (full-attention blocks of 32 tokens, the drafter's of 16): vLLM before 0.34 "
+        "stores one drafter chunk per segment and its lookup needs two in a row, so every "
+        "restore is vetoed; 0.34 keys blocks with lookahead tokens and restores.",
+        "known_vllm_bug",
+        lambda f: f["same_output"] and f["restored_tokens"] == 0
+        and all(n > 0 for n in f["disk_files"]),
+        "every group reached disk, and the re-ask restored nothing (same output)",
+        variant=True),
 )
 
 # The catalogued incidents (the demo, and the tests that iterate every scenario).

@@ -35,7 +35,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import (
-    get_request_block_hasher,
     init_none_hash,
     resolve_kv_cache_block_sizes,
 )
@@ -43,7 +42,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvscope.sim import cpu_worker, engine_leftovers
+from kvscope.sim import cpu_worker, engine_leftovers, harness_compat
 from kvscope.sim.cpu_model import PatternModel, prompt, write_tiny_llama
 from kvscope.sim.engine_config import EngineConfig, build_vllm_configs
 from kvscope.sim.engine_leftovers import sweep_leftovers
@@ -88,7 +87,8 @@ class CPUEngine(EngineStepping):
 
         with _hash_seed_env(cfg.hash_seed):
             init_none_hash(sha256)  # vLLM's engine core does this at start, from the env
-        self._block_hasher = get_request_block_hasher(hash_block, sha256)
+        self._block_hasher = harness_compat.request_block_hasher(hash_block, sha256,
+                                                                  self.vllm_config)
 
         with _fault_env(cfg.fault, self._tmp):
             self.scheduler = Scheduler(

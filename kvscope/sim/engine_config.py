@@ -7,6 +7,7 @@ the offloading connector's extra config included, and nothing here runs a step.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from vllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.v1.kv_cache_interface import (
@@ -29,6 +31,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from kvscope.sim import cpu_worker, harness_compat
+from kvscope.sim.cpu_model import VOCAB
 
 
 @dataclass
@@ -48,6 +51,10 @@ class EngineConfig:
     # is one block of its group (blocks_per_chunk 1), and vLLM's scheduler works in their
     # least common multiple, its block hashes in their greatest common divisor.
     group_block_sizes: tuple[int, ...] = ()
+    # Speculative decoding with an EAGLE drafter (one draft token): the last KV group is the
+    # drafter's (flagged as vLLM flags a draft model's layers), so it gets vLLM's EAGLE
+    # handling; vLLM 0.34 then keys blocks with lookahead tokens (harness_compat).
+    drafter: bool = False
     num_gpu_blocks: int = 128
     max_num_batched_tokens: int = 256
     max_num_seqs: int = 8
@@ -127,6 +134,7 @@ def build_vllm_configs(cfg: EngineConfig, engine_id: str, fs_root: str,
     # Ranks are simulated in this process; the offload geometry (rank slots
     # per row) follows the configured world size.
     parallel = ParallelConfig(tensor_parallel_size=cfg.world_size)
+    speculative = _eagle_drafter(model_dir, model_config, parallel) if cfg.drafter else None
     vllm_config = VllmConfig(
         model_config=model_config,
         cache_config=CacheConfig(block_size=min(cfg.block_sizes), enable_prefix_caching=True),
@@ -136,7 +144,8 @@ def build_vllm_configs(cfg: EngineConfig, engine_id: str, fs_root: str,
             async_scheduling=False),
         parallel_config=parallel,
         device_config=DeviceConfig(device="cpu"),
-        kv_transfer_config=ktc)
+        kv_transfer_config=ktc,
+        speculative_config=speculative)
     vllm_config.cache_config.num_gpu_blocks = cfg.num_gpu_blocks
     return VllmConfigs(vllm_config, kv_cache_config, layers, page, row_bytes)
 
@@ -152,8 +161,26 @@ def _kv_cache_groups(cfg: EngineConfig, layers: list[str]) -> list[KVCacheGroupS
         group_specs[-1] = SlidingWindowSpec(
             block_size=last.block_size, num_kv_heads=last.num_kv_heads,
             head_size=last.head_size, dtype=torch.float16, sliding_window=cfg.sliding_window)
-    return [KVCacheGroupSpec(layers[g::cfg.kv_groups], group_specs[g])
+    return [KVCacheGroupSpec(layers[g::cfg.kv_groups], group_specs[g],
+                             is_eagle_group=cfg.drafter and g == cfg.kv_groups - 1)
             for g in range(cfg.kv_groups)]
+
+
+def _eagle_drafter(model_dir: str, model_config: ModelConfig,
+                   parallel: ParallelConfig) -> SpeculativeConfig:
+    """An EAGLE drafter of one layer beside the target, config only (the harness runs no
+    forward pass, so none is ever proposed): what the scheduler and the offloading
+    connector build from when a deployment speculates with EAGLE."""
+    from transformers import LlamaConfig
+
+    draft_dir = os.path.join(model_dir, "drafter")
+    if not os.path.exists(os.path.join(draft_dir, "config.json")):
+        LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=model_config.max_model_len,
+                    architectures=["LlamaForCausalLM"]).save_pretrained(draft_dir)
+    return SpeculativeConfig(method="eagle", model=draft_dir, num_speculative_tokens=1,
+                             target_model_config=model_config, target_parallel_config=parallel)
 
 
 def _head_shapes(block_sizes: list[int]) -> list[tuple[int, int]]:

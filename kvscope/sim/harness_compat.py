@@ -109,3 +109,20 @@ def gpu_blocks(spec: Any, tensors: list[Any], group_refs: list[Any]) -> tuple[li
             blocks += [(int(p) - base) // stride for p in spec.ptrs[offset:offset + n]]
         offset += n * refs
     return blocks, list(spec.group_block_counts)
+
+
+def request_block_hasher(hash_block: int, hash_fn: Any, vllm_config: Any) -> Any:
+    """vLLM's per-request block hasher, as its engine core builds it: 0.34 hashes each block
+    with the tokens after it (``num_hash_lookahead_tokens``, with an EAGLE drafter that drops
+    its trailing block), earlier releases the block alone."""
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+    lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
+    if lookahead:
+        return get_request_block_hasher(hash_block, hash_fn, lookahead)
+    return get_request_block_hasher(hash_block, hash_fn)
+
+
+def lookahead_tokens(engine: Any) -> int:
+    """Tokens after each block its hash covers on this engine (0: legacy hashes)."""
+    return int(getattr(engine.vllm_config, "num_hash_lookahead_tokens", 0) or 0)

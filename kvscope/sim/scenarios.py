@@ -19,6 +19,7 @@ import tempfile
 from collections import Counter
 from dataclasses import replace
 
+from kvscope.sim import harness_compat
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.sim.scenario_run import (
     ScenarioRun,
@@ -330,3 +331,26 @@ def healthy_hybrid(run: ScenarioRun, cfg: EngineConfig) -> None:
     proportion to its block size (the sub-block group still holds 80 % of the primary
     tier's keys), and the re-ask restores the prompt."""
     _hybrid(run, cfg, LONG_PROMPT_TOKENS, rows=40)
+
+
+# A hybrid model speculating with an EAGLE drafter whose KV group has a sliding window: a
+# full-attention group of 32-token blocks beside the drafter's group of 16-token blocks with
+# a 16-token window (one chunk). vLLM stores, of each 32-token segment, only the window's
+# trailing drafter chunk; the lookup of a drafter group whose trailing block is dropped
+# needs the window plus one chunk in a row.
+DRAFTER_BLOCKS = (32, 16)
+DRAFTER_WINDOW = 16
+DRAFTER_PROMPT_TOKENS = 256
+
+
+def drafter_group(run: ScenarioRun, cfg: EngineConfig, drafter: bool = True) -> None:
+    """Store, evict to disk, ask again, with an EAGLE drafter's sliding-window group: on vLLM
+    0.26 the drafter group can never certify its window, and its miss vetoes the restore
+    through the cross-group AND; later releases restore (0.34 keys blocks with lookahead
+    tokens). ``drafter=False``: the same model without the drafter (the control)."""
+    e = CPUEngine(replace(cfg, rows=64, kv_groups=2, group_block_sizes=DRAFTER_BLOCKS,
+                          sliding_window=DRAFTER_WINDOW, drafter=drafter, num_gpu_blocks=64,
+                          max_num_batched_tokens=512))
+    run.engines.append(e)
+    _ask_flood_ask(e, run, prompt(1, DRAFTER_PROMPT_TOKENS))
+    run.facts.update(group_truth(e), lookahead_hashes=harness_compat.lookahead_tokens(e) > 0)
