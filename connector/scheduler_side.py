@@ -172,7 +172,9 @@ class SchedulerObserver:
             if result_of is not None:
                 prefix_scan.install(connector_scheduler, self.log, result_of, recorder.error)
             # its taps bind the above
-            proxy = ManagerProxy(inner, self,
+            proxy = ManagerProxy(inner, log=self.log, rows=self.rows,
+                                 journal_extend=self.journal.extend,
+                                 store_job=self._store_job_handler, error=recorder.error,
                                  per_key_lookups=result_of is None and read is None)
             connector_scheduler.manager = proxy
             # vLLM bugs that raise out of its step, answered quietly (contained_faults.py)

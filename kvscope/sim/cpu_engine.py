@@ -48,17 +48,10 @@ from kvscope.sim.cpu_model import PatternModel, prompt, write_tiny_llama
 from kvscope.sim.engine_config import EngineConfig, build_vllm_configs
 from kvscope.sim.engine_leftovers import sweep_leftovers
 from kvscope.sim.engine_results import Finished, RequestResults
-from kvscope.sim.engine_step import EngineStepping
+from kvscope.sim.engine_step import EngineStepping, Rank
 from kvscope.sim.promotion_delay import CompletionsAtStepEnd, DelayedPromotions
 
 __all__ = ["CPUEngine", "EngineConfig", "Finished", "Rank", "prompt", "sweep_leftovers"]
-
-
-@dataclass
-class Rank:
-    rank: int
-    connector: Any
-    kv: dict[str, torch.Tensor]
 
 
 @dataclass
