@@ -35,7 +35,8 @@ class ManagerProxy:
 
     def __init__(self, inner: Any, *, log: LookupLog, rows: PromotedRows,
                  journal_extend: Callable[[tuple[Any, ...]], None],
-                 store_job: Callable[..., None], error: Callable[[ErrorSite, BaseException], None],
+                 store_job: Callable[..., None],
+                 error: Callable[[ErrorSite, BaseException], None],
                  per_key_lookups: bool = True) -> None:
         """The scheduler side's pieces the taps write to: the lookup ``log``, the promoted
         ``rows``, the journal (``journal_extend``) and its handler of a store job
