@@ -215,15 +215,6 @@ class SchedulerObserver:
         self.agg.start()
         self.group_stores.owner = self.agg.thread  # it may yield the GIL while counting
 
-    # The checksum room's state, under the names faults.py and tests use.
-    @property
-    def quarantine(self) -> dict[bytes, None]:
-        return self.rows.quarantine
-
-    @property
-    def _view(self) -> memoryview | None:
-        return self.rows.view
-
     def _set_tracing(self, on: bool) -> None:
         # read once per round by the connector's hook (scheduler_hooks.py)
         self._tracing = self.taps.tracing = self.verdicts.tracing = on

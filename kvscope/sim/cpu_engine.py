@@ -192,13 +192,13 @@ class CPUEngine(EngineStepping):
 
 @contextlib.contextmanager
 def _fault_env(fault: str | None, folder: str) -> Iterator[None]:
-    """``fault`` (kvscope.connector.faults) switched on in a file in ``folder`` and named by
+    """``fault`` (kvscope.sim.faults) switched on in a file in ``folder`` and named by
     KVSCOPE_FAULT_FILE while the scheduler and its connector are built (their hooks keep
     the file's path), then the variable as it was; nothing without a fault."""
     if fault is None:
         yield
         return
-    from kvscope.connector import faults
+    from kvscope.sim import faults
 
     path = os.path.join(folder, "fault.json")
     faults.write_fault(path, fault)

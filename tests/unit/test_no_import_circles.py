@@ -1,107 +1,18 @@
 """No import circles among kvscope's modules.
 
 A circle makes a module's import order matter (one of them runs against the other half
-initialized) and ties rooms together that should change apart. The graph is read from the
-source (AST), every import counted wherever it stands: at module level, inside a function
-(an import moved there to dodge a circle is still a circle) and under ``TYPE_CHECKING``;
-relative and absolute. The modules are those pyproject's ``package-dir`` maps into
-``kvscope`` (``connector/`` is ``kvscope.connector``, ...).
-
-Edges are the imports as written: ``import a.b`` depends on ``a.b``; ``from a import b``
-on ``a`` (whatever its ``__init__`` runs) and on ``a.b`` where that is a module. So a
-package whose ``__init__`` imports its modules forms a circle with any of them that
-imports ``from`` the package.
+initialized) and ties rooms together that should change apart. Every import counts,
+wherever it stands (``tests/support/import_graph.py``): one moved into a function to dodge
+a circle is still a circle, and so is one under ``TYPE_CHECKING``. A package whose
+``__init__`` imports its modules forms a circle with any of them that imports ``from`` the
+package.
 """
 
 from __future__ import annotations
 
-import ast
-import sys
-import tomllib
-from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def modules(root: Path) -> dict[str, Path]:
-    """Every module of the distribution: its dotted name -> its file."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    package_dirs = config["package-dir"]
-    found: dict[str, Path] = {}
-    # deepest folder last, so a package mapped on its own wins over its parent's walk
-    for package, folder in sorted(package_dirs.items(), key=lambda kv: len(kv[1])):
-        base = root / folder
-        for path in sorted(base.rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join([package, *parts])] = path
-    return found
-
-
-def imports(name: str, path: Path, known: Iterable[str]) -> set[str]:
-    """The modules of ``known`` that ``name`` (at ``path``) imports, anywhere in it."""
-    known = set(known)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            targets.add(base)
-            targets.update(f"{base}.{alias.name}" for alias in node.names)
-    return {t for t in targets if t in known and t != name}
-
-
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10 * len(graph) + 100))
-    try:
-        for v in sorted(graph):
-            if v not in index:
-                visit(v)
-    finally:
-        sys.setrecursionlimit(limit)
-    return found
-
-
-def import_graph(root: Path) -> dict[str, set[str]]:
-    mods = modules(root)
-    return {name: imports(name, path, mods) for name, path in mods.items()}
+from tests.support.import_graph import ROOT, circles, import_graph
 
 
 def test_kvscope_has_no_import_circles():
