@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_campaign import fill, mount_small_tmpfs  # noqa: E402
 from openmetrics_recording import Recorder, Target  # noqa: E402
 
-from kvscope.connector import faults  # noqa: E402
 from kvscope.exporters import signals  # noqa: E402
+from kvscope.sim import faults  # noqa: E402
 
 TOKENS = 96
 FLOODS = 3
@@ -55,7 +55,7 @@ class LiveEngine:
 
         self.e = CPUEngine(EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
                                         max_num_batched_tokens=16, vllm_metrics=True,
-                                        fs_root=fs_root, step_time_s=0.01,
+                                        fs_root=fs_root, step_time_s=0.01, fault_hooks=True,
                                         kvscope_options={"tier_probe_interval_s": PROBE_S,
                                                          # the faults change the shared
                                                          # file in place: every rank digested

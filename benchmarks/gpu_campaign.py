@@ -2,13 +2,13 @@
 
 Runs on the lent 2-GPU machine (``benchmarks/README.md`` has the commands). Each
 server is ``vllm serve`` (engine core in its own process, TP=2) with
-``ObservedOffloadingConnector``, tiering + fs tier, ``kv_load_failure_policy=recompute``.
+``FaultInjectingConnector`` (kvscope's connector with the test fault hooks), tiering + fs tier, ``kv_load_failure_policy=recompute``.
 An OpenAI-compatible client (urllib on loopback) drives it; vLLM's ``/metrics`` and
 both ranks' kvscope endpoints are recorded every second as timestamped OpenMetrics.
 
 * ``faults``: one server, ``checksum_policy=refuse``; a clean control phase, then one
   fault per phase, switched at run time through ``KVSCOPE_FAULT_FILE``
-  (``connector/faults.py``; the fs-tier faults are done to the directory itself).
+  (``kvscope/sim/faults.py``; the fs-tier faults are done to the directory itself).
 * ``stale-rows --policy observe|refuse``: rank 1 maps its own offload region
   (``OwnRegionTieringSpec``), as a second node's ``/dev/shm`` would be.
 
@@ -45,8 +45,8 @@ import teacher_forced as tf  # noqa: E402
 from gpu_e2e import make_model, text  # noqa: E402
 from openmetrics_recording import Recorder, Target  # noqa: E402
 
-from kvscope.connector import faults  # noqa: E402
 from kvscope.exporters import signals  # noqa: E402
+from kvscope.sim import faults  # noqa: E402
 
 BLOCK = 16
 ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together
@@ -71,8 +71,9 @@ class Server:
         make_model(self.model)
         self.kv_port = port + 100
         extra = {**extra, "kvscope": {**extra.get("kvscope", {}), "exporter_port": self.kv_port}}
-        ktc = {"kv_connector": "ObservedOffloadingConnector",
-               "kv_connector_module_path": "kvscope.connector", "kv_role": "kv_both",
+        # kvscope's connector with the test fault hooks (inert without KVSCOPE_FAULT_FILE)
+        ktc = {"kv_connector": "FaultInjectingConnector",
+               "kv_connector_module_path": "kvscope.sim.fault_connector", "kv_role": "kv_both",
                "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
                "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "tiny",
@@ -440,7 +441,7 @@ def run_stale_rows(args, result: dict) -> None:
     root = os.path.join(out, "..", f"fs-stale-{args.policy}")
     extra = {"cpu_bytes_to_use": args.rows * ROW_BYTES, "block_size": BLOCK,
              "spec_name": "OwnRegionTieringSpec",
-             "spec_module_path": "kvscope.connector.faults",
+             "spec_module_path": "kvscope.sim.faults",
              faults.OWN_REGION_KEY: [1],
              "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
                                   "n_write_threads": 4}],

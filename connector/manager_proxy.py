@@ -10,15 +10,12 @@ is guarded; an exception in kvscope is counted and never reaches vLLM.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvscope.connector import compat
 from kvscope.connector.integrity import PromotedRows
 from kvscope.connector.lookup_rounds import LookupLog
 from kvscope.exporters.signals import ErrorSite
-
-if TYPE_CHECKING:
-    from kvscope.connector.scheduler_side import SchedulerObserver
 
 
 class ManagerProxy:
@@ -36,17 +33,23 @@ class ManagerProxy:
     quarantined: :meth:`per_key`).
     """
 
-    def __init__(self, inner: Any, observer: SchedulerObserver,
+    def __init__(self, inner: Any, *, log: LookupLog, rows: PromotedRows,
+                 journal_extend: Callable[[tuple[Any, ...]], None],
+                 store_job: Callable[..., None],
+                 error: Callable[[ErrorSite, BaseException], None],
                  per_key_lookups: bool = True) -> None:
+        """The scheduler side's pieces the taps write to: the lookup ``log``, the promoted
+        ``rows``, the journal (``journal_extend``) and its handler of a store job
+        (``store_job``: SchedulerObserver._store_job), the recorder's ``error``."""
         # object.__setattr__: this class's own __setattr__ forwards to the manager
         object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_obs", observer)
         object.__setattr__(self, compat.WRAPPED_MARK, True)
-        tap = _lookup_tap(inner.lookup, observer.log, observer.rows.quarantine)
+        tap = _lookup_tap(inner.lookup, log, rows.quarantine)
         object.__setattr__(self, "_lookups", (inner.lookup, tap))
         object.__setattr__(self, "lookup", tap if per_key_lookups else inner.lookup)
-        object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, observer.rows))
-        object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, observer))
+        object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, rows))
+        object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, rows,
+                                                             journal_extend, store_job, error))
 
     def per_key(self, on: bool) -> None:
         """The per-key tap in place (True) or vLLM's own ``lookup`` (False): a tiering
@@ -127,13 +130,12 @@ def _load_tap(inner_prepare_load: Callable[..., Any], rows: PromotedRows
     return prepare_load
 
 
-def _store_tap(inner_prepare_store: Callable[..., Any], observer: SchedulerObserver
-               ) -> Callable[..., Any]:
+def _store_tap(inner_prepare_store: Callable[..., Any], rows: PromotedRows,
+               extend: Callable[[tuple[Any, ...]], None], handler: Callable[..., None],
+               error: Callable[[ErrorSite, BaseException], None]) -> Callable[..., Any]:
     """The proxy's ``prepare_store`` (once per store job): the journal gets the job (the
     refused keys coverage reads change in journal order); promoted-row digests of the
     rows it evicts or rewrites are forgotten at once."""
-    extend, handler = observer.journal.extend, observer._store_job_handler
-    rows, error = observer.rows, observer.rec.error
     expected, quarantine, forget = rows.expected, rows.quarantine, rows.forget
 
     def prepare_store(keys, req_context, *args, **kwargs):

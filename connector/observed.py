@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from kvscope.connector import compat, faults, scheduler_hooks
+from kvscope.connector import compat, scheduler_hooks
 from kvscope.connector.checksums import Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.compat.vllm_api import (
@@ -45,9 +45,13 @@ class ObservedOffloadingConnector(OffloadingConnector):
     (checksum policy ``refuse``)."""
 
     # Tests and embedders may pass these before construction (class-level
-    # injection keeps vLLM's constructor signature).
+    # injection keeps vLLM's constructor signature); the observer's and the worker
+    # proxy's builders are where the CPU harness's subclass adds its test fault hooks
+    # (kvscope.sim.fault_connector).
     recorder_factory = Recorder
     tracer_provider = None
+    observer_factory = SchedulerObserver
+    worker_factory = WorkerProxy
     # This rank's WorkerProxy once wrapped (worker role), read by the per-step calls below
     # without a property, a getattr and an isinstance each time
     _kvscope_w: WorkerProxy | None = None
@@ -64,8 +68,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
         rec = self.kvscope_recorder
         with rec.guard(ErrorSite.MANAGER):
             if role == KVConnectorRole.SCHEDULER and self.connector_scheduler is not None:
-                faults.install_tier_stalls(self.connector_scheduler.manager)  # test-only, off
-                self._kvscope_observer = SchedulerObserver(
+                self._kvscope_observer = type(self).observer_factory(
                     recorder=rec, tracer=self._kvscope_tracer,
                     connector_scheduler=self.connector_scheduler,
                     spec=compat.scheduler_spec(self.connector_scheduler.manager,
@@ -82,9 +85,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     per_key_lookups=self.kvscope_settings.per_key_lookups,
                     contain_vllm_faults=self.kvscope_settings.contain_vllm_faults,
                     checksum_scope=self.kvscope_settings.checksum_scope)
-                faults.install_round_faults(self._kvscope_observer)  # test-only, off
                 scheduler_hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)
-                faults.install_promotion_faults(self._kvscope_observer)  # test-only, off
                 self._maybe_start_exporter(0)
         rec.flush()
 
@@ -123,14 +124,13 @@ class ObservedOffloadingConnector(OffloadingConnector):
                 compat.VLLM_VERSION, " and a sync_load_budget_bytes"
                 if load_failures.request_level_supported() else "")
         with self.kvscope_recorder.guard(ErrorSite.WORKER):
-            cw.worker = WorkerProxy(
+            cw.worker = type(self).worker_factory(
                 cw.worker, recorder=self.kvscope_recorder, tracer=self._kvscope_tracer,
                 spec=cw.spec, checksum_policy=policy,
                 algorithm=self.kvscope_settings.checksum_algorithm,
                 digest_threads=self.kvscope_settings.checksum_threads,
                 refusal_path=load_failures.refusal_path(cw.kv_cache_config, extra),
                 flush_interval_s=self.kvscope_settings.flush_interval_s)
-            faults.install_worker(cw.worker)  # test-only, off unless KVSCOPE_FAULT_FILE
             self._kvscope_w = cw.worker
             self._maybe_start_exporter(1 + cw.worker.rank)
 
@@ -191,7 +191,6 @@ class ObservedOffloadingConnector(OffloadingConnector):
             return
         with self.kvscope_recorder.guard(ErrorSite.MANAGER):
             observer.bind_block_pool(gpu_block_pool)
-            faults.install_block_leak(self, gpu_block_pool)  # test-only, off
 
     # ---- export path 1: vLLM's stats pipeline -------------------------------------------------
     def get_kv_connector_stats(self):

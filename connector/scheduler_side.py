@@ -172,7 +172,9 @@ class SchedulerObserver:
             if result_of is not None:
                 prefix_scan.install(connector_scheduler, self.log, result_of, recorder.error)
             # its taps bind the above
-            proxy = ManagerProxy(inner, self,
+            proxy = ManagerProxy(inner, log=self.log, rows=self.rows,
+                                 journal_extend=self.journal.extend,
+                                 store_job=self._store_job_handler, error=recorder.error,
                                  per_key_lookups=result_of is None and read is None)
             connector_scheduler.manager = proxy
             # vLLM bugs that raise out of its step, answered quietly (contained_faults.py)
@@ -212,15 +214,6 @@ class SchedulerObserver:
         recorder.before_read = self.drain  # a reader sees every event recorded before
         self.agg.start()
         self.group_stores.owner = self.agg.thread  # it may yield the GIL while counting
-
-    # The checksum room's state, under the names faults.py and tests use.
-    @property
-    def quarantine(self) -> dict[bytes, None]:
-        return self.rows.quarantine
-
-    @property
-    def _view(self) -> memoryview | None:
-        return self.rows.view
 
     def _set_tracing(self, on: bool) -> None:
         # read once per round by the connector's hook (scheduler_hooks.py)

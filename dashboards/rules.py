@@ -225,105 +225,101 @@ def _alert(cfg: Config, name: str, expr: str, for_: str, severity: str, summary:
     return rule
 
 
-def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
-    r = Recorded(cfg)
-    by, sel = cfg.by_engine, cfg.sel
-    completed = s.CascadeResult.COMPLETED.value
-    prepared = s.StoreJobResult.PREPARED.value
-    mismatch = s.ChecksumOutcome.MISMATCH.value
-    verdict_hit = s.Verdict.HIT.value
-    cw, sw = cfg.checksum_mismatch_window, cfg.stores_without_restores_window
+def _born_within(series: str, by: str, window: str) -> str:
+    """A ``series`` first scraped above 0 within ``window``, summed by ``by``. increase() and
+    rate() need two samples, so they miss the first: a child the exporter creates lazily, one
+    an exporter older than the preset leaves out, a target scraped after the fact or after a
+    restart (the events happened before Prometheus' first scrape of it)."""
+    return f"sum by ({by}) ({series} > 0 unless {series} offset {window})"
 
-    requests = _indent(engine_requests(cfg))
-    pending_at_idle = (
+
+def _rose_within(series: str, by: str, window: str) -> str:
+    """The counter ``series`` rose within ``window``, summed by ``by``: its increase, or a
+    series born within the window with a value > 0 (:func:`_born_within`)."""
+    return (f"sum by ({by}) (increase({series}[{window}])) > 0\n"
+            f"or {_born_within(series, by, window)}")
+
+
+def _disk_tier_holds_data(cfg: Config) -> str:
+    """Something was ever cascaded to the disk tier."""
+    by, completed = cfg.by_engine, s.CascadeResult.COMPLETED.value
+    return f"sum by ({by}) ({s.CASCADES.name}{cfg.sel(eq(s.L_RESULT, completed))}) > 0"
+
+
+def _pending_at_idle(cfg: Config) -> dict:
+    r, by = Recorded(cfg), cfg.by_engine
+    expr = (
         # something is pending on an engine without requests (TransferStuck: with requests)
         f"{r.pending_transfers} > 0\n"
-        f"and on ({by}) (\n{requests}\n) == 0"
+        f"and on ({by}) (\n{_indent(engine_requests(cfg))}\n) == 0"
     )
-    ceiling = f"{s.ROUNDS_AT_ROW_CEILING.name}{sel()}"
-    capacity_ceiling = (
+    return _alert(
+        cfg, ALERT_PENDING_AT_IDLE, expr, cfg.pending_at_idle_for,
+        cfg.severity_warning,
+        "KV offload transfers are pending on an idle engine.",
+        f"{_WHO} has had {{{{ $value | humanize }}}} pending {{{{ $labels.{s.L_KIND} }}}} "
+        f"transfer(s) for more than {cfg.pending_at_idle_for} while no request is running "
+        f"or waiting.",
+    )
+
+
+def _capacity_ceiling(cfg: Config) -> dict:
+    r, by = Recorded(cfg), cfg.by_engine
+    ceiling = f"{s.ROUNDS_AT_ROW_CEILING.name}{cfg.sel()}"
+    expr = (
         f"(\n"
         f"  {r.ceiling_rate} > 0\n"
-        # a ceiling counter first scraped above 0 within the rate window (the rounds happened
-        # before Prometheus' first scrape of this engine, e.g. right after a restart), counted
-        # as if it had risen from 0 over the window: rate() needs two samples and misses it
-        f"  or sum by ({by}) ({ceiling} > 0 unless {ceiling} offset {cfg.rate_window})\n"
+        # a ceiling counter first scraped above 0 within the rate window, counted as if it
+        # had risen from 0 over the window
+        f"  or {_born_within(ceiling, by, cfg.rate_window)}\n"
         f"  / {duration_seconds(cfg.rate_window)}\n"
         f")\n"
-        # the disk tier holds data: something was ever cascaded to it
-        f"and on ({by}) sum by ({by}) ({s.CASCADES.name}{sel(eq(s.L_RESULT, completed))}) > 0"
+        f"and on ({by}) {_disk_tier_holds_data(cfg)}"
     )
-    mm = f"{s.ROW_CHECKSUMS.name}{sel(eq(s.L_OUTCOME, mismatch))}"
-    checksum_mismatch = (
-        f"sum by ({by}, {s.L_RANK}) (increase({mm}[{cw}])) > 0\n"
-        # a mismatch series born within the window with a value > 0 (increase() misses its
-        # first sample when the exporter creates the child lazily)
-        f"or sum by ({by}, {s.L_RANK}) ({mm} > 0 unless {mm} offset {cw})"
+    return _alert(
+        cfg, ALERT_CAPACITY_CEILING, expr, cfg.capacity_ceiling_for,
+        cfg.severity_warning,
+        "KV offload lookups keep hitting the primary tier's row ceiling.",
+        f"{_WHO}: {{{{ printf \"%.2f\" $value }}}} lookup rounds/s have needed at least as many "
+        f"primary-tier rows as exist for more than {cfg.capacity_ceiling_for}, while the "
+        f"disk tier holds data; those requests are deferred or recompute.",
     )
-    stores_without_restores = (
+
+
+def _checksum_mismatch(cfg: Config) -> dict:
+    cw = cfg.checksum_mismatch_window
+    mm = f"{s.ROW_CHECKSUMS.name}{cfg.sel(eq(s.L_OUTCOME, s.ChecksumOutcome.MISMATCH.value))}"
+    return _alert(
+        cfg, ALERT_CHECKSUM_MISMATCH, _rose_within(mm, f"{cfg.by_engine}, {s.L_RANK}", cw),
+        cfg.checksum_mismatch_for, cfg.severity_critical,
+        "A promoted KV row failed its checksum.",
+        f"Rank {{{{ $labels.{s.L_RANK} }}}} of {_WHO} saw {{{{ printf \"%.0f\" $value }}}} row "
+        f"checksum mismatch(es) in the last {cw}: an offload tier holds wrong data. Loads "
+        f"refused (checksum_policy refuse) were recomputed; any not refused were served.",
+    )
+
+
+def _stores_without_restores(cfg: Config) -> dict:
+    by, sel, sw = cfg.by_engine, cfg.sel, cfg.stores_without_restores_window
+    prepared, verdict_hit = s.StoreJobResult.PREPARED.value, s.Verdict.HIT.value
+    expr = (
         f"sum by ({by}) (increase({s.STORE_JOBS.name}{sel(eq(s.L_RESULT, prepared))}[{sw}])) > 0\n"
         f"unless on ({by}) sum by ({by}) (increase({s.HIT_TOKENS.name}{sel()}[{sw}])) > 0\n"
         f"unless on ({by}) sum by ({by}) "
         f"(increase({s.LOOKUP_ROUNDS.name}{sel(eq(s.L_VERDICT, verdict_hit))}[{sw}])) > 0"
     )
-    restore_coverage = (
-        # restores offered less than the tiers held, over the rate window ...
-        f"{r.restore_coverage_ratio} < {cfg.restore_coverage_min:g}\n"
-        # ... while the disk tier holds data (something was ever cascaded to it)
-        f"and on ({by}) sum by ({by}) ({s.CASCADES.name}{sel(eq(s.L_RESULT, completed))}) > 0"
+    return _alert(
+        cfg, ALERT_STORES_WITHOUT_RESTORES, expr,
+        cfg.stores_without_restores_for, cfg.severity_warning,
+        "KV blocks are offloaded but never restored.",
+        f"{_WHO} prepared {{{{ $value | humanize }}}} store jobs in the last {sw} and served "
+        f"no external prefix-cache hit.",
     )
-    failed = f"{s.CASCADES.name}{sel(eq(s.L_RESULT, s.CascadeResult.FAILED.value))}"
-    fw = cfg.tier_write_failures_window
-    tier_writes_failing = (
-        f"sum by ({by}) (increase({failed}[{fw}])) > 0\n"
-        # a failed-cascade series born within the window with a value > 0
-        f"or sum by ({by}) ({failed} > 0 unless {failed} offset {fw})"
-    )
-    refused = (f"{s.RESTORE_SHORT_TOKENS.name}"
-               f"{sel(eq(s.L_REASON, s.ShortReason.STORE_REFUSED.value))}")
-    rw = cfg.stores_refused_window
-    stores_refused = (
-        # tokens re-asks recomputed because their prompts' store jobs had been refused ...
-        f"sum by ({by}) (increase({refused}[{rw}])) > 0\n"
-        # ... or a series born within the window with a value > 0
-        f"or sum by ({by}) ({refused} > 0 unless {refused} offset {rw})"
-    )
-    errs = f"{s.TELEMETRY_ERRORS.name}{sel()}"
-    ew, by_where = cfg.telemetry_errors_window, f"{by}, {s.L_WHERE}"
-    telemetry_errors = (
-        f"sum by ({by_where}) (increase({errs}[{ew}])) > 0\n"
-        # a series born within the window with a value > 0 (an exporter older than the preset)
-        f"or sum by ({by_where}) ({errs} > 0 unless {errs} offset {ew})"
-    )
-    faults = f"{s.VLLM_FAULTS_CONTAINED.name}{sel()}"
-    vw, by_fault = cfg.vllm_faults_window, f"{by}, {s.L_FAULT}"
-    vllm_faults = (
-        f"sum by ({by_fault}) (increase({faults}[{vw}])) > 0\n"
-        # a series born within the window with a value > 0 (scraped after the fact)
-        f"or sum by ({by_fault}) ({faults} > 0 unless {faults} offset {vw})"
-    )
-    lost = f"{s.TIER_LOST_KEYS.name}{sel()}"
-    lw, by_tier = cfg.tier_data_lost_window, f"{by}, {s.L_TIER}"
-    tier_data_lost = (
-        f"sum by ({by_tier}) (increase({lost}[{lw}])) > 0\n"
-        # a lost-keys series born within the window with a value > 0
-        f"or sum by ({by_tier}) ({lost} > 0 unless {lost} offset {lw})"
-    )
-    oldest = f"{s.OLDEST_PENDING_TRANSFER.name}{sel()}"
-    transfer_stuck = (
-        # a transfer of some kind unfinished for longer than a slow one takes ...
-        f"max by ({by}, {s.L_KIND}) ({oldest}) > {cfg.transfer_stuck_after_s:g}\n"
-        # ... while the engine has requests (idle: KVOffloadTransfersPendingAtIdle)
-        f"and on ({by}) (\n{requests}\n) > 0"
-    )
-    held_at_idle = (
-        # GPU blocks vLLM's pool still held when the latest step left nothing in flight ...
-        f"max by ({by}) ({s.IDLE_GPU_BLOCKS.name}{sel()}) > 0\n"
-        # ... and the engine still has no request (the gauge keeps its value while busy)
-        f"and on ({by}) (\n{requests}\n) == 0"
-    )
-    tier_flooded = _tier_flooded(cfg)
-    stats_stale = (
+
+
+def _stats_stale(cfg: Config) -> dict:
+    by, sel = cfg.by_engine, cfg.sel
+    expr = (
         # the age itself, not the recorded last_step_age: that one is as old as the
         # recording group's last evaluation, which need not precede this group's
         f"time() - max by ({by}) ({s.LAST_STEP_TIMESTAMP.name}{sel()}) > {cfg.stale_stats_seconds}\n"
@@ -332,126 +328,168 @@ def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
         # and only while Prometheus still scrapes the target (else TargetDown is the alert)
         f"and on (job, instance) max by (job, instance) (up{cfg.up_sel()}) == 1"
     )
+    return _alert(
+        cfg, ALERT_STATS_STALE, expr, cfg.stale_stats_for, cfg.severity_warning,
+        "kvscope statistics stopped advancing while requests are in flight.",
+        f"The last scheduler step of {_WHO} is {{{{ $value | humanizeDuration }}}} old "
+        f"although requests are in flight and the target is up; its kvscope gauges are stale.",
+    )
 
-    return [
-        _alert(
-            cfg, ALERT_PENDING_AT_IDLE, pending_at_idle, cfg.pending_at_idle_for,
-            cfg.severity_warning,
-            "KV offload transfers are pending on an idle engine.",
-            f"{_WHO} has had {{{{ $value | humanize }}}} pending {{{{ $labels.{s.L_KIND} }}}} "
-            f"transfer(s) for more than {cfg.pending_at_idle_for} while no request is running "
-            f"or waiting.",
-        ),
-        _alert(
-            cfg, ALERT_CAPACITY_CEILING, capacity_ceiling, cfg.capacity_ceiling_for,
-            cfg.severity_warning,
-            "KV offload lookups keep hitting the primary tier's row ceiling.",
-            f"{_WHO}: {{{{ printf \"%.2f\" $value }}}} lookup rounds/s have needed at least as many "
-            f"primary-tier rows as exist for more than {cfg.capacity_ceiling_for}, while the "
-            f"disk tier holds data; those requests are deferred or recompute.",
-        ),
-        _alert(
-            cfg, ALERT_CHECKSUM_MISMATCH, checksum_mismatch, cfg.checksum_mismatch_for,
-            cfg.severity_critical,
-            "A promoted KV row failed its checksum.",
-            f"Rank {{{{ $labels.{s.L_RANK} }}}} of {_WHO} saw {{{{ printf \"%.0f\" $value }}}} row "
-            f"checksum mismatch(es) in the last {cw}: an offload tier holds wrong data. Loads "
-            f"refused (checksum_policy refuse) were recomputed; any not refused were served.",
-        ),
-        _alert(
-            cfg, ALERT_STORES_WITHOUT_RESTORES, stores_without_restores,
-            cfg.stores_without_restores_for, cfg.severity_warning,
-            "KV blocks are offloaded but never restored.",
-            f"{_WHO} prepared {{{{ $value | humanize }}}} store jobs in the last {sw} and served "
-            f"no external prefix-cache hit.",
-        ),
-        _alert(
-            cfg, ALERT_STATS_STALE, stats_stale, cfg.stale_stats_for, cfg.severity_warning,
-            "kvscope statistics stopped advancing while requests are in flight.",
-            f"The last scheduler step of {_WHO} is {{{{ $value | humanizeDuration }}}} old "
-            f"although requests are in flight and the target is up; its kvscope gauges are stale.",
-        ),
-        _alert(
-            cfg, ALERT_RESTORE_COVERAGE, restore_coverage, cfg.restore_coverage_for,
-            cfg.severity_warning,
-            "KV offload restores recompute much of what the tiers hold.",
-            f"{_WHO} offered {{{{ $value | humanizePercentage }}}} of the prefix tokens its offload "
-            f"tiers held for more than {cfg.restore_coverage_for} (threshold "
-            f"{cfg.restore_coverage_min:.0%}) while the disk tier holds data: restores are cut "
-            f"at the primary tier's row ceiling or vetoed, the rest is recomputed.",
-        ),
-        _alert(
-            cfg, ALERT_TIER_WRITES_FAILING, tier_writes_failing, cfg.tier_write_failures_for,
-            cfg.severity_warning,
-            "Writes to the KV offload disk tier are failing.",
-            f"{_WHO} failed {{{{ printf \"%.0f\" $value }}}} cascade write(s) to its secondary "
-            f"tier in the last {fw}, for more than {cfg.tier_write_failures_for}: the tier is "
-            f"full, gone or not writable; what does not reach it cannot be restored.",
-        ),
-        _alert(
-            cfg, ALERT_STORES_REFUSED, stores_refused, cfg.stores_refused_for,
-            cfg.severity_warning,
-            "KV offload stores are refused: prompts are stored only in part.",
-            f"{_WHO} recomputed {{{{ printf \"%.0f\" $value }}}} prompt tokens in the last {rw} "
-            f"(for more than {cfg.stores_refused_for}) because their store jobs had been refused "
-            f"for lack of a free primary-tier row: those prompts were stored only in part and "
-            f"every re-ask recomputes the rest.",
-        ),
-        _alert(
-            cfg, ALERT_TIER_DATA_LOST, tier_data_lost, "0m", cfg.severity_warning,
-            "A KV offload tier lost data it had confirmed written.",
-            f"The {{{{ $labels.{s.L_TIER} }}}} tier of {_WHO} lost {{{{ printf \"%.0f\" $value }}}} "
-            f"key(s) it had confirmed written, in the last {lw}: their files are gone (directory "
-            f"removed, volume unmounted or wiped). Those prefixes are recomputed; nothing fails.",
-        ),
-        _alert(
-            cfg, ALERT_TRANSFER_STUCK, transfer_stuck, cfg.transfer_stuck_for,
-            cfg.severity_warning,
-            "A KV offload transfer is stuck while requests wait.",
-            f"{_WHO} has had a {{{{ $labels.{s.L_KIND} }}}} transfer unfinished for "
-            f"{{{{ $value | humanizeDuration }}}} (more than {cfg.transfer_stuck_after_s:g}s, for "
-            f"more than {cfg.transfer_stuck_for}) while it has requests: a request waiting for "
-            f"it waits too (a stalled tier read or write pool, a completion never reported).",
-        ),
-        _alert(
-            cfg, ALERT_GPU_BLOCKS_HELD_AT_IDLE, held_at_idle, cfg.gpu_blocks_held_at_idle_for,
-            cfg.severity_warning,
-            "An idle engine still holds GPU KV blocks: they leaked.",
-            f"{_WHO} still held {{{{ $value | humanize }}}} GPU KV block(s) when its latest step "
-            f"left no request and no load or store in flight, and no request has run or waited "
-            f"for more than {cfg.gpu_blocks_held_at_idle_for}: no request holds them and nothing "
-            f"frees them before a restart; every later request has that much less KV cache.",
-        ),
-        _alert(
-            cfg, ALERT_TELEMETRY_ERRORS, telemetry_errors, "0m", cfg.severity_warning,
-            "kvscope's instrumentation is failing: its counters miss events.",
-            f"kvscope on {_WHO} caught {{{{ printf \"%.0f\" $value }}}} error(s) in its own "
-            f"instrumentation ({s.L_WHERE}={{{{ $labels.{s.L_WHERE} }}}}) in the last {ew}. Serving "
-            f"goes on, but the events those calls were recording are missing from kvscope's "
-            f"counters: the other KV offload alerts may miss an incident, and kv-diagnose reads "
-            f"inconclusive.",
-        ),
-        _alert(
-            cfg, ALERT_VLLM_FAULT_CONTAINED, vllm_faults, "0m", cfg.severity_warning,
-            "A known vLLM bug would have stopped this engine; kvscope contained it. Upgrade vLLM.",
-            f"{_WHO}: the installed vLLM would have raised out of its scheduler step "
-            f"{{{{ printf \"%.0f\" $value }}}} time(s) in the last {vw} (known vLLM bug "
-            f"{s.L_FAULT}={{{{ $labels.{s.L_FAULT} }}}}), which stops the engine; kvscope answered "
-            f"those calls as vLLM's quiet path and the engine went on. Nothing is wrong with "
-            f"serving now; the vLLM release needs upgrading (the runbook and kv-diagnose name "
-            f"the release that fixed it).",
-        ),
-        _alert(
-            cfg, ALERT_TIER_FLOODED, tier_flooded, cfg.tier_flood_for, cfg.severity_warning,
-            "One KV group's keys flood the KV offload tiers; another group's never reach them.",
-            f"{_WHO}: a full-attention KV group stored {{{{ printf \"%.0f\" $value }}}} prompt "
-            f"tokens in the last {cfg.tier_flood_window}, under "
-            f"{cfg.tier_flood_victim_fraction:.0%} of the KV group that stored most, while one "
-            f"group holds at least {cfg.tier_flood_share:.0%} of the primary tier's keys (for "
-            f"more than {cfg.tier_flood_for}): the tiers fill with keys no restore can use, since "
-            f"a restore needs every group's chunks.",
-        ),
-    ]
+
+def _restore_coverage(cfg: Config) -> dict:
+    expr = (
+        # restores offered less than the tiers held, over the rate window ...
+        f"{Recorded(cfg).restore_coverage_ratio} < {cfg.restore_coverage_min:g}\n"
+        # ... while the disk tier holds data
+        f"and on ({cfg.by_engine}) {_disk_tier_holds_data(cfg)}"
+    )
+    return _alert(
+        cfg, ALERT_RESTORE_COVERAGE, expr, cfg.restore_coverage_for,
+        cfg.severity_warning,
+        "KV offload restores recompute much of what the tiers hold.",
+        f"{_WHO} offered {{{{ $value | humanizePercentage }}}} of the prefix tokens its offload "
+        f"tiers held for more than {cfg.restore_coverage_for} (threshold "
+        f"{cfg.restore_coverage_min:.0%}) while the disk tier holds data: restores are cut "
+        f"at the primary tier's row ceiling or vetoed, the rest is recomputed.",
+    )
+
+
+def _tier_writes_failing(cfg: Config) -> dict:
+    fw = cfg.tier_write_failures_window
+    failed = f"{s.CASCADES.name}{cfg.sel(eq(s.L_RESULT, s.CascadeResult.FAILED.value))}"
+    return _alert(
+        cfg, ALERT_TIER_WRITES_FAILING, _rose_within(failed, cfg.by_engine, fw),
+        cfg.tier_write_failures_for, cfg.severity_warning,
+        "Writes to the KV offload disk tier are failing.",
+        f"{_WHO} failed {{{{ printf \"%.0f\" $value }}}} cascade write(s) to its secondary "
+        f"tier in the last {fw}, for more than {cfg.tier_write_failures_for}: the tier is "
+        f"full, gone or not writable; what does not reach it cannot be restored.",
+    )
+
+
+def _stores_refused(cfg: Config) -> dict:
+    rw = cfg.stores_refused_window
+    # tokens re-asks recomputed because their prompts' store jobs had been refused
+    refused = (f"{s.RESTORE_SHORT_TOKENS.name}"
+               f"{cfg.sel(eq(s.L_REASON, s.ShortReason.STORE_REFUSED.value))}")
+    return _alert(
+        cfg, ALERT_STORES_REFUSED, _rose_within(refused, cfg.by_engine, rw),
+        cfg.stores_refused_for, cfg.severity_warning,
+        "KV offload stores are refused: prompts are stored only in part.",
+        f"{_WHO} recomputed {{{{ printf \"%.0f\" $value }}}} prompt tokens in the last {rw} "
+        f"(for more than {cfg.stores_refused_for}) because their store jobs had been refused "
+        f"for lack of a free primary-tier row: those prompts were stored only in part and "
+        f"every re-ask recomputes the rest.",
+    )
+
+
+def _tier_data_lost(cfg: Config) -> dict:
+    lw = cfg.tier_data_lost_window
+    lost = f"{s.TIER_LOST_KEYS.name}{cfg.sel()}"
+    return _alert(
+        cfg, ALERT_TIER_DATA_LOST, _rose_within(lost, f"{cfg.by_engine}, {s.L_TIER}", lw),
+        "0m", cfg.severity_warning,
+        "A KV offload tier lost data it had confirmed written.",
+        f"The {{{{ $labels.{s.L_TIER} }}}} tier of {_WHO} lost {{{{ printf \"%.0f\" $value }}}} "
+        f"key(s) it had confirmed written, in the last {lw}: their files are gone (directory "
+        f"removed, volume unmounted or wiped). Those prefixes are recomputed; nothing fails.",
+    )
+
+
+def _transfer_stuck(cfg: Config) -> dict:
+    by = cfg.by_engine
+    oldest = f"{s.OLDEST_PENDING_TRANSFER.name}{cfg.sel()}"
+    expr = (
+        # a transfer of some kind unfinished for longer than a slow one takes ...
+        f"max by ({by}, {s.L_KIND}) ({oldest}) > {cfg.transfer_stuck_after_s:g}\n"
+        # ... while the engine has requests (idle: KVOffloadTransfersPendingAtIdle)
+        f"and on ({by}) (\n{_indent(engine_requests(cfg))}\n) > 0"
+    )
+    return _alert(
+        cfg, ALERT_TRANSFER_STUCK, expr, cfg.transfer_stuck_for,
+        cfg.severity_warning,
+        "A KV offload transfer is stuck while requests wait.",
+        f"{_WHO} has had a {{{{ $labels.{s.L_KIND} }}}} transfer unfinished for "
+        f"{{{{ $value | humanizeDuration }}}} (more than {cfg.transfer_stuck_after_s:g}s, for "
+        f"more than {cfg.transfer_stuck_for}) while it has requests: a request waiting for "
+        f"it waits too (a stalled tier read or write pool, a completion never reported).",
+    )
+
+
+def _gpu_blocks_held_at_idle(cfg: Config) -> dict:
+    by = cfg.by_engine
+    expr = (
+        # GPU blocks vLLM's pool still held when the latest step left nothing in flight ...
+        f"max by ({by}) ({s.IDLE_GPU_BLOCKS.name}{cfg.sel()}) > 0\n"
+        # ... and the engine still has no request (the gauge keeps its value while busy)
+        f"and on ({by}) (\n{_indent(engine_requests(cfg))}\n) == 0"
+    )
+    return _alert(
+        cfg, ALERT_GPU_BLOCKS_HELD_AT_IDLE, expr, cfg.gpu_blocks_held_at_idle_for,
+        cfg.severity_warning,
+        "An idle engine still holds GPU KV blocks: they leaked.",
+        f"{_WHO} still held {{{{ $value | humanize }}}} GPU KV block(s) when its latest step "
+        f"left no request and no load or store in flight, and no request has run or waited "
+        f"for more than {cfg.gpu_blocks_held_at_idle_for}: no request holds them and nothing "
+        f"frees them before a restart; every later request has that much less KV cache.",
+    )
+
+
+def _telemetry_errors(cfg: Config) -> dict:
+    ew = cfg.telemetry_errors_window
+    errs = f"{s.TELEMETRY_ERRORS.name}{cfg.sel()}"
+    return _alert(
+        cfg, ALERT_TELEMETRY_ERRORS, _rose_within(errs, f"{cfg.by_engine}, {s.L_WHERE}", ew),
+        "0m", cfg.severity_warning,
+        "kvscope's instrumentation is failing: its counters miss events.",
+        f"kvscope on {_WHO} caught {{{{ printf \"%.0f\" $value }}}} error(s) in its own "
+        f"instrumentation ({s.L_WHERE}={{{{ $labels.{s.L_WHERE} }}}}) in the last {ew}. Serving "
+        f"goes on, but the events those calls were recording are missing from kvscope's "
+        f"counters: the other KV offload alerts may miss an incident, and kv-diagnose reads "
+        f"inconclusive.",
+    )
+
+
+def _vllm_fault_contained(cfg: Config) -> dict:
+    vw = cfg.vllm_faults_window
+    faults = f"{s.VLLM_FAULTS_CONTAINED.name}{cfg.sel()}"
+    return _alert(
+        cfg, ALERT_VLLM_FAULT_CONTAINED, _rose_within(faults, f"{cfg.by_engine}, {s.L_FAULT}", vw),
+        "0m", cfg.severity_warning,
+        "A known vLLM bug would have stopped this engine; kvscope contained it. Upgrade vLLM.",
+        f"{_WHO}: the installed vLLM would have raised out of its scheduler step "
+        f"{{{{ printf \"%.0f\" $value }}}} time(s) in the last {vw} (known vLLM bug "
+        f"{s.L_FAULT}={{{{ $labels.{s.L_FAULT} }}}}), which stops the engine; kvscope answered "
+        f"those calls as vLLM's quiet path and the engine went on. Nothing is wrong with "
+        f"serving now; the vLLM release needs upgrading (the runbook and kv-diagnose name "
+        f"the release that fixed it).",
+    )
+
+
+def _tier_flooded_by_group(cfg: Config) -> dict:
+    return _alert(
+        cfg, ALERT_TIER_FLOODED, _tier_flooded(cfg), cfg.tier_flood_for, cfg.severity_warning,
+        "One KV group's keys flood the KV offload tiers; another group's never reach them.",
+        f"{_WHO}: a full-attention KV group stored {{{{ printf \"%.0f\" $value }}}} prompt "
+        f"tokens in the last {cfg.tier_flood_window}, under "
+        f"{cfg.tier_flood_victim_fraction:.0%} of the KV group that stored most, while one "
+        f"group holds at least {cfg.tier_flood_share:.0%} of the primary tier's keys (for "
+        f"more than {cfg.tier_flood_for}): the tiers fill with keys no restore can use, since "
+        f"a restore needs every group's chunks.",
+    )
+
+
+# Each alert's rule, in the rule file's order.
+_ALERTS = (
+    _pending_at_idle, _capacity_ceiling, _checksum_mismatch, _stores_without_restores,
+    _stats_stale, _restore_coverage, _tier_writes_failing, _stores_refused, _tier_data_lost,
+    _transfer_stuck, _gpu_blocks_held_at_idle, _telemetry_errors, _vllm_fault_contained,
+    _tier_flooded_by_group,
+)
+
+
+def alert_rules(cfg: Config = DEFAULT) -> list[dict]:
+    return [alert(cfg) for alert in _ALERTS]
 
 
 def _tier_flooded(cfg: Config) -> str:

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvscope.connector.compat import versions
+import kvscope.connector.compat.versions as versions
 from kvscope.connector.compat.tiers import secondary_tiers
 
 SCAN_METHOD = "_maximal_prefix_lookup"

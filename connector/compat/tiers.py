@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kvscope.connector.compat import renames
+from kvscope.connector.compat.renames import policy_entries
 
 
 def primary_tier(manager: Any) -> Any:
@@ -39,7 +39,7 @@ def primary_keys(manager: Any) -> list[bytes]:
     policy = getattr(primary_tier(manager), "_policy", None)
     if policy is None:
         return []
-    entries = renames.policy_entries(policy)
+    entries = policy_entries(policy)
     if entries is not None:
         return list(entries)
     t1, t2 = getattr(policy, "t1", None), getattr(policy, "t2", None)
@@ -53,7 +53,7 @@ def primary_key_count(manager: Any) -> int:
     policy = getattr(primary_tier(manager), "_policy", None)
     if policy is None:
         return 0
-    entries = renames.policy_entries(policy)
+    entries = policy_entries(policy)
     if entries is not None:
         return len(entries)
     t1, t2 = getattr(policy, "t1", None), getattr(policy, "t2", None)

@@ -47,17 +47,10 @@ from kvscope.sim.cpu_model import PatternModel, prompt, write_tiny_llama
 from kvscope.sim.engine_config import EngineConfig, build_vllm_configs
 from kvscope.sim.engine_leftovers import sweep_leftovers
 from kvscope.sim.engine_results import Finished, RequestResults
-from kvscope.sim.engine_step import EngineStepping
+from kvscope.sim.engine_step import EngineStepping, Rank
 from kvscope.sim.promotion_delay import CompletionsAtStepEnd, DelayedPromotions
 
 __all__ = ["CPUEngine", "EngineConfig", "Finished", "Rank", "prompt", "sweep_leftovers"]
-
-
-@dataclass
-class Rank:
-    rank: int
-    connector: Any
-    kv: dict[str, torch.Tensor]
 
 
 @dataclass
@@ -199,13 +192,13 @@ class CPUEngine(EngineStepping):
 
 @contextlib.contextmanager
 def _fault_env(fault: str | None, folder: str) -> Iterator[None]:
-    """``fault`` (kvscope.connector.faults) switched on in a file in ``folder`` and named by
+    """``fault`` (kvscope.sim.faults) switched on in a file in ``folder`` and named by
     KVSCOPE_FAULT_FILE while the scheduler and its connector are built (their hooks keep
     the file's path), then the variable as it was; nothing without a fault."""
     if fault is None:
         yield
         return
-    from kvscope.connector import faults
+    from kvscope.sim import faults
 
     path = os.path.join(folder, "fault.json")
     faults.write_fault(path, fault)

@@ -64,9 +64,12 @@ class EngineConfig:
     # (rank, kind, job id) -> report the copy failed, as a GPU copy that raised (vLLM >= 0.34
     # takes failed transfers; earlier releases assert every transfer succeeded)
     failed: Callable[[int, str, int], bool] | None = None
-    # A test fault of kvscope.connector.faults on for this engine's scheduler side (its
+    # A test fault of kvscope.sim.faults on for this engine's scheduler side (its
     # KVSCOPE_FAULT_FILE names a file in the engine's temp dir while the scheduler is built)
     fault: str | None = None
+    # kvscope's connector with the test fault hooks (kvscope.sim.fault_connector), armed by
+    # KVSCOPE_FAULT_FILE where the caller sets it; a fault above implies it
+    fault_hooks: bool = False
     checksum_policy: str = "refuse"
     kv_load_failure_policy: str = "recompute"
     exporter_port: int | None = None
@@ -215,16 +218,21 @@ def _kv_transfer_config(cfg: EngineConfig, engine_id: str, fs_root: str,
                     "exporter_port": cfg.exporter_port, **cfg.kvscope_options},
         **cfg.offload_options,
     }
-    if cfg.connector != "ObservedOffloadingConnector":
+    observed = cfg.connector == "ObservedOffloadingConnector"
+    if not observed:
         extra.pop("kvscope")
     if cfg.tiering:
         extra["secondary_tiers"] = [{"type": "fs", "root_dir": fs_root,
                                      "n_read_threads": 1, "n_write_threads": 1}]
-    module = ("kvscope.connector" if cfg.connector == "ObservedOffloadingConnector"
-              else "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
+    name, module = cfg.connector, ("kvscope.connector" if observed else
+                                   "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
+    if cfg.fault_hooks or cfg.fault is not None:
+        if not observed or cfg.connector_by_name:
+            raise ValueError("fault hooks need kvscope's connector, loaded by module path")
+        name, module = "FaultInjectingConnector", "kvscope.sim.fault_connector"
     if cfg.connector_by_name:
         module = None
-    return KVTransferConfig(kv_connector=cfg.connector, kv_role="kv_both",
+    return KVTransferConfig(kv_connector=name, kv_role="kv_both",
                             kv_connector_module_path=module,
                             engine_id=engine_id,
                             kv_load_failure_policy=cfg.kv_load_failure_policy,

@@ -10,19 +10,29 @@ whose order matters, each call made where vLLM's own loop makes it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvscope.sim import harness_compat
 
 if TYPE_CHECKING:
+    import torch
     from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from kvscope.sim.cpu_engine import Rank
     from kvscope.sim.cpu_model import PatternModel
     from kvscope.sim.engine_config import EngineConfig
     from kvscope.sim.engine_results import RequestResults
     from kvscope.sim.promotion_delay import CompletionsAtStepEnd, DelayedPromotions
+
+
+@dataclass
+class Rank:
+    """One simulated rank: its worker-side connector and its KV cache (CPU tensors)."""
+
+    rank: int
+    connector: Any
+    kv: dict[str, torch.Tensor]
 
 
 class EngineStepping:

@@ -116,7 +116,7 @@ def pending_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
 
 def not_settled_at_idle(run: ScenarioRun, cfg: EngineConfig) -> None:
     """Every finished request leaves its GPU blocks referenced in vLLM's block pool (test
-    fault ``leak_blocks``, connector/faults.py): the engine idles holding them."""
+    fault ``leak_blocks``, kvscope/sim/faults.py): the engine idles holding them."""
     e = CPUEngine(replace(cfg, rows=64, fault="leak_blocks"))
     run.engines.append(e)
     done = [e.generate(prompt(seed, PROMPT_TOKENS // 2), 2) for seed in (1, 2)]

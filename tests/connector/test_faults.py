@@ -1,4 +1,4 @@
-"""The test-only fault hooks (connector/faults.py) on vLLM's real scheduler on CPU.
+"""The test-only fault hooks (kvscope/sim/faults.py) on vLLM's real scheduler on CPU.
 
 Each fault is judged by what the engine did (outputs, tokens restored, work still
 pending, files on the fs tier), then by what kvscope exported about it. The CPU
@@ -17,9 +17,9 @@ from dataclasses import replace
 
 import pytest
 
-from kvscope.connector import faults
 from kvscope.exporters import signals as S
 from kvscope.exporters.prometheus import start_exporter
+from kvscope.sim import faults
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from tests.connector.support import Exposition
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.vllm
 
 TOKENS = 96  # 6 chunks of 16 tokens
 CFG = EngineConfig(rows=12, kv_groups=1, world_size=2, num_gpu_blocks=16,
-                   max_num_batched_tokens=16)
+                   max_num_batched_tokens=16, fault_hooks=True)
 
 
 @pytest.fixture
@@ -112,6 +112,32 @@ def test_no_fault_file_no_effect(switch):
         first, again = ask_flood_reask(e)
         ex = scrape()
     assert again.num_external_tokens == TOKENS and again.output == first.output
+    assert ex.value(S.ROW_CHECKSUMS.name, outcome="mismatch") == 0
+
+
+def test_the_served_connector_ignores_a_switched_on_fault(switch):
+    """kvscope's own connector, built while the switch names a fault: no hook is installed
+    (kvscope.sim.fault_connector's subclass installs them), so the flipped slot is never
+    flipped, a finish is never lost and the restore is whole."""
+    from kvscope.connector.observed import ObservedOffloadingConnector
+    from kvscope.connector.round_verdicts import RoundVerdicts
+    from kvscope.connector.worker_side import WorkerProxy
+
+    set_fault(switch, faults.FLIP_PROMOTED, rank=1)
+    with engine(fault_hooks=False, checksum_policy="refuse",
+                kvscope_options=ALL_RANKS) as (e, scrape):
+        obs = e.connector._kvscope_observer
+        assert type(e.connector) is ObservedOffloadingConnector
+        assert all(type(r.connector) is ObservedOffloadingConnector for r in e.ranks)
+        assert type(obs._live) is set
+        assert obs.verdicts.record.__func__ is RoundVerdicts.record
+        assert all(type(r.connector.kvscope_worker) is WorkerProxy
+                   and not isinstance(r.connector.kvscope_worker._inner,
+                                      faults._WithholdingWorker) for r in e.ranks)
+        first, again = ask_flood_reask(e)
+        ex = scrape()
+    assert again.num_external_tokens == TOKENS and again.output == first.output
+    assert ex.value(S.ROW_CHECKSUMS.name, rank="1", outcome="match") > 0
     assert ex.value(S.ROW_CHECKSUMS.name, outcome="mismatch") == 0
 
 

@@ -1,4 +1,4 @@
-"""A request's end lost to an error of kvscope's (``lose_finishes``: connector/faults.py)
+"""A request's end lost to an error of kvscope's (``lose_finishes``: kvscope/sim/faults.py)
 must not leave kvscope's books wrong once the error is behind: kv-diagnose judges only
 windows that hold the error, so a request counted forever (``kvscope_requests``), or every
 later idle step read as busy (its state never reaching vLLM's /metrics), would outlive it.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.connector import faults
 from kvscope.exporters import signals as S
 from kvscope.exporters.signals import ErrorSite, RequestState
+from kvscope.sim import faults
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.sim.scenario_run import wait_until
 
@@ -31,7 +31,7 @@ def finishes_lost(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("tiering", [False, True], ids=["cpu", "tiering"])
 def test_a_lost_request_end_is_forgotten_once_vllm_holds_it_no_more(finishes_lost, tiering):
-    with CPUEngine(EngineConfig(rows=64, tiering=tiering)) as e:
+    with CPUEngine(EngineConfig(rows=64, tiering=tiering, fault_hooks=True)) as e:
         obs = e.connector._kvscope_observer
         rec = e.connector.kvscope_recorder
         lost = e.generate(prompt(1, 96), 2)

@@ -5,7 +5,7 @@ kvscope reads the pool vLLM's scheduler binds to its connector, at the end of ea
 that left no request known to the connector and no load or store job in flight
 (``kvscope_idle_gpu_blocks_in_use``), and with every gauge refresh
 (``kvscope_gpu_blocks``). A real fault makes the engine idle holding blocks: the test hook
-``leak_blocks`` (connector/faults.py) gives each finishing request's blocks one reference
+``leak_blocks`` (kvscope/sim/faults.py) gives each finishing request's blocks one reference
 in vLLM's pool that nothing releases. The oracle is the engine itself: the reference
 counts of its pool's blocks (``kvscope.sim.scenarios.gpu_blocks_held``), never kvscope's
 gauges. No aggregator wake-up falls within these runs: what reaches the recorder and
@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from kvscope.connector import faults
 from kvscope.exporters import signals as S
+from kvscope.sim import faults
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.sim.scenarios import gpu_blocks_held
 from tests.connector.support import Exposition

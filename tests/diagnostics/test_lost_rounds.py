@@ -2,7 +2,7 @@
 
 The real vLLM CPU engine runs the truncated scenario (its premise, from the engine:
 the re-ask restored fewer tokens than the tiers held) with the test fault
-``lose_rounds`` on (connector/faults.py): kvscope's judging of every lookup round
+``lose_rounds`` on (kvscope/sim/faults.py): kvscope's judging of every lookup round
 raises, is counted in ``kvscope_telemetry_errors_total`` and leaves no trace in the
 round and coverage series. The classifiers then have nothing to find; before the
 telemetry check (diagnostics/telemetry_gaps.py) this window read "healthy" during
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture
 def rounds_lost(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from kvscope.connector import faults
+    from kvscope.sim import faults
 
     path = str(tmp_path / "fault.json")
     faults.write_fault(path, faults.LOSE_ROUNDS)
@@ -56,10 +56,10 @@ def test_truncated_restore_with_rounds_lost_through_prometheus(rounds_lost, prom
         return diagnose_prometheus(prom.url, end - 120, end, selector='{job="kvscope"}',
                                    thresholds=TH)
 
-    _check(judged("truncated", judge, exporter_port=0))
+    _check(judged("truncated", judge, exporter_port=0, fault_hooks=True))
 
 
 def test_truncated_restore_with_rounds_lost_scraped_live(rounds_lost):
     _check(judged("truncated",
                   lambda sc: diagnose_scrape([sc.metrics_url], interval=1.0, thresholds=TH),
-                  exporter_port=0))
+                  exporter_port=0, fault_hooks=True))

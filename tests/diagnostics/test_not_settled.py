@@ -1,7 +1,7 @@
 """Not settled at idle, judged against what the engine did: vLLM's real scheduler on CPU.
 
 The not-settled-at-idle scenario runs with the test fault ``leak_blocks``
-(connector/faults.py): every finished request leaves its GPU blocks referenced in vLLM's
+(kvscope/sim/faults.py): every finished request leaves its GPU blocks referenced in vLLM's
 block pool. Its premise is the engine's own state (every request finished, vLLM holds
 none, its pool's blocks still referenced: ``kvscope.sim.scenarios.gpu_blocks_held``), not
 kvscope's gauges. kv-diagnose, scraping the live engine, must name not_settled_at_idle with

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ["connector", "exporters", "kvscope", "dashboards", "diagnostics"]
 EXEMPT = {
     "connector/compat",  # the layer itself
-    # the CPU harness (kvscope.sim) and test-only hooks: they build vLLM objects themselves
-    "kvscope/sim", "connector/faults.py",
+    # the CPU harness (kvscope.sim, its test-only fault hooks among it): it builds vLLM
+    # objects itself
+    "kvscope/sim",
 }
 
 

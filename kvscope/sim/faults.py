@@ -44,8 +44,9 @@ region of their own, as a second node's ``/dev/shm`` would be.
 The fs tier's directory removed and its disk full need no hook: the driver
 removes the directory or fills the tier's small tmpfs.
 
-Hooks wrap instances (instance-attribute shadowing, as kvscope's own taps do);
-the call sites are in ``observed.py``.
+Hooks wrap instances (instance-attribute shadowing, as kvscope's own taps do). The
+served connector has none: :class:`~kvscope.sim.fault_connector.FaultInjectingConnector`,
+the subclass the CPU harness and the fault campaigns select, installs them.
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def install_promotion_faults(observer: Any) -> None:
     switch = _switch()
     if switch is None or observer is None:
         return
-    view, g = observer._view, observer.geometry  # kvscope's own objects (scheduler_side.py)
+    view, g = observer.rows.view, observer.geometry  # kvscope's own (scheduler_side.py)
     if view is None or g is None:
         return
     for tier in compat.secondary_tiers(observer.cs.manager):
