@@ -31,10 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_campaign import fill, mount_small_tmpfs  # noqa: E402
-from openmetrics_recording import Recorder, Target  # noqa: E402
 
 from kvscope.connector import faults  # noqa: E402
 from kvscope.exporters import signals  # noqa: E402
+from kvscope.sim.openmetrics_recording import Recorder, Target  # noqa: E402
 
 TOKENS = 96
 FLOODS = 3

@@ -38,11 +38,11 @@ import sys
 import tempfile
 import time
 
-import gpu_scheduler_bound as gsb  # this directory
-import thread_cpu
-from call_clock import CallClock
-from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import premise, summarize, summarize_iters
+from kvscope.sim import gpu_workload as gsb
+from kvscope.sim import thread_cpu
+from kvscope.sim.call_clock import SCHEDULER_CALLS, WORKER_CALLS, CallClock, clocks_per_call
+from kvscope.sim.kvscope_switch import KvscopeSwitch, quiet
+from kvscope.sim.pair_stats import out_of_time, premise, summarize, summarize_iters
 
 T_START = time.monotonic()  # this process's start: a case's deadline counts from it
 # Seconds before the parent's case timeout that a case's deadline falls (its exit: engine
@@ -74,15 +74,6 @@ def states(pairs: int) -> list[bool]:
 
 # Iterations between two checkpoints of a case (10 pairs), printed between iterations
 CHECKPOINT_ITERS = 20
-
-
-def out_of_time(now: float, deadline: float | None, pair_s: list[float]) -> bool:
-    """Whether a next pair could run past ``deadline`` (monotonic seconds): the time left
-    is under twice the longest pair so far, plus the final settle and scrape. A case that
-    stops here ends whole; one the parent's timeout kills keeps only its last checkpoint."""
-    if deadline is None or not pair_s:
-        return False
-    return deadline - now < 2 * max(pair_s) + 10
 
 
 def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
@@ -226,15 +217,6 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
     return res
 
 
-# The connector calls vLLM makes per step or per request, by role
-SCHEDULER_CALLS = ("get_num_new_matched_tokens", "update_state_after_alloc",
-                   "build_connector_meta", "request_finished", "update_connector_output",
-                   "get_kv_connector_stats", "take_events")
-WORKER_CALLS = ("bind_connector_metadata", "clear_connector_metadata", "start_load_kv",
-                "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
-                "get_kv_connector_stats", "handle_preemptions", "build_connector_worker_meta")
-
-
 # The model runner's input preparation (names differ between runner versions)
 RUNNER_CALLS = ("_update_states", "_prepare_inputs", "update_states", "prepare_inputs",
                 "_prepare_input_ids", "_calc_spec_decode_metadata")
@@ -246,12 +228,6 @@ def clock_calls(owner, names) -> CallClock:
         if callable(getattr(owner, name, None)):
             clock.wrap(owner, name)
     return clock
-
-
-def clocks_per_call(owner, names, prefix: str) -> dict[str, CallClock]:
-    """One clock per method of ``owner`` (each named ``prefix`` + the method's name)."""
-    return {prefix + n: CallClock().wrap(owner, n) for n in names
-            if callable(getattr(owner, n, None))}
 
 
 def role_sum(calls: dict[str, float], prefix: str) -> float:

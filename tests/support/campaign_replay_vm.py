@@ -1,6 +1,6 @@
 """The fault campaigns replayed in VictoriaMetrics, next to Prometheus (``campaign_replay.py``).
 
-1. Every sample of each recording (``benchmarks/results/campaign*/*.om.gz``, the samples
+1. Every sample of each recording (``tests/fixtures/campaign*/*.om.gz``, the samples
    ``promtool tsdb create-blocks-from openmetrics`` backfills into Prometheus) is imported
    through ``/api/v1/import/prometheus`` into a fresh ``victoria-metrics``.
 2. The recording rules, then the alert rules (:data:`campaign_replay.CAMPAIGN_CONFIG`), are
@@ -10,7 +10,7 @@
 3. :func:`vmalert_firing` reads which alerts vmalert fired in a window, in the shape of
    :func:`campaign_replay.firing` (the query_range emulation used against Prometheus).
 
-    python benchmarks/campaign_replay_vm.py [DIR ...]   # alerts per phase: Prometheus vs vmalert
+    python -m tests.support.campaign_replay_vm [DIR ...]   # alerts per phase: Prometheus vs vmalert
 
 An alert "from before" (still firing as a phase starts) depends on where the evaluation grid
 falls (vmalert's starts at ``-replay.timeFrom``, the emulation's at each phase's start), so
@@ -30,14 +30,10 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import campaign_replay as replay  # noqa: E402
-from kvscope import durations  # noqa: E402
-from kvscope.dashboards import rules as r  # noqa: E402
-from kvscope.dashboards.config import Config  # noqa: E402
+from kvscope import durations
+from kvscope.dashboards import rules as r
+from kvscope.dashboards.config import Config
+from tests.support import campaign_replay as replay
 
 # Labels vmalert adds to ALERTS beyond the expression's own (and the rule's static labels).
 _VMALERT_LABELS = {"__name__", "alertname", "alertstate", "alertgroup"}

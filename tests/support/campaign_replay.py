@@ -1,9 +1,8 @@
 """Replay a GPU fault campaign's recordings in a real Prometheus, here, without a GPU.
 
 1. ``promtool tsdb create-blocks-from openmetrics`` backfills each recording
-   (``benchmarks/results/campaign*/*.om.gz``, written by ``gpu_campaign.py`` and
-   ``cpu_campaign.py``) into a
-   fresh TSDB; a real ``prometheus`` serves it.
+   (``tests/fixtures/campaign*/*.om.gz``, written by the benchmarks ``gpu_campaign.py`` and
+   ``cpu_campaign.py``) into a fresh TSDB; a real ``prometheus`` serves it.
 2. The recording rules are backfilled the same way Prometheus evaluates them
    (``promtool tsdb create-blocks-from rules`` against that Prometheus), and it is
    restarted over both.
@@ -13,9 +12,9 @@
 
 The campaign's runs last minutes, not the production windows (``for: 10m``), so
 the rules are generated with :data:`CAMPAIGN_CONFIG`: the same expressions, with
-windows scaled to the run (documented in ``benchmarks/README.md``).
+windows scaled to the run.
 
-    python benchmarks/campaign_replay.py [DIR ...]   # prints the alerts per phase
+    python -m tests.support.campaign_replay [DIR ...]   # prints the alerts per phase
 """
 
 from __future__ import annotations
@@ -38,12 +37,11 @@ from kvscope import durations
 from kvscope.dashboards import rules as r
 from kvscope.dashboards.config import DEFAULT, Config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Two H200s through `vllm serve` (gpu_campaign.py); one H200, TP=1, through `vllm serve`
 # (gpu_campaign.py --tp 1); vLLM's scheduler on CPU (cpu_campaign.py)
-CAMPAIGN_DIRS = (ROOT / "benchmarks" / "results" / "campaign",
-                 ROOT / "benchmarks" / "results" / "campaign-h200",
-                 ROOT / "benchmarks" / "results" / "campaign-cpu")
+FIXTURES = ROOT / "tests" / "fixtures"
+CAMPAIGN_DIRS = (FIXTURES / "campaign", FIXTURES / "campaign-h200", FIXTURES / "campaign-cpu")
 
 CAMPAIGN_CONFIG: Config = replace(
     DEFAULT, rate_window="20s", rule_interval="5s", pending_at_idle_for="15s",
@@ -173,5 +171,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -1,10 +1,10 @@
-"""scale_overhead.py's engines stepped together, phase by phase, and what a phase cost each.
+"""The long-prompt round's engines stepped together, phase by phase, and what a phase cost each.
 
-Engines (the observed one last) step in lockstep (scheduler_overhead.lockstep: step by
+Engines (the observed one last) step in lockstep (kvscope.sim.lockstep: step by
 step, rotating which goes first; which goes first also alternates from one call to the
 next), each ask followed by a drain (stores pending). :meth:`Pair.measure` reads, over a
 phase: each engine's thread CPU inside its scheduler calls, the collections that ran inside
-them (scheduler_gc_diag.GCClock), the keys its prefix scans looked up
+them (gc_clock.GCClock), the keys its prefix scans looked up
 (scale_workload.KeyCount), kvscope's threads' CPU (thread_cpu.py: the kernel's per-thread
 accounting) and the journal's peak after any observed step.
 """
@@ -15,10 +15,10 @@ import gc
 import threading
 import time
 
-import scale_workload as w  # this directory
-import thread_cpu
-from scheduler_gc_diag import GCClock, _label_scheduler
-from scheduler_overhead import _final_refresh, lockstep
+from kvscope.sim import scale_workload as w
+from kvscope.sim import thread_cpu
+from kvscope.sim.gc_clock import GCClock, label_scheduler
+from kvscope.sim.lockstep import final_refresh, lockstep
 
 
 class Pair:
@@ -35,7 +35,7 @@ class Pair:
         # (label str(i)) or on a thread by its name (close() unhooks it)
         self.gc = GCClock()
         for i, e in enumerate(engines):
-            _label_scheduler(e, str(i), self.gc, [0, 0])
+            label_scheduler(e, str(i), self.gc, [0, 0])
         gc.callbacks.append(self.gc)
 
     def close(self) -> None:
@@ -86,7 +86,7 @@ class Pair:
         was = {k: tuple(v) for k, v in self.gc.spent.items()}
         snap0, t0 = thread_cpu.snapshot(), time.perf_counter()
         run()
-        final = _final_refresh(self.obs)  # waits for a refresh the thread is in
+        final = final_refresh(self.obs)  # waits for a refresh the thread is in
         wall, snap1 = time.perf_counter() - t0, thread_cpu.snapshot()
         gc1, gck1 = self._gc_s()
         collections = {f"{where}/gen{g}": [n - was.get((where, g), (0, 0.0))[0],

@@ -10,8 +10,8 @@ import json
 import math
 import statistics
 
-import pair_stats
-from pair_stats import hodges_lehmann, interval, pair_logs, paired_diffs, pairs_of
+from kvscope.sim import pair_stats
+from kvscope.sim.pair_stats import hodges_lehmann, interval, pair_logs, paired_diffs, pairs_of
 
 
 def summary(iters: list[dict]) -> dict:

@@ -70,3 +70,18 @@ class CallClock:
         """Wrap again what each site resolves to now (after an object's methods were
         changed under the clock: kvscope switched, a class swapped)."""
         self._saved = [self._install(owner, name) for owner, name in self._sites]
+
+
+# The connector calls vLLM makes per step or per request, by role
+SCHEDULER_CALLS = ("get_num_new_matched_tokens", "update_state_after_alloc",
+                   "build_connector_meta", "request_finished", "update_connector_output",
+                   "get_kv_connector_stats", "take_events")
+WORKER_CALLS = ("bind_connector_metadata", "clear_connector_metadata", "start_load_kv",
+                "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
+                "get_kv_connector_stats", "handle_preemptions", "build_connector_worker_meta")
+
+
+def clocks_per_call(owner, names, prefix: str) -> dict[str, CallClock]:
+    """One clock per method of ``owner`` (each named ``prefix`` + the method's name)."""
+    return {prefix + n: CallClock().wrap(owner, n) for n in names
+            if callable(getattr(owner, n, None))}

@@ -1,4 +1,4 @@
-"""kvscope switched off and on inside one running engine: the within-process A/B of issue 13.
+"""kvscope switched off and on inside one running engine: the within-process A/B.
 
 Fresh processes of one configuration spread by +-7 % in tokens/s on the H200 (and were
 bimodal in earlier runs), so comparing a stock process with an observed one cannot resolve
@@ -17,35 +17,27 @@ vLLM's own worker instead of kvscope's proxy, and the tiers' methods are their c
 again (the tier taps removed). What stays while off: kvscope's threads, idle (the
 aggregator wakes every flush_interval_s to an empty journal and samples the host's memory
 every 5 s; the tier probe waits, as while vLLM's tier I/O is in flight, until kvscope is on
-again; in gpu_scale's runs up to Q and restore_convoy's up to 2026-12-05 it went on
-checking the fs tier's files while off, 1,024 ``os.stat`` every 5 s, during the off arm's
+again; in the GPU and CPU restore runs recorded before 2026-12-05 it went on checking the fs tier's files while off, 1,024 ``os.stat`` every 5 s, during the off arm's
 restores), and the pass-through of kvscope's Prometheus wrapper in vLLM's stat logger
 (built once at start-up; a batch without kvscope keys goes to vLLM's own observe
-untouched). The residual is measured on
-CPU against an engine built with the stock connector:
-``python benchmarks/kvscope_switch.py residual``.
+untouched). Against an engine built with the stock connector, the off arm's residual on CPU
+is in benchmarks/results/kvscope_switch_residual_cpu.jsonl.
 
 The switch finds kvscope's hooks and taps through ``getattr`` (:func:`own_function`). Until
 2026-12-06 it read ``vars()`` of the connector scheduler and the tiers, which builds their
-dicts and slowed vLLM's own deferred step ~5.5 % in both arms on CPU (``dict_built_cost.py``):
-every run before then measured stock slower than it runs.
+dicts and slowed vLLM's own deferred step ~5.5 % in both arms on CPU
+(results/dict_built_cost.jsonl): every run before then measured stock slower than it runs.
 
 A switch is allowed only when the engine is quiet (no request in vLLM's scheduler, no
 transfer job in its offloading connector): a job started in one state and finished in the other would leave
-kvscope's books open. Benchmark instrument: it reaches into kvscope's private attributes on
-purpose and is not part of the package.
-
-    python benchmarks/kvscope_switch.py residual [--requests 1000] [--rounds 3] [--no-tiering]
+kvscope's books open. A benchmark instrument of the harness: it reaches into kvscope's
+private attributes on purpose; the served connector never imports it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import statistics
-import time
 import types
 from typing import Any
 
@@ -188,52 +180,3 @@ def _paused() -> bool:
 def _stock_class(cls: type) -> type:
     """The first class of ``cls``'s MRO that is not kvscope's: vLLM's connector."""
     return next(c for c in cls.__mro__ if not c.__module__.startswith("kvscope"))
-
-
-# ---- the residual on CPU: stock vs kvscope off vs kvscope on, in lockstep ---------------
-def residual(n_requests: int, tiering: bool) -> dict:
-    """vLLM's real scheduler on CPU, three engines stepped in lockstep (rotating which goes
-    first): stock ``OffloadingConnector``, observed switched off, observed on. Thread CPU
-    time inside schedule() + update_from_output(), as scheduler_overhead.py measures."""
-    import scheduler_overhead as so  # this directory
-
-    engines = [so._engine(so.STOCK, tiering), so._engine(so.OBSERVED, tiering),
-               so._engine(so.OBSERVED, tiering)]
-    try:
-        off = engines[1]
-        KvscopeSwitch(off.scheduler, [r.connector for r in off.ranks]).set(False)
-        so.lockstep([(e, so._add_requests(e, n_requests)) for e in engines])
-        return {name: e.scheduler_seconds for name, e in zip(("stock", "off", "on"), engines,
-                                                              strict=True)}
-    finally:
-        for e in engines:
-            e.close()
-
-
-def main() -> None:
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="cmd", required=True)
-    from scheduler_overhead import workload_args  # this directory
-
-    workload_args(sub.add_parser("residual",
-                                 help="CPU: kvscope switched off vs the stock connector"))
-    args = p.parse_args()
-    rounds = []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        s = residual(args.requests, not args.no_tiering)
-        rounds.append(s)
-        print(json.dumps({**s, "wall_s": round(time.perf_counter() - t, 1)}), flush=True)
-    print(json.dumps({
-        "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
-        "load_average": os.getloadavg()[0],
-        "off_over_stock": [round(s["off"] / s["stock"], 4) for s in rounds],
-        "on_over_stock": [round(s["on"] / s["stock"], 4) for s in rounds],
-        "step_time_ratio_off_over_stock": round(
-            statistics.median(s["off"] / s["stock"] for s in rounds), 4),
-        "step_time_ratio_on_over_stock": round(
-            statistics.median(s["on"] / s["stock"] for s in rounds), 4)}))
-
-
-if __name__ == "__main__":
-    main()

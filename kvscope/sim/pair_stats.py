@@ -20,7 +20,7 @@ import random
 import statistics
 from collections.abc import Callable
 
-import gpu_scheduler_bound as gsb  # this directory
+from kvscope.sim import gpu_workload as gsb
 
 
 def abba(warmup: int, pairs: int) -> list[bool]:
@@ -247,3 +247,11 @@ def premise(runs: list[dict]) -> dict:
         "output_cpu_s", "vllm_cpu_s", "scheduler_own_cpu_s")}
     return out
 
+
+def out_of_time(now: float, deadline: float | None, pair_s: list[float]) -> bool:
+    """Whether a next pair could run past ``deadline`` (monotonic seconds): the time left
+    is under twice the longest pair so far, plus the final settle and scrape. A case that
+    stops here ends whole; one the parent's timeout kills keeps only its last checkpoint."""
+    if deadline is None or not pair_s:
+        return False
+    return deadline - now < 2 * max(pair_s) + 10

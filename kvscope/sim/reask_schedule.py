@@ -21,6 +21,8 @@ primary tier (both hold about one prompt), its chunks in the fs tier. Two ways t
 
 from __future__ import annotations
 
+import os
+
 BETWEEN = ("prefill", "restore")
 ROTATION = 3  # prompts re-asked in turn with ``restore`` (why three: the docstring)
 
@@ -51,3 +53,27 @@ def asked_again(between: str) -> bool:
     first output can be dropped after its re-ask, and with ``prefill`` its fs files too."""
     _check(between)
     return between == "restore"
+
+
+def refuse_pruning(between: str) -> None:
+    """Exit if the schedule re-asks a prompt later: pruning would remove what it reads."""
+    if asked_again(between):
+        raise SystemExit("--prune-fs removes the files the next re-asks read (--between restore)")
+
+
+def prune(root: str, before: float) -> int:
+    """Remove the fs tier's block files written before ``before`` (wall clock): prompts not
+    asked again. vLLM's fs tier looks a key up by its file's existence and keeps no index,
+    so nothing refers to them; with 512 KiB blocks (1b) a 131k prompt is 4 GiB of tmpfs."""
+    n = 0
+    for path, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".bin"):
+                f = os.path.join(path, name)
+                try:
+                    if os.stat(f).st_mtime < before:
+                        os.unlink(f)
+                        n += 1
+                except FileNotFoundError:
+                    pass
+    return n

@@ -123,7 +123,7 @@ def finish(summary: dict[str, Any], tally: Tally, out: Output, args) -> dict[str
     summary["checks"] = checks
     summary["ok"] = all(checks.values())
     if not args.no_plot and samples:
-        from benchmarks.soak_plot import plot
+        from kvscope.sim.soak_plot import plot
 
         summary["plot"] = Path(out.prefix + ".png").name
         plot(samples, rss, args, out.prefix + ".png")

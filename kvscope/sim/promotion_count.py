@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from call_clock import CallClock
+from kvscope.sim.call_clock import CallClock
 
 
 class PromotionCount(CallClock):

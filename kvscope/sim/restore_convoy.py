@@ -5,8 +5,8 @@ the fs tier's read threads racing the steps (``settle_tiers`` off), as beside a 
 Why: while a restore waits for its promotions, vLLM's engine thread re-scans the request's
 keys every step (pure Python, nothing else to run), and the fs tier's read threads need the
 GIL between their system calls. On the H200 a 131k-token restore's reads take ~1 s, and once
-in a while 25 s (benchmarks/README, gpu_scale.py runs J and K: one job of 8,187 reads
-starved by the engine thread's scans, no churn, no failure). On this 2-core machine that
+in a while 25 s (gpu_scale.py: one job of 8,187 reads starved by the engine thread's scans,
+no churn, no failure; docs/measured-facts.md). On a 2-core machine that
 starved regime is the usual one, so an A/B here measures what kvscope does to a restore in
 the regime where it is slowest: its reads' time and the restore's, per arm.
 
@@ -14,23 +14,21 @@ Per iteration (gpu_scale.py's, on CPU): prompt k+1 asked (its prefill evicts pro
 the GPU blocks and the primary tier, its chunks cascade to disk), the tiers settled, then
 prompt k asked again: the timed restore. Engine truth per re-ask: tokens vLLM loaded from the
 tiers and the output, equal to the first ask's; vLLM's promotions (promotion_count.py).
+The restore benchmarks' schedules are proven on it (``run``, CPU-sized, in the tests).
 
-    python benchmarks/restore_convoy.py --tokens 32768 --pairs 20 --out benchmarks/results/restore_convoy.json
-
-``--between restore`` re-asks prompts 0, 1 and 2 in turn, each evicted by the others'
-restores, with no prefill before a timed restore (reask_schedule.py). ``--step-time-s``
+``between="restore"`` re-asks prompts 0, 1 and 2 in turn, each evicted by the others'
+restores, with no prefill before a timed restore (reask_schedule.py). ``step_time_s``
 gives each step a wall time in which the engine thread sleeps (a GPU forward's wait: the
 reads get the GIL then, as on the H200 in its usual regime);
-``--hold-modes reads,none`` alternates, by blocks of two ABBA pairs, whether kvscope's
+``hold_modes=("reads", "none")`` alternates, by blocks of two ABBA pairs, whether kvscope's
 aggregator holds back while a restore's promotion reads (its default) or drains every
 interval, and reports each mode's ratio and how they differ (``by_hold``). Every re-ask also
 records the garbage collections that ran in it (count per generation, their thread CPU:
-``gc``); ``--gc-freeze`` freezes the heap once the engine is built, as vLLM's EngineCore does.
+``gc``); ``gc_freeze`` freezes the heap once the engine is built, as vLLM's EngineCore does.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
@@ -39,13 +37,13 @@ import statistics
 import sys
 import time
 
-import thread_cpu
-from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import abba, block_mode, by_hold, interval, pair_logs, pairs_of
-from promotion_count import PromotionCount
-from reask_schedule import BETWEEN, asked_again, first_asks, iteration
-from scale_workload import telemetry_errors
-from scheduler_gc_diag import GCClock
+from kvscope.sim import thread_cpu
+from kvscope.sim.gc_clock import GCClock
+from kvscope.sim.kvscope_switch import KvscopeSwitch, quiet
+from kvscope.sim.pair_stats import abba, block_mode, by_hold, interval, pair_logs, pairs_of
+from kvscope.sim.promotion_count import PromotionCount
+from kvscope.sim.reask_schedule import asked_again, first_asks, iteration
+from kvscope.sim.scale_workload import telemetry_errors
 
 BLOCK = 16
 OUT = 2
@@ -173,34 +171,3 @@ def summary(iters: list[dict]) -> dict:
                                          / on["promotions"]["longest_job_s"])
                                 for on, off in pairs_of(iters)])
     return out
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=32768)
-    ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--step-time-s", type=float, default=0.0)
-    ap.add_argument("--hold-modes", default="reads")
-    ap.add_argument("--gc-freeze", action="store_true",
-                    help="freeze the heap once the engine is built, as vLLM's EngineCore does")
-    ap.add_argument("--between", default="prefill", choices=BETWEEN,
-                    help="what evicts the timed prompt: the next prompt's prefill, or the "
-                         "other two prompts' restores, three prompts in turn "
-                         "(reask_schedule.py)")
-    ap.add_argument("--out")
-    a = ap.parse_args()
-    res = run(a.tokens, a.pairs, a.warmup, a.step_time_s,
-              tuple(m for m in a.hold_modes.split(",") if m), a.gc_freeze, a.between)
-    text = json.dumps(res, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    print(json.dumps({k: res[k] for k in ("summary", "by_hold", "hold_none_over_reads")
-                      if k in res}, indent=1))
-    print(json.dumps(res["checks"]), res["telemetry_errors"])
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
