@@ -4,7 +4,7 @@ On the H200 a 131k-token restore made kvscope lose events and looked slower than
 (two fresh processes each, 8.3/7.5 s observed vs 7.2/5.2 s stock: nothing resolved). Here
 one process holds one engine with ``ObservedOffloadingConnector`` (tiering: the CPU
 primary tier and an fs tier on disk, ``checksum_policy`` refuse) and alternates
-iterations with kvscope **on** and **off** (kvscope_switch.py: off is vLLM's stock code
+iterations with kvscope **on** and **off** (kvscope.sim.kvscope_switch: off is vLLM's stock code
 path) in ABBA pairs, as gpu_within_process.py does, so process-to-process spread drops out
 of each pair.
 
@@ -245,7 +245,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     # a time) or after them
     drains = DrainLog().wrap(switch.observer.agg)
     # the process's collections (any thread's): kvscope's once ran 86 inside a 131k
-    # restore's promoting scan on CPU, vLLM's none (benchmarks/README, promoting_scan.py)
+    # restore's promoting scan on CPU, vLLM's none (docs/measured-facts.md)
     collections = GCClock()
     gc.callbacks.append(collections)
     sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True,
@@ -302,7 +302,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         t1 = time.perf_counter()
         # its stores cascaded to disk first: rows pinned by a cascade in flight would leave
         # the restore fewer free rows (its promotions refused, a wait as long as the disk's
-        # writes) in whichever arm it happened to fall (run A: one re-ask of 27.9 s)
+        # writes) in whichever arm it happened to fall (one recorded H200 re-ask took 27.9 s)
         settle()
         threads1 = thread_cpu.snapshot()  # before the clock starts: it reads /proc
         t1s = time.perf_counter()

@@ -1,12 +1,11 @@
-"""Overhead where the scheduler is the bottleneck, resolved within one process (issue 13 item 1).
+"""What kvscope costs a scheduler-bound GPU serving workload, resolved within one process.
 
-``gpu_scheduler_bound.py`` compares fresh stock and observed processes; identical processes
-spread by +-7 % there (bimodal in earlier runs), so its ratio's 95 % CI over 11 processes was
-0.957-1.109. Here each process loads the same engine with ``ObservedOffloadingConnector`` and
-alternates its iterations between kvscope **on** and **off** (benchmarks/kvscope_switch.py:
+Fresh stock and observed processes of one configuration spread by +-7 % (bimodal in earlier
+runs: docs/measured-facts.md), so a ratio's 95 % CI over 11 fresh processes was 0.957-1.109. Here each process loads the same engine with ``ObservedOffloadingConnector`` and
+alternates its iterations between kvscope **on** and **off** (kvscope.sim.kvscope_switch:
 off is vLLM's stock path), in ABBA order (pair j: on then off for even j, off then on for
 odd j), so the process's own mode, memory placement and drift are shared by both arms of
-every pair. Same workload and model as gpu_scheduler_bound.py: an iteration asks 96 new
+every pair. The workload and model of kvscope.sim.gpu_workload: an iteration asks 96 new
 1,024-token prompts (96 out), then the previous iteration's 96 again, restoring ~96 x 1,008
 tokens from the CPU tier (engine truth: ``num_cached_tokens``, recorded per iteration).
 
@@ -113,7 +112,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
     # The engine thread's CPU inside schedule() + update_from_output() (every scheduler-side
     # connector call): the scheduler's share of an iteration, which bounds what the
-    # CPU-measured residual of kvscope switched off (kvscope_switch.py residual) can cost
+    # CPU-measured residual of kvscope switched off (results/kvscope_switch_residual_cpu.jsonl) can cost
     # here. Both arms pay it.
     sched_cpu = CallClock().wrap(scheduler, "schedule").wrap(scheduler, "update_from_output")
     # vLLM's output processing (frontend, same thread): no kvscope code runs in it and both
@@ -290,7 +289,7 @@ def main() -> int:
     for q in (c, a):
         q.add_argument("--pairs", type=int, default=40)
         q.add_argument("--warmup", type=int, default=2)
-        q.add_argument("--pin", default="main", help="as gpu_scheduler_bound.py")
+        q.add_argument("--pin", default="main", help="as kvscope.sim.gpu_workload.pin_cpus")
         q.add_argument("--cpu-gib", type=float, default=12.0)
     s = sub.add_parser("summarize")
     s.add_argument("files", nargs="+")

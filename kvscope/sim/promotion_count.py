@@ -8,7 +8,7 @@ after each switch (``rewrap``).
 Why: a restore that needs more promotions than it has keys churned (rows it promoted were
 evicted before their load and promoted again), and a failed read is promoted again too. A
 restore that waits thousands of steps reads the same on the clock either way; these counts
-tell which (benchmarks/README, gpu_scale.py: runs A, C and I)."""
+tell which (gpu_scale.py's slow restores on the H200: docs/measured-facts.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which prompt a restore benchmark asks to evict, and which it re-asks and times, per
-iteration (gpu_scale.py, restore_convoy.py).
+iteration (the GPU benchmark gpu_scale.py, and restore_convoy.py on CPU).
 
 Each timed re-ask must find its prompt on disk only: gone from the GPU blocks and from the
 primary tier (both hold about one prompt), its chunks in the fs tier. Two ways to get there:

@@ -1,4 +1,4 @@
-"""scale_overhead.py's workload and engine truth: a long prompt asked, flooded out of the GPU
+"""The long-prompt round's workload (scale_round.py) and engine truth: a long prompt asked, flooded out of the GPU
 blocks and the primary tier, asked again and restored from the fs tier's disk.
 
 Sizes follow the prompt: its keys (16-token chunks), primary rows enough for its restore

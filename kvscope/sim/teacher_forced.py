@@ -24,7 +24,7 @@ equals the top-1's (an exact bf16 tie) is ``top1``.
 ``NEAR_TIE_NATS``: the tiny random Llama's logits are flat (top-1 sits ~1 nat above the
 median token, top-1/top-2 gaps of 0.001-0.2 nats), and bf16 moves its logprobs by at most
 0.011 nats against fp32 (measured on CPU with transformers over 9,024 positions of the
-campaign's prompts; ``benchmarks/README.md``). Two bf16 paths may then differ by ~0.022:
+campaign's prompts; docs/measured-facts.md). Two bf16 paths may then differ by ~0.022:
 0.03 nats is a near-tie; a token from corrupt KV lands ~1 nat below top-1.
 """
 
