@@ -40,13 +40,11 @@ import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_e2e import make_model, text  # noqa: E402
-
-from kvscope.connector import faults  # noqa: E402
-from kvscope.exporters import signals  # noqa: E402
-from kvscope.sim import teacher_forced as tf  # noqa: E402
-from kvscope.sim.openmetrics_recording import Recorder, Target  # noqa: E402
+from kvscope.connector import faults
+from kvscope.exporters import signals
+from kvscope.sim import teacher_forced as tf
+from kvscope.sim.gpu_e2e_cases import make_model, text
+from kvscope.sim.openmetrics_recording import Recorder, Target
 
 BLOCK = 16
 ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together
