@@ -1,6 +1,6 @@
 """Fault campaign on two GPUs through `vllm serve`, seen the way an operator sees it.
 
-Runs on the lent 2-GPU machine (``benchmarks/README.md`` has the commands). Each
+Runs on a 2-GPU machine (``benchmarks/README.md`` has the commands). Each
 server is ``vllm serve`` (engine core in its own process, TP=2) with
 ``ObservedOffloadingConnector``, tiering + fs tier, ``kv_load_failure_policy=recompute``.
 An OpenAI-compatible client (urllib on loopback) drives it; vLLM's ``/metrics`` and

@@ -11,7 +11,7 @@ primary tier (both hold about one prompt), its chunks in the fs tier. Two ways t
   promotions evict the oldest rows of the primary tier and its load the oldest free blocks
   of the GPU, and every prompt's chunks stay on disk, so each re-ask is a restore from disk
   with no prefill before it: about half an iteration's time at 131k, more pairs per minute
-  of a lent GPU. Three prompts, not two: the rows and GPU blocks to spare beyond one prompt
+  of GPU time. Three prompts, not two: the rows and GPU blocks to spare beyond one prompt
   (gpu_scale: 800 rows and 64 blocks) keep part of the prompt restored before the last, so
   with two each re-ask found part of its prefix still there (vLLM's scheduler on CPU, 32k
   tokens: 1,668 keys promoted and 31,776 tokens loaded of 2,048 and 32,768); two restores

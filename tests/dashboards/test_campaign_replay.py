@@ -162,7 +162,7 @@ def test_every_dashboard_query_returns_data(prom):
 # (the CPU campaign, re-recorded on main's exporter) is judged strictly. Drop a run once it
 # is re-recorded: test_exemptions_name_exactly_the_runs_that_predate_them checks the list.
 STORE_REFUSED = f'reason="{S.ShortReason.STORE_REFUSED.value}"'
-# The TP=2 runs (tests/fixtures/campaign/, two H200s, not lent since) also predate the
+# The TP=2 runs (tests/fixtures/campaign/, two H200s, not re-recorded since) also predate the
 # ceiling-form counter the truncated and concurrency checks read.
 CEILING_ROUNDS = S.RESTORE_CEILING_ROUNDS.name
 ADDED_AFTER_RECORDING = {
