@@ -77,15 +77,16 @@ def engine_run(args) -> dict:
 
 
 def _engine(args, rec: dict) -> None:
-    from gpu_oracle import ROW_BYTES, Driver, _free_port, make_model
     from vllm import LLM
     from vllm.config import KVTransferConfig
+
+    from kvscope.sim.gpu_oracle_driver import ROW_BYTES, Driver, free_port, make_model
 
     d = tempfile.mkdtemp(prefix="kvscope-reask-model-")
     max_len = PROMPT_TOKENS + 128
     make_model(d, 1, max_len)
     fs = tempfile.mkdtemp(prefix=f"reask-{args.connector}-{args.rows}-", dir=args.fs_root)
-    port = _free_port()
+    port = free_port()
     observed = args.connector == "kvscope"
     extra = {"cpu_bytes_to_use": args.rows * ROW_BYTES[1], "block_size": CHUNK,
              "spec_name": "TieringOffloadingSpec",

@@ -7,10 +7,10 @@ two simulated ranks, the tiering manager with its fs tier) in real time: an engi
 loop steps while vLLM has work (as EngineCore does) and idles otherwise; vLLM's own
 PrometheusStatLogger fills the /metrics a ``vllm serve`` would expose (job ``vllm``)
 and each rank serves its kvscope endpoint (job ``kvscope-rank``); both are recorded
-every second as timestamped OpenMetrics for ``campaign_replay.py``.
+every second as timestamped OpenMetrics, replayed by ``tests/support/campaign_replay.py``.
 
-    python benchmarks/cpu_campaign.py --out benchmarks/results/campaign-cpu
-    python benchmarks/cpu_campaign.py --out benchmarks/results/campaign-cpu --only dir_removed
+    python benchmarks/cpu_campaign.py --out tests/fixtures/campaign-cpu
+    python benchmarks/cpu_campaign.py --out tests/fixtures/campaign-cpu --only dir_removed
 
 ``--only`` runs the named phases alone, as a run of their own (``faults-cpu-<names>``).
 kvscope's tier probe checks every ``PROBE_S`` seconds here (5 in production), scaled to
@@ -31,10 +31,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_campaign import fill, mount_small_tmpfs  # noqa: E402
-from openmetrics_recording import Recorder, Target  # noqa: E402
 
 from kvscope.exporters import signals  # noqa: E402
 from kvscope.sim import faults  # noqa: E402
+from kvscope.sim.openmetrics_recording import Recorder, Target  # noqa: E402
 
 TOKENS = 96
 FLOODS = 3

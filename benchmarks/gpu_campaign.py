@@ -1,6 +1,6 @@
 """Fault campaign on two GPUs through `vllm serve`, seen the way an operator sees it.
 
-Runs on the lent 2-GPU machine (``benchmarks/README.md`` has the commands). Each
+Runs on a 2-GPU machine (``benchmarks/README.md`` has the commands). Each
 server is ``vllm serve`` (engine core in its own process, TP=2) with
 ``FaultInjectingConnector`` (kvscope's connector with the test fault hooks), tiering + fs tier, ``kv_load_failure_policy=recompute``.
 An OpenAI-compatible client (urllib on loopback) drives it; vLLM's ``/metrics`` and
@@ -40,13 +40,11 @@ import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import teacher_forced as tf  # noqa: E402
-from gpu_e2e import make_model, text  # noqa: E402
-from openmetrics_recording import Recorder, Target  # noqa: E402
-
-from kvscope.exporters import signals  # noqa: E402
-from kvscope.sim import faults  # noqa: E402
+from kvscope.exporters import signals
+from kvscope.sim import faults
+from kvscope.sim import teacher_forced as tf
+from kvscope.sim.gpu_e2e_cases import make_model, text
+from kvscope.sim.openmetrics_recording import Recorder, Target
 
 BLOCK = 16
 ROW_BYTES = 32 * 1024  # the tiny Llama's KV per 16-token block, both ranks together

@@ -1,10 +1,10 @@
-"""A long prefix restored from disk on the GPU, kvscope on vs off in one process (issue 26).
+"""A long prefix restored from disk on the GPU, kvscope on vs off in one process.
 
 On the H200 a 131k-token restore made kvscope lose events and looked slower than stock
 (two fresh processes each, 8.3/7.5 s observed vs 7.2/5.2 s stock: nothing resolved). Here
 one process holds one engine with ``ObservedOffloadingConnector`` (tiering: the CPU
 primary tier and an fs tier on disk, ``checksum_policy`` refuse) and alternates
-iterations with kvscope **on** and **off** (kvscope_switch.py: off is vLLM's stock code
+iterations with kvscope **on** and **off** (kvscope.sim.kvscope_switch: off is vLLM's stock code
 path) in ABBA pairs, as gpu_within_process.py does, so process-to-process spread drops out
 of each pair.
 
@@ -53,16 +53,22 @@ import sys
 import tempfile
 import time
 
-import thread_cpu
-from call_clock import CallClock
-from drain_log import DrainLog
-from gpu_scale_summary import by_hold, summarize_files, summary
-from gpu_within_process import SCHEDULER_CALLS, WORKER_CALLS, clocks_per_call
-from kvscope_switch import KvscopeSwitch, own_function, quiet
-from pair_stats import abba, block_mode
-from promotion_count import PromotionCount
-from reask_schedule import BETWEEN, asked_again, first_asks, iteration
-from scheduler_gc_diag import GCClock
+from kvscope.sim import thread_cpu
+from kvscope.sim.call_clock import SCHEDULER_CALLS, WORKER_CALLS, CallClock, clocks_per_call
+from kvscope.sim.drain_log import DrainLog
+from kvscope.sim.gc_clock import GCClock
+from kvscope.sim.gpu_scale_summary import by_hold, summarize_files, summary
+from kvscope.sim.kvscope_switch import KvscopeSwitch, own_function, quiet
+from kvscope.sim.pair_stats import abba, block_mode
+from kvscope.sim.promotion_count import PromotionCount
+from kvscope.sim.reask_schedule import (
+    BETWEEN,
+    asked_again,
+    first_asks,
+    iteration,
+    prune,
+    refuse_pruning,
+)
 
 T_START = time.monotonic()
 CHUNK = 16
@@ -97,24 +103,6 @@ def write_config(d: str, max_len: int, shape: str = "tiny") -> None:
 def prompt(k: int, tokens: int) -> dict:
     r = random.Random(7_919 * (k + 11))
     return {"prompt_token_ids": [r.randrange(3, VOCAB) for _ in range(tokens)]}
-
-
-def prune(root: str, before: float) -> int:
-    """Remove the fs tier's block files written before ``before`` (wall clock): prompts not
-    asked again. vLLM's fs tier looks a key up by its file's existence and keeps no index,
-    so nothing refers to them; with 512 KiB blocks (1b) a 131k prompt is 4 GiB of tmpfs."""
-    n = 0
-    for path, _, files in os.walk(root):
-        for name in files:
-            if name.endswith(".bin"):
-                f = os.path.join(path, name)
-                try:
-                    if os.stat(f).st_mtime < before:
-                        os.unlink(f)
-                        n += 1
-                except FileNotFoundError:
-                    pass
-    return n
 
 
 def geometry(tokens: int, rows: int | None) -> dict:
@@ -187,9 +175,8 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
              prune_fs: bool = False, between: str = "prefill") -> dict:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
         raise SystemExit("needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine in this process)")
-    if prune_fs and asked_again(between):
-        raise SystemExit("--prune-fs removes the files the next re-asks read (--between restore)")
-    from gpu_scheduler_bound import free_port
+    if prune_fs:
+        refuse_pruning(between)
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -198,6 +185,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     )
 
     from kvscope.connector.compat import SCAN_METHOD
+    from kvscope.sim.gpu_workload import free_port
 
     g = geometry(tokens, rows)
     d = tempfile.mkdtemp(prefix="kvscope-scale-")
@@ -257,7 +245,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     # a time) or after them
     drains = DrainLog().wrap(switch.observer.agg)
     # the process's collections (any thread's): kvscope's once ran 86 inside a 131k
-    # restore's promoting scan on CPU, vLLM's none (benchmarks/README, promoting_scan.py)
+    # restore's promoting scan on CPU, vLLM's none (docs/measured-facts.md)
     collections = GCClock()
     gc.callbacks.append(collections)
     sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, ignore_eos=True,
@@ -314,7 +302,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         t1 = time.perf_counter()
         # its stores cascaded to disk first: rows pinned by a cascade in flight would leave
         # the restore fewer free rows (its promotions refused, a wait as long as the disk's
-        # writes) in whichever arm it happened to fall (run A: one re-ask of 27.9 s)
+        # writes) in whichever arm it happened to fall (one recorded H200 re-ask took 27.9 s)
         settle()
         threads1 = thread_cpu.snapshot()  # before the clock starts: it reads /proc
         t1s = time.perf_counter()

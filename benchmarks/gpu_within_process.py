@@ -1,12 +1,11 @@
-"""Overhead where the scheduler is the bottleneck, resolved within one process (issue 13 item 1).
+"""What kvscope costs a scheduler-bound GPU serving workload, resolved within one process.
 
-``gpu_scheduler_bound.py`` compares fresh stock and observed processes; identical processes
-spread by +-7 % there (bimodal in earlier runs), so its ratio's 95 % CI over 11 processes was
-0.957-1.109. Here each process loads the same engine with ``ObservedOffloadingConnector`` and
-alternates its iterations between kvscope **on** and **off** (benchmarks/kvscope_switch.py:
+Fresh stock and observed processes of one configuration spread by +-7 % (bimodal in earlier
+runs: docs/measured-facts.md), so a ratio's 95 % CI over 11 fresh processes was 0.957-1.109. Here each process loads the same engine with ``ObservedOffloadingConnector`` and
+alternates its iterations between kvscope **on** and **off** (kvscope.sim.kvscope_switch:
 off is vLLM's stock path), in ABBA order (pair j: on then off for even j, off then on for
 odd j), so the process's own mode, memory placement and drift are shared by both arms of
-every pair. Same workload and model as gpu_scheduler_bound.py: an iteration asks 96 new
+every pair. The workload and model of kvscope.sim.gpu_workload: an iteration asks 96 new
 1,024-token prompts (96 out), then the previous iteration's 96 again, restoring ~96 x 1,008
 tokens from the CPU tier (engine truth: ``num_cached_tokens``, recorded per iteration).
 
@@ -38,11 +37,11 @@ import sys
 import tempfile
 import time
 
-import gpu_scheduler_bound as gsb  # this directory
-import thread_cpu
-from call_clock import CallClock
-from kvscope_switch import KvscopeSwitch, quiet
-from pair_stats import premise, summarize, summarize_iters
+from kvscope.sim import gpu_workload as gsb
+from kvscope.sim import thread_cpu
+from kvscope.sim.call_clock import SCHEDULER_CALLS, WORKER_CALLS, CallClock, clocks_per_call
+from kvscope.sim.kvscope_switch import KvscopeSwitch, quiet
+from kvscope.sim.pair_stats import out_of_time, premise, summarize, summarize_iters
 
 T_START = time.monotonic()  # this process's start: a case's deadline counts from it
 # Seconds before the parent's case timeout that a case's deadline falls (its exit: engine
@@ -74,15 +73,6 @@ def states(pairs: int) -> list[bool]:
 
 # Iterations between two checkpoints of a case (10 pairs), printed between iterations
 CHECKPOINT_ITERS = 20
-
-
-def out_of_time(now: float, deadline: float | None, pair_s: list[float]) -> bool:
-    """Whether a next pair could run past ``deadline`` (monotonic seconds): the time left
-    is under twice the longest pair so far, plus the final settle and scrape. A case that
-    stops here ends whole; one the parent's timeout kills keeps only its last checkpoint."""
-    if deadline is None or not pair_s:
-        return False
-    return deadline - now < 2 * max(pair_s) + 10
 
 
 def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
@@ -122,7 +112,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
     # The engine thread's CPU inside schedule() + update_from_output() (every scheduler-side
     # connector call): the scheduler's share of an iteration, which bounds what the
-    # CPU-measured residual of kvscope switched off (kvscope_switch.py residual) can cost
+    # CPU-measured residual of kvscope switched off (results/kvscope_switch_residual_cpu.jsonl) can cost
     # here. Both arms pay it.
     sched_cpu = CallClock().wrap(scheduler, "schedule").wrap(scheduler, "update_from_output")
     # vLLM's output processing (frontend, same thread): no kvscope code runs in it and both
@@ -226,15 +216,6 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
     return res
 
 
-# The connector calls vLLM makes per step or per request, by role
-SCHEDULER_CALLS = ("get_num_new_matched_tokens", "update_state_after_alloc",
-                   "build_connector_meta", "request_finished", "update_connector_output",
-                   "get_kv_connector_stats", "take_events")
-WORKER_CALLS = ("bind_connector_metadata", "clear_connector_metadata", "start_load_kv",
-                "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
-                "get_kv_connector_stats", "handle_preemptions", "build_connector_worker_meta")
-
-
 # The model runner's input preparation (names differ between runner versions)
 RUNNER_CALLS = ("_update_states", "_prepare_inputs", "update_states", "prepare_inputs",
                 "_prepare_input_ids", "_calc_spec_decode_metadata")
@@ -246,12 +227,6 @@ def clock_calls(owner, names) -> CallClock:
         if callable(getattr(owner, name, None)):
             clock.wrap(owner, name)
     return clock
-
-
-def clocks_per_call(owner, names, prefix: str) -> dict[str, CallClock]:
-    """One clock per method of ``owner`` (each named ``prefix`` + the method's name)."""
-    return {prefix + n: CallClock().wrap(owner, n) for n in names
-            if callable(getattr(owner, n, None))}
 
 
 def role_sum(calls: dict[str, float], prefix: str) -> float:
@@ -314,7 +289,7 @@ def main() -> int:
     for q in (c, a):
         q.add_argument("--pairs", type=int, default=40)
         q.add_argument("--warmup", type=int, default=2)
-        q.add_argument("--pin", default="main", help="as gpu_scheduler_bound.py")
+        q.add_argument("--pin", default="main", help="as kvscope.sim.gpu_workload.pin_cpus")
         q.add_argument("--cpu-gib", type=float, default=12.0)
     s = sub.add_parser("summarize")
     s.add_argument("files", nargs="+")

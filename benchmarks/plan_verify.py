@@ -2,6 +2,8 @@
 
     python benchmarks/plan_verify.py                      # CPU, ~2 minutes
     python benchmarks/plan_verify.py --device cuda --out benchmarks/results/plan_verify_h200.json
+    python benchmarks/plan_verify.py rejudge benchmarks/results/plan_verify_*.json \
+        --out benchmarks/results/plan_rejudge.json   # recorded runs, the current model
 
 The workload (``kvscope.sim.plan_workload.Workload``): ``--concurrency`` prompts of
 ``--prompt-tokens`` tokens asked one by one (stored, cascaded to the fs tier), then
@@ -26,7 +28,7 @@ reaches the target, 10 % fewer rows miss it, and the prediction is within
 CPU: vLLM's real scheduler and tiering manager, CPU copies for the GPU's DMA
 (``kvscope.sim.cpu_engine``), the fs tier's I/O settled every step. ``--device cuda``: each
 engine is ``vllm.LLM`` in its own process (a tiny Llama with dummy weights built on the spot
-and the step driver, both imported from ``gpu_oracle.py``; ``TieringOffloadingSpec`` with an
+and the step driver, both from ``kvscope.sim.gpu_oracle_driver``; ``TieringOffloadingSpec`` with an
 fs tier under ``--fs-root``), the fs tier's threads racing the steps as on a server; the
 last two engines run at once on the one GPU.
 """
@@ -40,9 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 DEFAULT_OUT = {"cpu": "benchmarks/results/plan_verify_cpu.json",
                "cuda": "benchmarks/results/plan_verify_h200.json"}
@@ -79,10 +78,10 @@ def gpu_engine_run(args) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler in this process
     from types import SimpleNamespace
 
-    from gpu_oracle import ROW_BYTES, Driver, _free_port, make_model
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
+    from kvscope.sim.gpu_oracle_driver import ROW_BYTES, Driver, free_port, make_model
     from kvscope.sim.oracle_truth import held_tokens, request_keys, tier_lookup
     from kvscope.sim.plan_workload import ASK_TOKENS, CHUNK, truth_totals
 
@@ -92,7 +91,7 @@ def gpu_engine_run(args) -> dict:
     max_len = max(4096, work.prompt_tokens + 64)
     make_model(d, 1, max_len)
     fs = tempfile.mkdtemp(prefix=f"plan-{args.rows}-", dir=args.fs_root)
-    port = _free_port()
+    port = free_port()
     ktc = KVTransferConfig(
         kv_connector="ObservedOffloadingConnector", kv_connector_module_path="kvscope.connector",
         kv_role="kv_both", kv_load_failure_policy="recompute",
@@ -111,7 +110,7 @@ def gpu_engine_run(args) -> dict:
     drv = Driver(llm)
     trace = None
     if args.trace:
-        from lookup_trace import LookupTrace
+        from kvscope.sim.lookup_trace import LookupTrace
 
         trace = LookupTrace(drv.sched)
     shim = SimpleNamespace(connector=drv.sched.connector,
@@ -218,9 +217,57 @@ def run_gpu(args) -> dict:
                          "passed": all(checks.values())})
 
 
+# ---- recorded results judged again -----------------------------------------------------
+def rejudge(doc: dict, max_error: float) -> dict:
+    from kvscope.sim.plan_workload import judge_size, truth_totals
+
+    plan, inputs = doc["plan"], doc["plan"]["inputs"]
+    other = (inputs.get("other_loss") or {}).get("value") or 0.0
+    groups = int((inputs.get("kv_groups") or {}).get("value") or 1)
+    out = {}
+    for label, run in doc["runs"].items():
+        truth = truth_totals(run["waves"])
+        s = judge_size({"rows": run["rows"], **truth}, plan["rows_per_restore"],
+                       plan["concurrency"], other, groups)
+        out[label] = {**s, "restores": truth["restores"], "whole": truth["restores_whole"],
+                      "within": s["error"] <= max_error,
+                      "recorded_predicted": doc["sizes"][label]["predicted"],
+                      "recorded_error": doc["sizes"][label]["error"]}
+    return out
+
+
+
+def rejudge_files(paths: list[str], max_error: float, out: str | None) -> int:
+    """Recorded results judged again by the current coverage model: the measured coverage
+    over the re-asks that ended (``plan_workload.truth_totals``) and the model's prediction
+    at each checked size (``planner.coverage_at``), beside what the run recorded when made.
+    The plan is not recomputed (the rows run are the rows run); a run made before a model
+    change is in-sample for that change (its recorded ``predicted`` says under which)."""
+    table = {}
+    for path in sorted(paths):
+        with open(path) as f:
+            doc = json.load(f)
+        if "runs" not in doc or "sizes" not in doc:
+            continue
+        name = os.path.basename(path)
+        table[name] = {"device": doc.get("device"), "concurrency": doc["plan"]["concurrency"],
+                       "sizes": rejudge(doc, max_error)}
+        for label, s in table[name]["sizes"].items():
+            print(f"{name:38} {label:12} {s['rows']:>6} rows  {s['whole']:>3}/{s['restores']:<3} "
+                  f"measured {s['measured']:.4f}  predicted {s['predicted']:.4f} "
+                  f"(recorded {s['recorded_predicted']:.4f})  error {100 * s['error']:.1f}  "
+                  f"{'ok' if s['within'] else 'MISS'}")
+    if out:
+        with open(out, "w") as f:
+            json.dump({"command": " ".join(["plan_verify.py", *sys.argv[1:]]),
+                       "max_error": max_error, "results": table}, f, indent=1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", nargs="?", default="verify", choices=("verify", "engine"))
+    ap.add_argument("mode", nargs="?", default="verify", choices=("verify", "engine", "rejudge"))
+    ap.add_argument("results", nargs="*", help="rejudge: recorded plan_verify results")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=2048)
@@ -239,13 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", action="store_true", help="engine mode: scrape kvscope after")
     ap.add_argument("--trace", action="store_true",
                     help="each engine's waves: lookups, statuses and primary rows by step "
-                         "(lookup_trace.py), in the wave's 'trace'")
+                         "(kvscope.sim.lookup_trace), in the wave's 'trace'")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.mode == "engine":
         gpu_engine_run(args)
         return 0
+    if args.mode == "rejudge":
+        return rejudge_files(args.results, args.max_error, args.out)
     args.out = args.out or DEFAULT_OUT[args.device]
     doc = run_gpu(args) if args.device == "cuda" else run_cpu(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)

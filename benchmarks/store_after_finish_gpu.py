@@ -42,9 +42,10 @@ def engine_run(args) -> dict:
 def _engine(args, rec: dict) -> None:
     import random
 
-    from gpu_oracle import ROW_BYTES, Driver, make_model
     from vllm import LLM
     from vllm.config import KVTransferConfig
+
+    from kvscope.sim.gpu_oracle_driver import ROW_BYTES, Driver, make_model
 
     d = tempfile.mkdtemp(prefix="kvscope-saf-model-")
     make_model(d, 1, 4096)

@@ -11,7 +11,7 @@ generation 0's count (more collections, each scanning it). Appending references 
 the journal creates no object; the short-lived tuple an ``extend`` is given is freed
 at once. A daemon thread wakes every
 ``interval_s`` (kvscope's ``flush_interval_s`` setting, default :data:`INTERVAL_S`:
-1 s; chosen on the H200, benchmarks/README.md) and,
+1 s; chosen on the H200, docs/measured-facts.md) and,
 holding :attr:`lock`, calls ``refresh``, whose first job is :meth:`drain`: the
 events in the order they were recorded (round judging and coverage, request states,
 store jobs), then the flush into the recorder, the gauges and vLLM's stats object. A
@@ -62,8 +62,8 @@ YIELD_EVERY = 128
 # The longest this thread holds its aggregation back while a restore's reads are in flight
 # (``busy``): vLLM's fs read threads need the GIL between their system calls, and beside
 # vLLM's engine thread re-scanning the waiting request every step they get little of it, so
-# every millisecond of GIL this thread takes then is taken from them (benchmarks/README,
-# restore_convoy.py). A scrape still drains at once; vLLM's stats path lags by this at most.
+# every millisecond of GIL this thread takes then is taken from them
+# (docs/measured-facts.md). A scrape still drains at once; vLLM's stats path lags by this at most.
 MAX_DEFER_S = 10.0
 
 

@@ -44,7 +44,7 @@ PARALLEL_MIN_BYTES = 4 << 20
 # ... and below this many bytes per buffer on average: each buffer's hash gives the GIL
 # back and takes it again, and at 32-64 KiB rows the threads spend their time handing
 # it over. On the H200's host 8,000 rows of 32 KiB took as long on 8 threads as on one
-# (0.054 / 0.048 s), rows of 128 KiB 2.9x less on 4 (benchmarks/README.md).
+# (0.054 / 0.048 s), rows of 128 KiB 2.9x less on 4 (docs/measured-facts.md).
 PARALLEL_MIN_ROW_BYTES = 128 << 10
 MAX_AUTO_THREADS = 8
 

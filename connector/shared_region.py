@@ -5,7 +5,7 @@ A promotion writes whole rows into the scheduler host's primary-tier file
 it). A rank that maps that same file (same host, same ``/dev/shm``) reads those pages
 themselves: its slot cannot be stale, and digesting it on both sides compares a page with
 itself at the cost of a pass over every promoted byte on each side (~5 % of a
-131k-token restore on the H200, ``benchmarks/README.md``). Only a rank that maps another
+131k-token restore on the H200, docs/measured-facts.md). Only a rank that maps another
 file (another node's ``/dev/shm``, a container with a ``/dev/shm`` of its own) can load
 stale rows.
 

@@ -158,7 +158,7 @@ class TierTaps:
 
         setattr(prepare_write, compat.WRAPPED_MARK, True)
         # vLLM's own is an instance attribute (the primary tier's prepare_store, bound):
-        # what a tap's remover puts back (benchmarks/kvscope_switch.py)
+        # what a tap's remover puts back (kvscope.sim.kvscope_switch)
         prepare_write.__wrapped__ = original
         primary.prepare_write = prepare_write
         cursor.settle = self._settle_scan

@@ -94,7 +94,7 @@ FAST = {"flush_interval_s": 0.02}
 def test_the_aggregator_holds_back_while_a_restore_reads_then_drains():
     """vLLM's fs read threads need the GIL between their system calls; beside vLLM's engine
     thread re-scanning the waiting request every step they get little of it, and the
-    aggregator's draining took from that little (benchmarks/README, restore_convoy.py). So
+    aggregator's draining took from that little (docs/measured-facts.md; kvscope.sim.restore_convoy). So
     it waits while a promotion is in flight, and catches up once it landed: every event
     applied, counters equal to what the engine restored."""
     with CPUEngine(EngineConfig(rows=12, promotion_delay_steps=100,

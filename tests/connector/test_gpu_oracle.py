@@ -1,6 +1,6 @@
 """The GPU oracle's parts that run without a GPU: its geometries, the per-geometry judging
-window, the scoring it writes, and the models it builds (benchmarks/gpu_oracle.py; the
-lead runs it on an H200)."""
+window, the scoring it writes, and the models it builds (kvscope.sim.gpu_oracle_driver and
+gpu_oracle_geometry, run on a GPU by the GPU oracle benchmark)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from benchmarks import gpu_oracle  # noqa: E402
-from benchmarks import gpu_oracle_geometry as geo  # noqa: E402
 from kvscope.diagnostics.evidence import build_evidence  # noqa: E402
 from kvscope.diagnostics.model import Finding  # noqa: E402
 from kvscope.exporters import signals as S  # noqa: E402
+from kvscope.sim import gpu_oracle_driver as gpu_oracle  # noqa: E402
+from kvscope.sim import gpu_oracle_geometry as geo  # noqa: E402
 from kvscope.sim.oracle import judgment, summarize  # noqa: E402
 from kvscope.sim.oracle_geometry import REPORTED  # noqa: E402
 
@@ -118,12 +118,12 @@ def test_scoring_agreement_false_healthy_and_confusion(tmp_path):
 def test_rows_are_taken_in_as_phases_append_them(tmp_path):
     path = tmp_path / "rows.jsonl"
     got: list[dict] = []
-    assert gpu_oracle._read_rows(str(path), 0, got.append) == 0
+    assert gpu_oracle.read_rows(str(path), 0, got.append) == 0
     path.write_text(json.dumps({"n": 1}) + "\n" + json.dumps({"n": 2}) + "\n" + '{"n": ')
-    assert gpu_oracle._read_rows(str(path), 0, got.append) == 2  # the third is mid-write
+    assert gpu_oracle.read_rows(str(path), 0, got.append) == 2  # the third is mid-write
     with path.open("a") as f:
         f.write("3}\n")
-    assert gpu_oracle._read_rows(str(path), 2, got.append) == 3
+    assert gpu_oracle.read_rows(str(path), 2, got.append) == 3
     assert [r["n"] for r in got] == [1, 2, 3]
 
 
@@ -197,7 +197,7 @@ def test_a_reported_geometry_through_the_gpu_oracles_own_flow():
                for line in again["live"]["evidence"]), again["live"]["evidence"]
 
 
-def test_phases_run_as_processes_and_the_deadline_stops_them(tmp_path, monkeypatch):
+def test_phases_run_as_processes_and_the_deadline_stops_them(tmp_path):
     """The parallel runner on stand-in phases (a process that writes one row, one that
     hangs): rows are taken in, a hung phase is stopped at the deadline, both reported."""
     phases = geo.generate(0)[:3]
@@ -207,12 +207,9 @@ def test_phases_run_as_processes_and_the_deadline_stops_them(tmp_path, monkeypat
         "a = sys.argv; phase, out = int(a[a.index('--phase') + 1]), a[a.index('--out') + 1]\n"
         "if phase == 1:\n    time.sleep(60)\n"
         "open(out, 'a').write(json.dumps({'name': f'p{phase}'}) + '\\n')\n")
-    monkeypatch.setattr(gpu_oracle.os.path, "abspath",
-                        lambda p, real=gpu_oracle.os.path.abspath: str(script)
-                        if p == gpu_oracle.__file__ else real(p))
     got: list[dict] = []
-    status = gpu_oracle._phases_in_parallel(phases, 0, 2, str(tmp_path / "o.json"), got.append,
-                                            deadline_s=8)
+    status = gpu_oracle.phases_in_parallel(phases, 0, 2, str(tmp_path / "o.json"), got.append,
+                                           deadline_s=8, script=str(script))
     assert sorted(r["name"] for r in got) == ["p0", "p2"]
     assert status[phases[0].name]["rc"] == 0 and status[phases[0].name]["rows"] == 1
     assert status[phases[1].name]["why"] == "stopped at the deadline"

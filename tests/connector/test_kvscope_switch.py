@@ -1,4 +1,4 @@
-"""The within-process A/B's switch (benchmarks/kvscope_switch.py) on vLLM's real scheduler:
+"""The within-process A/B's switch (kvscope.sim.kvscope_switch) on vLLM's real scheduler:
 off must be vLLM's own path (its manager, its worker, the tiers' own methods; kvscope sees
 nothing) and on must be kvscope as loaded again. Judged by what the engine restored."""
 
@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from benchmarks.kvscope_switch import KvscopeSwitch, NotQuiet, quiet
 from kvscope.connector import ObservedOffloadingConnector
 from kvscope.connector.compat import WRAPPED_MARK
 from kvscope.connector.compat.vllm_api import OffloadingConnector
 from kvscope.exporters import signals as S
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 from kvscope.sim.cpu_model import prompt
+from kvscope.sim.kvscope_switch import KvscopeSwitch, NotQuiet, quiet
 
 pytestmark = pytest.mark.vllm
 
@@ -129,10 +129,10 @@ def test_a_switch_with_a_request_in_flight_is_refused():
 
 
 def test_clocks_on_the_connectors_time_what_each_state_calls():
-    """The GPU A/B's per-call clocks (benchmarks/call_clock.py) wrap the connectors'
+    """The GPU A/B's per-call clocks (kvscope.sim.call_clock) wrap the connectors'
     methods; across a switch they must wrap vLLM's own methods while off (a wrapper left
     in place would keep calling kvscope's) and kvscope's hooks while on, and count both."""
-    from benchmarks.call_clock import CallClock
+    from kvscope.sim.call_clock import CallClock
 
     with CPUEngine(EngineConfig(rows=64, num_gpu_blocks=16)) as e:
         switch = KvscopeSwitch(e.scheduler, connectors(e))
@@ -160,13 +160,12 @@ def test_clocks_on_the_connectors_time_what_each_state_calls():
                 is ObservedOffloadingConnector.get_finished)
 
 
-def test_promotion_count_reads_vllms_promotions_in_both_states(monkeypatch):
-    """gpu_scale's promotion probe (benchmarks/promotion_count.py) counts the keys vLLM's
+def test_promotion_count_reads_vllms_promotions_in_both_states():
+    """gpu_scale's promotion probe (kvscope.sim.promotion_count) counts the keys vLLM's
     tiering manager promoted from the fs tier, on top of whatever the tier's methods are
     (kvscope's taps while on, vLLM's own while off). Judged by what the engine loaded: with
     the prompt's rows evicted from a 16-row primary tier, every restored key was promoted."""
-    monkeypatch.syspath_prepend("benchmarks")  # the benchmarks import their siblings
-    from promotion_count import PromotionCount
+    from kvscope.sim.promotion_count import PromotionCount
 
     with CPUEngine(EngineConfig(rows=16, num_gpu_blocks=16, tiering=True)) as e:
         switch = KvscopeSwitch(e.scheduler, connectors(e))

@@ -5,7 +5,7 @@ The workload is the CI plan check's at 10 % fewer rows than planned: 24 prompts 
 tokens re-asked at once through 1,396 primary rows (64 per restore; 21 fit whole at once).
 On vLLM 0.33 the first re-ask stays deferred for good: each step it promotes two of its last
 three chunks, and the allocation evicts the third, its own (the primary tier's lookup does
-not refresh a hit's place in the LRU order; benchmarks/own_rows_probe.py records the cycle),
+not refresh a hit's place in the LRU order; docs/measured-facts.md names the recorded cycle),
 two promotions a step, far below the churn rate of the
 classic livelock (a request larger than the tier). On vLLM 0.26 every re-ask ends.
 

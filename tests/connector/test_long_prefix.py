@@ -2,7 +2,7 @@
 real scheduler on CPU: 131k is the size at which kvscope lost events on the H200 (its
 journal, fed every lookup of every round, outgrew its bound while the restore's rounds were
 deferred, and ``kvscope_telemetry_errors_total{where="aggregator"}`` rose, so a healthy
-engine read inconclusive), 500k the top of the sizes the issue names. The prompt is ~8,190
+engine read inconclusive), 500k the top of the prefix sizes operators run. The prompt is ~8,190
 (~31,250) keys, looked up again on every step while its promotions are in flight (held 40
 steps here, as a slow disk would).
 

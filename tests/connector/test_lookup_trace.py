@@ -1,4 +1,4 @@
-"""The step-by-step trace ``plan_verify.py --trace`` writes (``benchmarks/lookup_trace.py``),
+"""The step-by-step trace the plan check's ``--trace`` writes (``kvscope.sim.lookup_trace``),
 checked against the engine it traced: vLLM's real scheduler and tiering manager on the CPU
 harness, 24 prompts of 1,024 tokens re-asked at once through 1,396 primary rows (the CI
 plan check's 10 % fewer rows: 21 restores fit whole, the rest are cut or wait).
@@ -15,8 +15,8 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from benchmarks.lookup_trace import LookupTrace  # noqa: E402
 from kvscope.sim.cpu_engine import CPUEngine  # noqa: E402
+from kvscope.sim.lookup_trace import LookupTrace  # noqa: E402
 from kvscope.sim.plan_workload import ASK_TOKENS, Workload, ask_each, flood  # noqa: E402
 
 ROWS = 1396

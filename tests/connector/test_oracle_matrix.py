@@ -5,7 +5,7 @@ Each geometry runs on vLLM's real scheduler (CPU harness); its truth class comes
 from what the engine did (tokens served vs held by the tiers, outputs, pending
 work), never from kvscope's counters. kv-diagnose judges it from a live scrape
 and from a recorded bundle. The full matrix (200+ geometries, same generator and
-seed) is ``benchmarks/oracle_matrix.py``; the subset covers every truth class it
+seed) is the oracle matrix benchmark, ``oracle_matrix.py``; the subset covers every truth class it
 produced.
 """
 

@@ -2,7 +2,7 @@
 the target coverage, 10 % fewer must miss it, and the predicted coverage must be within 5
 points of the engine's at both sizes.
 
-The CI-sized run of ``benchmarks/plan_verify.py`` (which re-asks 32 prompts of 2,048 tokens
+The CI-sized run of the plan check benchmark, ``plan_verify.py`` (which re-asks 32 prompts of 2,048 tokens
 at once): 24 prompts of 1,024 tokens re-asked at once, from a window engine at half the rows
 they need together. Coverage measured is the engine's truth (tokens vLLM loaded for each
 re-ask / tokens the tiers held for its prefix), never kvscope's counters; the plan is read
@@ -32,7 +32,7 @@ from kvscope.sim.plan_workload import Workload, verify_cpu  # noqa: E402
 # count without that one, and every re-ask ends. vLLM 0.33 orders the cut otherwise: at 10 %
 # fewer rows with promotions done by the next step it can leave the first re-ask deferred
 # for good (each step it promotes two of its last three chunks, and the promotion evicts the
-# third, its own: benchmarks/README.md), a round that never ends, left out of the coverage
+# third, its own: docs/measured-facts.md), a round that never ends, left out of the coverage
 # and counted apart; there only the 5-point bound, and every re-ask ending at the plan's
 # rows (a check of doc["passed"]).
 ON_026 = vllm.__version__.startswith("0.26.")

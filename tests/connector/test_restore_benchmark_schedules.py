@@ -1,4 +1,4 @@
-"""The restore benchmarks' two schedules (benchmarks/reask_schedule.py) on vLLM's real
+"""The restore benchmarks' two schedules (kvscope.sim.reask_schedule) on vLLM's real
 scheduler: whichever evicts the timed prompt (the next prompt's prefill, or the other
 prompts' restores), every timed re-ask must be a whole restore from disk, or the benchmark
 times something else. Judged by what vLLM loaded and promoted, and the outputs."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.benchmarks import import_benchmark
+from kvscope.sim import restore_convoy
 
 pytestmark = pytest.mark.vllm
 
@@ -16,7 +16,7 @@ TOKENS = 4096  # 256 keys; the engine keeps 32 rows and 64 GPU blocks to spare
 
 @pytest.mark.parametrize("between", ["prefill", "restore"])
 def test_every_timed_reask_restores_its_whole_prompt_from_disk(between):
-    res = import_benchmark("restore_convoy").run(TOKENS, pairs=2, warmup=1, between=between)
+    res = restore_convoy.run(TOKENS, pairs=2, warmup=1, between=between)
     keys = TOKENS // 16
     assert len(res["iters"]) == 4
     assert [i["prompt"] for i in res["iters"]] == (

@@ -1,4 +1,4 @@
-"""benchmarks/scale_overhead.py's code path, small (a 512-token prompt): one lockstep round
+"""The long-prompt round's code path (kvscope.sim.scale_round), small (a 512-token prompt): one lockstep round
 on vLLM's real scheduler on CPU. Judged by what the engines did (the re-ask restored every
 key from disk, none was left in the primary tier, same output), and its key count checked
 against vLLM's manager's own lookups, counted key by key. No timing is asserted."""
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.benchmarks import import_benchmark
+from kvscope.sim import scale_pair, scale_round, scale_workload
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return tuple(map(import_benchmark, ("scale_overhead", "scale_workload", "scale_pair")))
+    return scale_round, scale_workload, scale_pair
 
 
 def test_round_restores_from_disk(bench):

@@ -1,4 +1,4 @@
-"""The scheduler-side connector inside vLLM's real scheduler on CPU (issue: connector).
+"""The scheduler-side connector inside vLLM's real scheduler on CPU.
 
 Each test runs a scenario from ``kvscope.sim.scenarios`` (vLLM's Scheduler,
 OffloadingConnector subclass, TieringOffloadingManager with its CPU primary tier

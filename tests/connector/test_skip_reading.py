@@ -3,7 +3,7 @@ is not a lookup: vLLM's GPU prefix cache and the offloading connector serve it n
 without looking, so kvscope opens no round for it and counts none of its stored prefix as
 held and not offered. Before: every such request read as lost coverage (reason ``other``),
 and kv-diagnose named an unclassified anomaly on the H200 campaign's clean control
-(``benchmarks/README.md``). Judged by the engine: what it restored, and what a plain
+(docs/measured-facts.md). Judged by the engine: what it restored, and what a plain
 re-ask of the same prompt restores (the tiers held it)."""
 
 from __future__ import annotations

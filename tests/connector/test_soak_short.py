@@ -1,5 +1,5 @@
-"""The soak's short version: benchmarks/soak.py, the same code as the hour-long run
-(benchmarks/README.md, "Soak"), with its short preset for ~90 s of traffic, in a process of
+"""The soak's short version: kvscope.sim.soak, the same code as the hour-long soak
+benchmark, with its short preset for ~90 s of traffic, in a process of
 its own (the RSS it samples is the soak's alone, not pytest's).
 
 Judged from what the engine did, as each phase recorded it (vLLM's outputs and
@@ -10,7 +10,7 @@ The memory bound here is 1 %, not the hour's 5 %, and it means less: ~70 s after
 can only show a gross leak (1 % is ~9.5 MiB of a ~950 MiB process in 70 s, a rate that
 would be ~0.5 GiB in an hour); the hour-long run's 5 % over an hour is the real bound.
 It is not looser than that because the short run's own growth with these settings measured
-0.04 % on vLLM 0.26 and 0.33 (0.15-0.29 % with a 10 % warm-up; benchmarks/README.md, "Soak"),
+0.04 % on vLLM 0.26 and 0.33 (0.15-0.29 % with a 10 % warm-up; docs/measured-facts.md),
 warm-up being the first 20 % of the samples (the first two cycles: both ceiling forms have
 run once) instead of 10 %.
 """
@@ -36,7 +36,7 @@ def soak(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("soak")
     out = tmp / "soak"
     # the fs tier goes under pytest's temp dir, whatever file system CI gives it
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--preset", "short",
+    cmd = [sys.executable, "-m", "kvscope.sim.soak", "--preset", "short",
            "--duration-s", str(TRAFFIC_S), "--sample-interval-s", "8",
            "--scrape-interval-s", "5", "--warmup-fraction", "0.2",
            "--max-rss-growth", str(MAX_RSS_GROWTH), "--fs-dir", str(tmp), "--allow-tmpfs",

@@ -1,6 +1,6 @@
 """vLLM 0.26 behaviour the fault campaign ran into, pinned so the notes stay true.
 
-The GPU campaign's stalled-read phase (``benchmarks/README.md``) ended its server: the
+The GPU campaign's stalled-read phase (docs/measured-facts.md) ended its server: the
 client gave up on a request that waited for a promotion, vLLM aborted it, and the next
 scheduler step died in vLLM's own offloading connector. Here the same with vLLM's stock
 ``OffloadingConnector`` (no kvscope at all) on vLLM's real scheduler on CPU. When this

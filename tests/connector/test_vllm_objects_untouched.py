@@ -5,7 +5,7 @@ From CPython 3.11 on an object's attributes live inline until something asks for
 of the object takes a slower path for the rest of its life. kvscope once read
 ``vars()`` of vLLM's tiering manager, tiers and cache policy to check their ``lookup`` was
 vLLM's own, and vLLM's prefix scan ran ~15 % slower on the same keys in every observed
-process (benchmarks/promoting_scan.py: ``vllm_scan_alone_ms``). An object whose dict was
+process (docs/measured-facts.md: ``vllm_scan_alone_ms``). An object whose dict was
 built holds it among its referents (``gc.get_referents``, which builds nothing); the control
 builds one to show the check sees it.
 """
@@ -62,10 +62,10 @@ def test_kvscope_builds_no_dict_of_vllms_objects(tiering):
 
 
 def test_the_benchmarks_switch_builds_no_dict_of_vllms_objects():
-    """The within-process A/B's switch (benchmarks/kvscope_switch.py) turns kvscope off and on
+    """The within-process A/B's switch (kvscope.sim.kvscope_switch) turns kvscope off and on
     again without building the dict of any of vLLM's objects: a dict built there would slow
     vLLM's scan in both of its arms, so stock would be measured slower than it runs."""
-    from benchmarks.kvscope_switch import KvscopeSwitch
+    from kvscope.sim.kvscope_switch import KvscopeSwitch
 
     with CPUEngine(EngineConfig(rows=64, tiering=True)) as e:
         p = prompt(1, 512)

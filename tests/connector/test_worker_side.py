@@ -1,4 +1,4 @@
-"""The worker-side connector on CPU ranks (issue: worker side).
+"""The worker-side connector on CPU ranks.
 
 Ranks are worker-role ObservedOffloadingConnectors whose OffloadingWorker copies
 bytes on CPU (``kvscope.sim.cpu_worker.CPUCopyWorker``) between the rank's KV tensor and its

@@ -20,7 +20,7 @@ def live_pool(tmp_path_factory):
 @pytest.fixture(scope="session")
 def campaign_prom():
     require_binaries()
-    replay = pytest.importorskip("benchmarks.campaign_replay")
+    replay = pytest.importorskip("tests.support.campaign_replay")
     if not replay.recordings():
         pytest.skip("no campaign recordings committed")
     with replay.replayed() as p:

@@ -1,10 +1,10 @@
 """The GPU fault campaign, replayed from its committed recordings in a real Prometheus.
 
-``benchmarks/gpu_campaign.py`` ran `vllm serve` (TP=2 on two H200s) with one fault per
+The benchmark ``gpu_campaign.py`` ran `vllm serve` (TP=2 on two H200s) with one fault per
 phase and recorded vLLM's /metrics and both ranks' kvscope endpoints every second
-(``benchmarks/results/campaign``). Here, without a GPU, the recordings are backfilled with
+(``tests/fixtures/campaign``). Here, without a GPU, the recordings are backfilled with
 ``promtool tsdb create-blocks-from openmetrics`` (recording rules with ``create-blocks-from
-rules``) into a real Prometheus (``benchmarks/campaign_replay.py``), and then:
+rules``) into a real Prometheus (``tests/support/campaign_replay.py``), and then:
 
 * the alert rules (campaign windows, ``CAMPAIGN_CONFIG``) fire the phase's alert and no
   other starts firing there; the clean control fires none;
@@ -29,7 +29,7 @@ from kvscope.dashboards.artifacts import queries
 from kvscope.exporters import signals as S
 from tests.support import querycheck as qc
 
-replay = pytest.importorskip("benchmarks.campaign_replay")
+replay = pytest.importorskip("tests.support.campaign_replay")
 
 pytestmark = pytest.mark.prometheus
 
@@ -162,7 +162,7 @@ def test_every_dashboard_query_returns_data(prom):
 # (the CPU campaign, re-recorded on main's exporter) is judged strictly. Drop a run once it
 # is re-recorded: test_exemptions_name_exactly_the_runs_that_predate_them checks the list.
 STORE_REFUSED = f'reason="{S.ShortReason.STORE_REFUSED.value}"'
-# The TP=2 runs (benchmarks/results/campaign/, two H200s, not lent since) also predate the
+# The TP=2 runs (tests/fixtures/campaign/, two H200s, not re-recorded since) also predate the
 # ceiling-form counter the truncated and concurrency checks read.
 CEILING_ROUNDS = S.RESTORE_CEILING_ROUNDS.name
 ADDED_AFTER_RECORDING = {

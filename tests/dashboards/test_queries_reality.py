@@ -1,4 +1,4 @@
-"""Issue 4, "checked against reality": the dashboards and rules against a real vLLM on CPU.
+"""Checked against reality: the dashboards and rules against a real vLLM on CPU.
 
 Every scenario of ``kvscope.sim.scenarios`` runs in this process (real vLLM scheduler,
 connector and tiers) and stays alive while one Prometheus scrapes them all, each on its own

@@ -3,7 +3,7 @@
 Debian's ``victoria-metrics`` (1.79.5, which ships ``vmalert``) is given every sample of the
 recordings that test_campaign_replay.py backfills into a real Prometheus, and ``vmalert
 -replay`` backfills the recording rules and evaluates the alert rules
-(``benchmarks/campaign_replay_vm.py``). Against the Prometheus replaying the same recordings
+(``tests/support/campaign_replay_vm.py``). Against the Prometheus replaying the same recordings
 (``campaign_prom``, conftest.py), for every judged phase:
 
 * ``kv-diagnose --prometheus <VictoriaMetrics>`` gives the same verdicts, exit code and
@@ -44,8 +44,8 @@ from tests.dashboards.test_campaign_replay import (
 from tests.support import querycheck as qc
 from tests.support.victoriametrics import require_binaries
 
-replay = pytest.importorskip("benchmarks.campaign_replay")
-replay_vm = pytest.importorskip("benchmarks.campaign_replay_vm")
+replay = pytest.importorskip("tests.support.campaign_replay")
+replay_vm = pytest.importorskip("tests.support.campaign_replay_vm")
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.victoriametrics]
 

@@ -132,12 +132,12 @@ def test_not_stored_shortfalls_are_healthy():
     assert diagnose(evidence(d)).top.id == "healthy"
 
 
-# ---- the H200 runs (benchmarks/results/truncated/: vllm.LLM, tiering + fs, 2000-token
+# ---- the H200 runs (tests/fixtures/truncated/: vllm.LLM, tiering + fs, 2000-token
 # prompt all on disk, 100 or 80 rows; engine truth there: 0 tokens restored, same output;
 # recorded 2026-12-01 with kvscope_restore_ceiling_rounds_total, which both ceiling checks
 # need) ----
-H200_RUNS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-                    / "truncated").glob("truncated-*.om.gz"))
+H200_RUNS = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "truncated")
+                   .glob("truncated-*.om.gz"))
 _SAMPLE = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})? (\S+) (\S+)$')
 
 

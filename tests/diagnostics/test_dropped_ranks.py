@@ -1,7 +1,7 @@
 """Whole ranks and whole series dropped from an incident (an endpoint not scraped, a relabel
 rule, a federation filter): never healthy. Recorded real runs: the TP=2 scenario fixtures
 (tests/diagnostics/fixtures/, kvscope_info{world_size="2"}) and the TP=2 GPU campaign
-(benchmarks/results/campaign/, two H200s, recorded before the world_size label)."""
+(tests/fixtures/campaign/, two H200s, recorded before the world_size label)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kvscope.exporters import signals as S
 from tests.support.openmetrics_window import read_samples, window
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CAMPAIGN = Path(__file__).parents[2] / "benchmarks" / "results" / "campaign"
+CAMPAIGN = Path(__file__).parents[1] / "fixtures" / "campaign"
 # every recorded scenario but the healthy one (test_scenarios' thresholds: a CPU copy
 # pending 2 s is stuck)
 INCIDENTS = sorted(p.stem for p in FIXTURES.glob("*.kvb") if p.stem != "healthy")

@@ -1,4 +1,4 @@
-"""kv-diagnose against hostile and partial inputs (issue 10's cases): real local
+"""kv-diagnose against hostile and partial inputs: real local
 servers, the real CLI; no hang, no traceback, no false healthy, bounded memory."""
 
 from __future__ import annotations

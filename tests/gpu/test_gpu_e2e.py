@@ -1,30 +1,26 @@
 """vllm.LLM on a GPU with ObservedOffloadingConnector (skipped without CUDA).
 
-Each test's case runs here and now, in a fresh subprocess (``benchmarks/gpu_e2e.py
-case NAME``: vLLM keeps process-wide state), so what is asserted is what this checkout
-did on this GPU. The committed ``benchmarks/results/gpu_e2e.json`` is a benchmark
-record (benchmarks/README.md), never read here.
+Each test's case runs here and now, in a fresh subprocess (``python -m
+kvscope.sim.gpu_e2e_cases NAME``: vLLM keeps process-wide state), so what is asserted is
+what this checkout did on this GPU. The GPU end-to-end benchmark's committed record is
+never read here.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from kvscope.sim.gpu_e2e_cases import case_in_subprocess
+
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = ("cpu-restore", "disk-restore", "ceiling")
 
 
 def _results() -> dict:
-    spec = importlib.util.spec_from_file_location("gpu_e2e", ROOT / "benchmarks" / "gpu_e2e.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return {name: mod._subprocess(name) for name in CASES}
+    return {name: case_in_subprocess(name) for name in CASES}
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A fleet engine's kvscope history as OpenMetrics text, for ``promtool tsdb create-blocks-from``.
 
-The shape (see benchmarks/README.md, "kv-diagnose at fleet scale"): one vLLM engine of
+The shape (the fleet-scale kv-diagnose benchmark's, diagnose_fleet_scale.py): one vLLM engine of
 ``world_size`` worker ranks scraped through vLLM's own /metrics (``engine``/``model_name``
 labels, ``instance``/``job`` as Prometheus adds them), every series a real kvscope exports
 (the closed label values of ``exporters/signals.py``, worker series per rank, the manager's

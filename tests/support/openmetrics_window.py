@@ -1,4 +1,4 @@
-"""A recorded OpenMetrics file (``benchmarks/results/campaign*/*.om.gz``) as kv-diagnose's
+"""A recorded OpenMetrics file (``tests/fixtures/campaign*/*.om.gz``) as kv-diagnose's
 RawWindow, without Prometheus: what a range query over [start, end] would give, sample
 for sample (each series from its latest sample at or before ``start``, Prometheus'
 lookback, to its last one before ``end``; ``instance`` is the target).

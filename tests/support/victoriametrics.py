@@ -5,7 +5,7 @@ Usage::
     from tests.support.victoriametrics import running_victoriametrics
 
     with running_victoriametrics() as vm:
-        vm.import_openmetrics(Path("benchmarks/results/campaign-cpu/faults-cpu.om.gz"))
+        vm.import_openmetrics(Path("tests/fixtures/campaign-cpu/faults-cpu.om.gz"))
         vm.query("sum(kvscope_row_checksums_total)", at=t)
 
 ``VictoriaMetrics`` is the Prometheus client of ``tests/support/prometheus.py`` (VictoriaMetrics

@@ -1,5 +1,6 @@
-"""The GPU scale benchmark's harness (``benchmarks/gpu_scale.py``), where it acts on files:
-its fs-tier pruning must remove only what no later re-ask reads."""
+"""The restore benchmarks' harness (the GPU scale benchmark's schedule, fs-tier pruning,
+drain log and summary: ``kvscope.sim.reask_schedule``, ``drain_log``, ``gpu_scale_summary``).
+Where it acts on files, its fs-tier pruning must remove only what no later re-ask reads."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import os
 
 import pytest
 
-from tests.support.benchmarks import import_benchmark
+from kvscope.sim import drain_log, gpu_scale_summary, reask_schedule
 
 
 def test_pruning_the_fs_tier_removes_only_block_files_older_than_the_ask(tmp_path):
     # gpu_scale --prune-fs: after re-asking prompt k, the fs files written before prompt k+1
     # was asked go (prompt k and older); prompt k+1's, and anything not a block, stay
-    gpu_scale = import_benchmark("gpu_scale")
     base = tmp_path / "model_abc_r0"
     old = [base / "0ab" / "cd_g0" / "0abcd1.bin", base / "f00" / "12_g1" / "f0012.bin"]
     new = [base / "0ab" / "cd_g0" / "0abcd2.bin", base / "777" / "77_g0" / "77777.bin"]
@@ -26,13 +26,13 @@ def test_pruning_the_fs_tier_removes_only_block_files_older_than_the_ask(tmp_pat
         os.utime(f, (asked_at - 5, asked_at - 5))
     for f in new:
         os.utime(f, (asked_at + 1, asked_at + 1))
-    assert gpu_scale.prune(str(tmp_path), asked_at) == 2
+    assert reask_schedule.prune(str(tmp_path), asked_at) == 2
     assert not any(f.exists() for f in old)
     assert all(f.exists() for f in (*new, config))
 
 
 def test_prefill_schedule_evicts_each_timed_prompt_with_the_next_and_never_asks_it_again():
-    s = import_benchmark("reask_schedule")
+    s = reask_schedule
     assert s.first_asks("prefill") == (0,)
     assert [s.iteration("prefill", k) for k in range(4)] == [(1, 0), (2, 1), (3, 2), (4, 3)]
     assert not s.asked_again("prefill")
@@ -41,7 +41,7 @@ def test_prefill_schedule_evicts_each_timed_prompt_with_the_next_and_never_asks_
 def test_restore_schedule_puts_two_other_restores_between_two_asks_of_a_prompt():
     # with one other restore in between, the rows and GPU blocks to spare keep part of the
     # timed prompt (reask_schedule's docstring); two leave none
-    s = import_benchmark("reask_schedule")
+    s = reask_schedule
     history = list(s.first_asks("restore"))
     for k in range(30):
         evict, timed = s.iteration("restore", k)
@@ -54,23 +54,22 @@ def test_restore_schedule_puts_two_other_restores_between_two_asks_of_a_prompt()
 
 
 def test_an_unknown_schedule_is_refused():
-    s = import_benchmark("reask_schedule")
+    s = reask_schedule
     with pytest.raises(ValueError, match="between"):
         s.iteration("flood", 0)
 
 
-def test_gpu_scale_refuses_to_prune_the_files_its_restore_schedule_reads_again(monkeypatch):
-    gpu_scale = import_benchmark("gpu_scale")
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def test_pruning_is_refused_for_the_schedule_that_reads_the_files_again():
+    # gpu_scale --prune-fs --between restore exits here, before an engine is built
     with pytest.raises(SystemExit, match="prune"):
-        gpu_scale.run_case(131_000, None, 1, 0, "/nonexistent", None, None, prune_fs=True,
-                           between="restore")
+        reask_schedule.refuse_pruning("restore")
+    reask_schedule.refuse_pruning("prefill")  # prompt k is never asked again: pruning is safe
 
 
 def test_slow_restores_are_counted_per_arm_with_the_sign_test_of_their_split():
     # vLLM's slow-read regime took 12-60x the median restore on the GPU: 7 such restores in
     # on iterations and 1 in an off one is a split of probability 2 * 9/256 under equal odds
-    summary = import_benchmark("gpu_scale_summary")
+    summary = gpu_scale_summary
     iters = [{"on": k % 2 == 0, "s": 1.0} for k in range(200)]
     for k in (0, 2, 4, 6, 8, 10, 12):
         iters[k]["s"] = 20.0
@@ -84,7 +83,7 @@ def test_slow_restores_are_counted_per_arm_with_the_sign_test_of_their_split():
 
 
 def test_the_pairs_without_a_slow_restore_leave_its_whole_pair_out():
-    summary = import_benchmark("gpu_scale_summary")
+    summary = gpu_scale_summary
     iters = [{"on": k % 4 in (0, 3), "s": 1.0 + k / 1000} for k in range(40)]  # ABBA
     iters[5]["s"] = 20.0  # an off restore in the slow-read regime: pair (4, 5)
     pairs = summary.without_slow(iters)
@@ -94,14 +93,14 @@ def test_the_pairs_without_a_slow_restore_leave_its_whole_pair_out():
 
 
 def test_a_deferred_scans_cpu_leaves_the_promoting_scan_out():
-    summary = import_benchmark("gpu_scale_summary")
+    summary = gpu_scale_summary
     per_scan = summary.PAIRED_FIELDS["deferred_scan_cpu_ms"]
     it = {"reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4}}
     assert per_scan(it) == pytest.approx(200.0)
 
 
 def test_vllms_own_deferred_scan_and_kvscopes_tap_around_it_leave_the_promoting_scan_out():
-    summary = import_benchmark("gpu_scale_summary")
+    summary = gpu_scale_summary
     it = {"reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4,
                     "vllm_scan_cpu_s": 0.91, "vllm_scan_cpu_longest_s": 0.37,
                     "vllm_scan_calls": 4}}
@@ -111,7 +110,7 @@ def test_vllms_own_deferred_scan_and_kvscopes_tap_around_it_leave_the_promoting_
 
 
 def test_a_run_without_vllms_own_scan_clock_is_summarized_without_its_fields():
-    summary = import_benchmark("gpu_scale_summary")
+    summary = gpu_scale_summary
     old = {"s": 1.0, "reask": {"scan_cpu_s": 1.0, "scan_cpu_longest_s": 0.4, "scan_calls": 4}}
     names = summary.fields([old, old])
     assert "deferred_scan_cpu_ms" in names
@@ -119,7 +118,7 @@ def test_a_run_without_vllms_own_scan_clock_is_summarized_without_its_fields():
 
 
 def test_a_drain_is_in_the_reads_only_when_it_starts_inside_a_read_window():
-    DrainLog = import_benchmark("drain_log").DrainLog
+    DrainLog = drain_log.DrainLog
 
     class Aggregator:
         def __init__(self):
@@ -142,7 +141,7 @@ def test_a_drain_is_in_the_reads_only_when_it_starts_inside_a_read_window():
 
 
 def test_drains_in_reads_are_counted_per_arm_with_the_restores_they_fell_in():
-    summary = import_benchmark("gpu_scale_summary")
+    summary = gpu_scale_summary
     def it(on, s, n):
         return {"on": on, "s": s, "reask": {"drains": {"in_reads": n,
                                                        "in_reads_cpu_s": 0.002 * n}}}

@@ -1,8 +1,8 @@
-"""The within-process A/B's statistics (``benchmarks/pair_stats.py``), on iterations made
-here with a known arm effect: issue 13's verdict on the GPU rests on them.
+"""The within-process A/B's statistics (``kvscope.sim.pair_stats``), on iterations made
+here with a known arm effect: the GPU overhead verdicts rest on them.
 
 The synthetic host switches between two speeds in stretches, as the H200 machine does
-(benchmarks/README.md, "The bimodality, explained"); an iteration's time is CPU work that
+(docs/measured-facts.md, the host's two speeds); an iteration's time is CPU work that
 scales with the host's speed plus GPU time that does not, and kvscope's arm adds a fixed
 share of CPU work. The covariate is vLLM CPU work kvscope never runs in, measured with
 noise.
@@ -15,14 +15,14 @@ import random
 
 import pytest
 
-from tests.support.benchmarks import BENCHMARKS, import_benchmark
+from kvscope.sim import pair_stats
 
 COST = 0.006  # the on arm's extra CPU work, a share of the CPU part
 
 
 @pytest.fixture(scope="module")
 def ps():
-    return import_benchmark("pair_stats")
+    return pair_stats
 
 
 def iterations(pairs: int, seed: int, covariate_cost: float = 0.0,
@@ -96,24 +96,15 @@ def test_premise_reports_the_schedulers_own_slowdown_relative_to_the_covariates(
 
 
 def test_a_case_stops_before_a_pair_that_could_outrun_its_deadline():
-    import importlib.util
-    import sys
-
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("gwp", BENCHMARKS / "gpu_within_process.py")
-        gwp = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gwp)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    assert not gwp.out_of_time(100.0, None, [5.0])  # no deadline
-    assert not gwp.out_of_time(100.0, 110.0, [])  # no pair timed yet: run one
-    assert not gwp.out_of_time(100.0, 121.0, [5.0, 5.5])  # 21 s left >= 2 x 5.5 + 10
-    assert gwp.out_of_time(100.0, 120.0, [5.0, 5.5])  # 20 s left < 21
+    out_of_time = pair_stats.out_of_time
+    assert not out_of_time(100.0, None, [5.0])  # no deadline
+    assert not out_of_time(100.0, 110.0, [])  # no pair timed yet: run one
+    assert not out_of_time(100.0, 121.0, [5.0, 5.5])  # 21 s left >= 2 x 5.5 + 10
+    assert out_of_time(100.0, 120.0, [5.0, 5.5])  # 20 s left < 21
 
 
 def test_hodges_lehmann_keeps_its_estimate_through_one_pathological_pair(ps):
-    # GPU run K: 71 ordinary pairs and one 25-s on-iteration (a pair log of ~-2.8)
+    # a recorded GPU restore run: 71 ordinary pairs and one 25-s on-iteration (a pair log of ~-2.8)
     rng = random.Random(11)
     logs = [0.01 + rng.gauss(0, 0.1) for _ in range(71)]
     clean = ps.hodges_lehmann(logs)

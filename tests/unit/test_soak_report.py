@@ -1,4 +1,4 @@
-"""The soak's verdict (benchmarks/soak_report.py) on synthetic samples: what warm-up and
+"""The soak's verdict (kvscope.sim.soak_report) on synthetic samples: what warm-up and
 growth mean, and that each check fails the run when its invariant breaks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from argparse import Namespace
 
 import pytest
 
-from benchmarks import soak_report
+from kvscope.sim import soak_report
 
 
 def _sample(t_s: float, rss_kib: int, kind: str = "sample", errors: int = 0) -> dict:

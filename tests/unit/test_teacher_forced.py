@@ -1,4 +1,4 @@
-"""The GPU campaign's teacher-forced engine-truth check (``benchmarks/teacher_forced.py``).
+"""The GPU campaign's teacher-forced engine-truth check (``kvscope.sim.teacher_forced``).
 
 * the recompute request is what vLLM 0.26's own OpenAI protocol turns into sampling params
   that read no prefix cache, with a salt;
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import teacher_forced as tf
+from kvscope.sim import teacher_forced as tf
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def entry(logprobs: dict[int, float]) -> dict[str, dict]:
@@ -97,7 +97,7 @@ def test_first_divergence_reports_both_sides():
 
 
 def recorded_judgements():
-    for path in sorted(RESULTS.glob("campaign*/*.json")):
+    for path in sorted(FIXTURES.glob("campaign*/*.json")):
         for phase in json.loads(path.read_text()).get("phases", []):
             for side, judged in (phase.get("teacher_forced") or {}).items():
                 if judged and "raw" in judged:
