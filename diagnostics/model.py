@@ -133,11 +133,12 @@ class Facts:
     lines are rendered from (``lines``) and what ``--json`` carries as ``facts``.
 
     A classifier declares its facts as a frozen dataclass subclassing this one, in its own
-    module (``Facts`` by convention; one per verdict form where they differ). Fields hold
+    module (or, when long, a ``*_facts`` module beside it), one per verdict form where they
+    differ (``VetoFacts``; ``ChurnFacts`` and ``OwnRowsFacts``). Fields hold
     what the window showed, not words: ``float`` for counts as read (counters are floats),
     ``int`` for rows/keys derived, ``str`` for names (ranks, KV groups, series), ``bool``
     for a sub-case, ``None`` where the input lacked it, tuples of those or of nested frozen
-    dataclasses for per-rank / per-group rows. ``lines()`` renders the evidence prose from
+    dataclasses for per-rank / per-group rows, dicts keyed by a label value. ``lines()`` renders the evidence prose from
     the fields alone (no Evidence at hand: what the text shows, the JSON holds); tests
     assert on the fields, the golden reports on the prose. Document the fields per verdict
     in ``diagnostics/SCHEMA.md``.
