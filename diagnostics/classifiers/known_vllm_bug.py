@@ -79,6 +79,7 @@ class NamedBug:
 class KnownBugFacts(Facts):
     lifetime: bool
     bugs: tuple[NamedBug, ...]
+    faults_contained: dict[str, float]  # fault -> calls kvscope contained (those that rose)
 
     def lines(self) -> list[str]:
         return [line for b in self.bugs for line in b.lines(self.lifetime)]
@@ -105,7 +106,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         id=ID,
         title=f"{TITLE} ({', '.join(b.id for b in named)})",
         confidence=0.95,
-        facts=KnownBugFacts(ev.source.lifetime, tuple(bugs)),
+        facts=KnownBugFacts(ev.source.lifetime, tuple(bugs), contained_faults(ev)),
         next_step="; ".join(upgrade + until) + ".",
         severity=SEVERITY,
     )
