@@ -12,13 +12,14 @@ every check ran on one engine's whole counters and none holds.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from . import classifiers as C
 from . import engines, partial, ranks, telemetry_gaps
 from .checks import needs_of, unmet
 from .classifiers import healthy, stale_telemetry
 from .evidence import Evidence, build_evidence
-from .model import Finding, RawWindow, Unchecked
+from .model import Facts, Finding, RawWindow, Unchecked
 from .report import Report
 from .thresholds import Thresholds
 
@@ -28,14 +29,26 @@ CHECK_FAILED = "check_failed"
 WINDOW_CHECKS = (engines, telemetry_gaps)
 
 
+@dataclass(frozen=True)
+class CheckFailedFacts(Facts):
+    """A check that raised: never a pass."""
+
+    error: str  # the exception's type name
+    message: str  # its first line, at most 200 characters ("" none)
+    check: str  # the check's CHECK sentence
+
+    def lines(self) -> list[str]:
+        return [f"{self.error}: {self.message}" if self.message else self.error,
+                f"unchecked: {self.check}"]
+
+
 def _error(mod, e: BaseException) -> Finding:
     msg = str(e).splitlines()[0][:200] if str(e) else ""
     return Finding(
         id=f"{CHECK_FAILED}:{mod.ID}",
         title=f"Check {mod.ID} failed (not a pass)",
         confidence=1.0,
-        evidence=[f"{type(e).__name__}: {msg}" if msg else type(e).__name__,
-                  f"unchecked: {mod.CHECK}"],
+        facts=CheckFailedFacts(type(e).__name__, msg, mod.CHECK),
         next_step=("kv-diagnose could not judge this class on this input: report it with the "
                    "bundle (kv-diagnose record) attached; judge the class from the dashboards."),
         severity=5,

@@ -11,7 +11,7 @@ Two levels:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
 Samples = tuple[tuple[float, float], ...]
@@ -127,14 +127,41 @@ class Mark:
     text: str
 
 
+@dataclass(frozen=True)
+class Facts:
+    """The decisive numbers and names a finding rests on, typed: the model its evidence
+    lines are rendered from (``lines``) and what ``--json`` carries as ``facts``.
+
+    A classifier declares its facts as a frozen dataclass subclassing this one, in its own
+    module (or, when long, a ``*_facts`` module beside it), one per verdict form where they
+    differ (``VetoFacts``; ``ChurnFacts`` and ``OwnRowsFacts``). Fields hold
+    what the window showed, not words: ``float`` for counts as read (counters are floats),
+    ``int`` for rows/keys derived, ``str`` for names (ranks, KV groups, series), ``bool``
+    for a sub-case, ``None`` where the input lacked it, tuples of those or of nested frozen
+    dataclasses for per-rank / per-group rows, dicts keyed by a label value. ``lines()`` renders the evidence prose from
+    the fields alone (no Evidence at hand: what the text shows, the JSON holds); tests
+    assert on the fields, the golden reports on the prose. Document the fields per verdict
+    in ``diagnostics/SCHEMA.md``.
+    """
+
+    def lines(self) -> list[str]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        """``type`` (the record's class name: which fields follow) and the fields, nested
+        records as objects, tuples as lists (JSON)."""
+        return {"type": type(self).__name__, **asdict(self)}
+
+
 @dataclass
 class Finding:
-    """One verdict a classifier holds, with its evidence and the next step."""
+    """One verdict a classifier holds: its facts (evidence rendered from them) and the next
+    step."""
 
     id: str
     title: str
     confidence: float  # 0..1
-    evidence: list[str]
+    facts: Facts
     next_step: str
     severity: int = 50  # 0..100: how bad if true (ranking tie-break)
     marks: list[Mark] = field(default_factory=list)
@@ -143,6 +170,11 @@ class Finding:
     # failed (a kv-diagnose bug or an input it cannot read): never a pass,
     # never an incident; "healthy"/"inconclusive": the verdict when none holds.
     kind: str = "incident"
+
+    @property
+    def evidence(self) -> list[str]:
+        """The evidence lines, rendered from the facts."""
+        return self.facts.lines()
 
     @property
     def confidence_label(self) -> str:

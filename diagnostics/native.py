@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from kvscope.exporters import signals as S
 
@@ -301,6 +301,8 @@ class NativeReport:
         return json.dumps({
             "reduced_evidence": True, "note": REDUCED, "source": self.location,
             "verdicts": [f.__dict__ for f in self.findings],
+            # the numbers every verdict's evidence lines are rendered from
+            "facts": {**asdict(self.facts), "engines": sorted(self.facts.engines)},
         }, indent=2, sort_keys=True)
 
     def to_text(self) -> str:

@@ -145,6 +145,7 @@ class Report:
                     "confidence_label": f.confidence_label,
                     "severity": f.severity,
                     "evidence": list(f.evidence),
+                    "facts": f.facts.to_dict(),
                     "next_step": f.next_step,
                     "marks": [{"panel": m.series, "t": m.t, "text": m.text} for m in f.marks],
                 }

@@ -4,6 +4,16 @@
 ``EXPLAINS`` (the invariant kinds of :mod:`.unclassified_anomaly` its finding
 accounts for) and ``classify(evidence, thresholds) -> Finding | None``.
 A module with ``AFTER = True`` runs last and also gets the other findings.
+
+A finding carries typed facts, not sentences: the module (or a ``*_facts`` module beside
+it, as :mod:`.anomaly_facts`) declares a frozen dataclass subclassing
+:class:`..model.Facts` (``VetoFacts``, ...; one per verdict form) whose fields
+are the numbers and names the verdict rests on and whose ``lines()`` renders the evidence
+from them alone; ``classify`` reads the evidence into it and returns
+``Finding(..., facts=...)``. Records several classes share (row sizing, coverage, the KV
+groups that stopped an offer) are in :mod:`.shared_facts`. Tests assert on the facts; the
+golden reports (tests/diagnostics/golden) on the rendered text; ``diagnostics/SCHEMA.md``
+lists each verdict's fields (``--json`` carries them as ``facts``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
@@ -69,17 +67,6 @@ def row_bytes(ev: Evidence, th: Thresholds) -> tuple[int, str] | None:
     return None
 
 
-def bytes_for(rows: int, ev: Evidence, th: Thresholds) -> str:
-    """' - cpu_bytes_to_use >= ...' for ``rows`` rows, or how to get bytes."""
-    rb = row_bytes(ev, th)
-    if rb is None:
-        return (" (row bytes unknown: cpu_bytes_to_use = rows × row bytes; pass --row-bytes "
-                "to get bytes)")
-    b, where = rb
-    return (f" — cpu_bytes_to_use ≥ {rows * b} ({nbytes(rows * b)} = {rows} rows × "
-            f"{nbytes(b)} per row, {where})")
-
-
 def request_keys(ev: Evidence, verdicts: tuple[S.Verdict, ...]) -> tuple[int, S.Verdict] | None:
     """The most chunk keys a vetoed/deferred round's request covered over the window.
 
@@ -94,73 +81,5 @@ def request_keys(ev: Evidence, verdicts: tuple[S.Verdict, ...]) -> tuple[int, S.
     return best
 
 
-def rows_needed(
-    ev: Evidence, th: Thresholds, verdicts: tuple[S.Verdict, ...] = (S.Verdict.VETOED,)
-) -> tuple[int, str]:
-    """Rows the primary tier needs, with margin, and the next-step sentence.
-
-    A restore pins one row per chunk key of every KV group of the request until
-    it is loaded, so a request restores only if the tier holds all its keys at
-    once: ``kvscope_last_round_request_keys`` is that count, exactly. Never less
-    than the current row count + 1: at the ceiling the tier was short by
-    definition (a request that alone fits lost rows to concurrent restores or
-    stores). Without that series (a relabel rule dropped it) only the lower bound
-    is known, and the sentence says so.
-    """
-    rows = ev.primary_rows
-    groups = ev.kv_group_count
-    rk = request_keys(ev, verdicts)
-    if rk is not None:
-        keys, v = rk
-        if keys > rows:
-            how = (f"the {v.value} request covers {keys} chunk keys over {groups} KV group"
-                   f"{'s' if groups != 1 else ''}, all resident at once for a restore")
-        else:
-            how = (f"the {v.value} request alone covers {keys} keys ≤ {n(rows)} rows: concurrent "
-                   "restores and stores held the rest")
-        keys = max(keys, int(rows) + 1)
-    else:
-        keys = int(rows) + 1
-        how = (f"more than the {n(rows)} rows the pending-key sum is pinned at; how many more is "
-               f"unknown: {S.LAST_ROUND_REQUEST_KEYS.name} is missing")
-    need = math.ceil(keys * (1 + th.row_margin) - 1e-9)
-    how += f"; + {th.row_margin:.0%} margin"
-    return need, (f"grow the CPU primary tier to ≥ {need} rows (now {n(rows)}; {how})"
-                  + bytes_for(need, ev, th))
-
-
-def group_lines(ev: Evidence) -> list[str]:
-    out = []
-    for g in ev.lookups.values():
-        parts = [f"{n(q.increase)} {r}" for r, q in g.results.items() if q.increase > 0]
-        if parts:
-            out.append(f"kv_group {g.group} lookups: " + ", ".join(parts))
-    return out
-
-
 V = S.Verdict
 """Shorthands classifiers use."""
-
-
-def stopping_groups_line(ev: Evidence, reason: S.ShortReason, what: str) -> str | None:
-    """Which KV group's scan stopped the rounds cut short for ``reason`` (e.g. "the offer
-    stopped in KV group 0 (full_attention) in 1 round: <what>"), when the model has several
-    groups and the input tells (``kvscope_restore_stopped_rounds_total``)."""
-    if ev.kv_group_count < 2:
-        return None
-    groups = ev.stopping_groups(reason)
-    if not groups:
-        return None
-    named = ", ".join(f"KV group {g}" + (f" ({kind})" if kind else "")
-                      + f" in {n(k)} round{'s' if k != 1 else ''}" for g, kind, k in groups)
-    return f"the offer stopped in {named}: {what}"
-
-
-def ceiling_group_lines(ev: Evidence) -> list[str]:
-    """The KV groups that stopped offers the row ceiling cut: a promotion without a free
-    row, or (several groups) a group whose miss, a promotion refused, vetoed the rest."""
-    lines = [stopping_groups_line(ev, S.ShortReason.ROW_CEILING,
-                                  "its next chunk's promotion found no free row"),
-             stopping_groups_line(ev, S.ShortReason.GROUP_VETO,
-                                  "its miss gave the cross-group AND 0 tokens")]
-    return [line for line in lines if line]

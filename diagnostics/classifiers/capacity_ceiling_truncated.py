@@ -11,13 +11,22 @@ Output is identical, the hit counters look fine: only held vs offered tokens
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
-from ._common import bytes_for, ceiling_group_lines, n, window_word
+from ._common import n
+from .shared_facts import (
+    CeilingGroups,
+    Coverage,
+    RowBytes,
+    bytes_for,
+    read_row_bytes,
+    window_phrase,
+)
 
 ID = "capacity_ceiling_truncated"
 TITLE = "Capacity ceiling (truncated form)"
@@ -28,20 +37,66 @@ NEEDS = (S.RESTORE_SHORT_ROUNDS, S.RESTORE_CEILING_ROUNDS, S.RESTORE_HELD_TOKENS
 EXPLAINS = frozenset({"rounds", "coverage"})
 
 
-def coverage_lines(ev: Evidence) -> list[str]:
-    """The window's coverage figure and its shortfall, for both ceiling forms."""
-    c, r = ev.coverage, ev.rounds
-    w = window_word(ev)
-    lines = []
-    ratio = c.ratio(r.hit_tokens)
-    if ratio is not None:
-        lines.append(
-            f"restore coverage {ratio:.1%} {w}: {n(r.hit_tokens.increase)} tokens offered of "
-            f"{n(c.held_tokens.increase)} the tiers held")
-    cut = c.tokens(S.ShortReason.ROW_CEILING).increase + c.tokens(S.ShortReason.GROUP_VETO).increase
-    if cut > 0:
-        lines.append(f"{n(cut)} tokens held but not offered for want of a free row (recomputed)")
-    return lines
+@dataclass(frozen=True)
+class TruncatedFacts(Facts):
+    lifetime: bool
+    cut_rounds: float  # rounds cut at the row ceiling whose prefix needs more rows than exist
+    primary_rows: float
+    kv_groups: int
+    chunk_tokens: int | None  # kvscope_info's chunk_tokens; None: not labelled
+    latest_offered_tokens: float | None  # the latest such round; None: not exported
+    latest_held_tokens: float | None
+    rows_needed: float | None  # rows a full restore of the longest cut prefix pins at once
+    ceiling_groups: CeilingGroups
+    coverage: Coverage
+    disk_keys: float | None  # keys cascaded to the disk tier (latest); None: no disk tier data
+    row_margin: float
+    rows_wanted: int
+    row_bytes: RowBytes | None
+
+    @property
+    def tokens_cap(self) -> int | None:
+        """Tokens the rows hold at most: rows / KV groups × chunk tokens."""
+        return int(self.primary_rows // self.kv_groups) * self.chunk_tokens if self.chunk_tokens else None
+
+    @property
+    def rows_pinned(self) -> float:
+        """Rows a full restore of the longest held prefix pins (at least rows + 1)."""
+        return self.rows_needed if self.rows_needed is not None else self.primary_rows + 1
+
+    def lines(self) -> list[str]:
+        w, rows, groups = window_phrase(self.lifetime), self.primary_rows, self.kv_groups
+        gs = "s" if groups != 1 else ""
+        lines = [f"{n(self.cut_rounds)} ended lookup round{'s' if self.cut_rounds != 1 else ''} "
+                 f"{w} offered less than the tiers held: a promotion found no free primary row "
+                 "and vLLM's prefix scan stopped there"]
+        offered, held = self.latest_offered_tokens, self.latest_held_tokens
+        if offered is not None and held is not None:
+            pinned = ""
+            if self.tokens_cap is not None:
+                pinned = (f"; the rows hold at most {n(rows)} rows / {groups} KV group{gs} × "
+                          f"{self.chunk_tokens} tokens = {n(self.tokens_cap)} tokens")
+            lines.append(f"latest such round: {n(offered)} tokens offered of {n(held)} held "
+                         f"({offered / held:.0%}){pinned}")
+        if self.rows_needed is not None:
+            lines.append(f"a full restore of that prefix needs {n(self.rows_needed)} rows at once "
+                         f"(chunk keys over {groups} KV group{gs}); the primary tier has {n(rows)}")
+        else:
+            lines.append(f"a full restore of the cut prefix needs more rows at once than the "
+                         f"{n(rows)} the primary tier has")
+        lines += self.ceiling_groups.lines()
+        lines += self.coverage.lines()
+        if self.disk_keys is not None:
+            lines.append(f"the disk tier has data: {n(self.disk_keys)} keys cascaded to it")
+        return lines
+
+    def next_step(self) -> str:
+        return (f"Grow the CPU primary tier to ≥ {self.rows_wanted} rows (now "
+                f"{n(self.primary_rows)}; a full restore of the longest held prefix pins "
+                f"{n(self.rows_pinned)} rows at once; + {self.row_margin:.0%} margin)"
+                + bytes_for(self.rows_wanted, self.row_bytes)
+                + ". Until then every restore of such a prefix stops at the row count and the "
+                "rest is recomputed; or shorten the shared prefix / offload fewer KV groups.")
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
@@ -53,43 +108,33 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     cut = c.ceiling(S.CeilingForm.ALONE)
     if cut.increase <= 0 or rows <= 0:
         return None
-    w = window_word(ev)
-    chunk = ev.info_int("chunk_tokens")
-    groups = ev.kv_group_count
     offered, held = c.ceiling_offered, c.ceiling_held
-    conf = 0.75
-    lines = [f"{n(cut.increase)} ended lookup round{'s' if cut.increase != 1 else ''} {w} offered less than the tiers held: a "
-             "promotion found no free primary row and vLLM's prefix scan stopped there"]
-    if offered.present and held.present and held.last > 0:
-        pinned = ""
-        if chunk:
-            cap = int(rows // groups) * chunk
-            pinned = (f"; the rows hold at most {n(rows)} rows / {groups} KV group"
-                      f"{'s' if groups != 1 else ''} × {chunk} tokens = {n(cap)} tokens")
-            if offered.last <= cap:
-                conf += 0.1
-        lines.append(f"latest such round: {n(offered.last)} tokens offered of {n(held.last)} held "
-                     f"({offered.last / held.last:.0%}){pinned}")
-    if need.present and need.max > rows:
-        lines.append(f"a full restore of that prefix needs {n(need.max)} rows at once (chunk "
-                     f"keys over {groups} KV group{'s' if groups != 1 else ''}); the primary "
-                     f"tier has {n(rows)}")
-    else:
-        lines.append(f"a full restore of the cut prefix needs more rows at once than the "
-                     f"{n(rows)} the primary tier has")
-    lines += ceiling_group_lines(ev)
-    lines += coverage_lines(ev)
+    latest = offered.present and held.present and held.last > 0
     disk = ev.tiers.cascade(S.CascadeResult.COMPLETED)
-    if disk.present and disk.last > 0:
+    rows_needed = need.max if need.present and need.max > rows else None
+    pins = rows_needed if rows_needed is not None else rows + 1
+    facts = TruncatedFacts(
+        lifetime=ev.source.lifetime,
+        cut_rounds=cut.increase,
+        primary_rows=rows,
+        kv_groups=ev.kv_group_count,
+        chunk_tokens=ev.info_int("chunk_tokens") or None,
+        latest_offered_tokens=offered.last if latest else None,
+        latest_held_tokens=held.last if latest else None,
+        rows_needed=rows_needed,
+        ceiling_groups=CeilingGroups.read(ev),
+        coverage=Coverage.read(ev),
+        disk_keys=disk.last if disk.present and disk.last > 0 else None,
+        row_margin=th.row_margin,
+        rows_wanted=math.ceil(pins * (1 + th.row_margin) - 1e-9),
+        row_bytes=read_row_bytes(ev, th),
+    )
+    conf = 0.75
+    cap = facts.tokens_cap
+    if latest and cap is not None and offered.last <= cap:
+        conf += 0.1
+    if facts.disk_keys is not None:
         conf += 0.05
-        lines.append(f"the disk tier has data: {n(disk.last)} keys cascaded to it")
-    pins = need.max if need.present and need.max > rows else rows + 1
-    want = math.ceil(pins * (1 + th.row_margin) - 1e-9)
-    step = (f"Grow the CPU primary tier to ≥ {want} rows (now {n(rows)}; a full restore of the "
-            f"longest held prefix pins {n(pins)} rows at once; + {th.row_margin:.0%} margin)"
-            + bytes_for(want, ev, th)
-            + ". Until then every restore of such a prefix stops at the row count and the rest "
-            "is recomputed; or shorten the shared prefix / offload fewer KV groups.")
     marks = [Mark("rounds", cut.samples[-1][0], "restore cut at rows")] if cut.samples else []
-    return Finding(id=ID, title=TITLE, confidence=min(conf, 0.95), evidence=lines,
-                   next_step=step, severity=SEVERITY, marks=marks, uses_gauges=True)
+    return Finding(id=ID, title=TITLE, confidence=min(conf, 0.95), facts=facts,
+                   next_step=facts.next_step(), severity=SEVERITY, marks=marks, uses_gauges=True)

@@ -12,13 +12,15 @@ listed in ``known_bugs`` but not named here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
 from ..known_bugs import KNOWN_BUGS, KnownBug
-from ..model import Finding
+from ..model import Facts, Finding
 from ..thresholds import Thresholds
-from ._common import window_word
+from .shared_facts import window_phrase
 
 ID = "known_vllm_bug"
 TITLE = "A known vLLM bug"
@@ -40,12 +42,50 @@ def needs(ev: Evidence) -> tuple:
     return (S.INFO,) if contained_faults(ev) else ()
 
 
-def affected_engines(ev: Evidence, bug: KnownBug) -> list[str]:
-    """``vllm_version`` on engine for every engine whose release has ``bug``."""
-    return [f"{t.vllm_version} on {t.key}" for t in ev.targets if bug.affects(t.vllm_version)]
+def affected_engines(ev: Evidence, bug: KnownBug) -> list[AffectedEngine]:
+    """The engines whose release has ``bug``."""
+    return [AffectedEngine(t.vllm_version, t.key) for t in ev.targets if bug.affects(t.vllm_version)]
 
 
-def shown_bugs(ev: Evidence) -> list[tuple[KnownBug, list[str], list[str]]]:
+@dataclass(frozen=True)
+class AffectedEngine:
+    vllm_version: str
+    engine: str  # target, then vLLM's model_name= and engine= where labelled
+
+
+@dataclass(frozen=True)
+class NamedBug:
+    """A bug of ``diagnostics/known_bugs.py`` the window shows, on engines that have it."""
+
+    id: str
+    title: str
+    upstream: str  # vLLM's tracker: the issue and the fix
+    since: str
+    fixed_in: str | None  # None: no release fixes it yet
+    verified: str  # where in vLLM's source it was checked
+    shown: tuple[str, ...]  # the bug's evidence rule's own lines (known_bugs.py)
+    engines: tuple[AffectedEngine, ...]
+
+    def lines(self, lifetime: bool) -> list[str]:
+        engines = ", ".join(f"{e.vllm_version} on {e.engine}" for e in self.engines)
+        return [f"{self.title} ({window_phrase(lifetime)}): {self.upstream}", *self.shown,
+                f"vLLM {engines}: the releases from {self.since} "
+                + (f"before {self.fixed_in} have it" if self.fixed_in else "on have it "
+                   "(no release fixes it yet)"),
+                f"checked in vLLM's source: {self.verified}"]
+
+
+@dataclass(frozen=True)
+class KnownBugFacts(Facts):
+    lifetime: bool
+    bugs: tuple[NamedBug, ...]
+    faults_contained: dict[str, float]  # fault -> calls kvscope contained (those that rose)
+
+    def lines(self) -> list[str]:
+        return [line for b in self.bugs for line in b.lines(self.lifetime)]
+
+
+def shown_bugs(ev: Evidence) -> list[tuple[KnownBug, list[str], list[AffectedEngine]]]:
     """(bug, its evidence lines, the affected engines) of every bug the window shows on an
     engine whose release has it."""
     out = []
@@ -69,17 +109,12 @@ def explains(ev: Evidence) -> frozenset[str]:
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
-    w = window_word(ev)
     named: list[KnownBug] = []
-    lines: list[str] = []
+    bugs: list[NamedBug] = []
     for bug, shown, engines in shown_bugs(ev):
         named.append(bug)
-        lines.append(f"{bug.title} ({w}): {bug.upstream}")
-        lines += shown
-        lines.append(f"vLLM {', '.join(engines)}: the releases from {bug.since} "
-                     + (f"before {bug.fixed_in} have it" if bug.fixed_in else "on have it "
-                        "(no release fixes it yet)"))
-        lines.append(f"checked in vLLM's source: {bug.verified}")
+        bugs.append(NamedBug(bug.id, bug.title, bug.upstream, bug.since, bug.fixed_in,
+                             bug.verified, tuple(shown), tuple(engines)))
     if not named:
         return None
     upgrade = [f"{b.id}: upgrade vLLM to {b.fixed_in} or later" for b in named if b.fixed_in]
@@ -88,7 +123,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         id=ID,
         title=f"{TITLE} ({', '.join(b.id for b in named)})",
         confidence=0.95,
-        evidence=lines,
+        facts=KnownBugFacts(ev.source.lifetime, tuple(bugs), contained_faults(ev)),
         next_step="; ".join(upgrade + until) + ".",
         severity=SEVERITY,
     )

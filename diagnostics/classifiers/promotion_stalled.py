@@ -10,12 +10,15 @@ new ones.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
-from ._common import n, secs, window_word
+from ._common import n, secs
+from .shared_facts import window_phrase
 
 ID = "promotion_stalled"
 TITLE = "Promotion stalled (requests wait on the disk tier)"
@@ -24,6 +27,31 @@ CHECK = "requests deferred behind a disk -> CPU promotion older than --stuck-aft
 NEEDS = (S.PENDING_TRANSFERS, S.OLDEST_PENDING_TRANSFER, S.REQUESTS)
 EXPLAINS = frozenset({"rounds", "coverage", "stuck_transfer"})
 _KIND = S.PendingKind.PROMOTION.value
+
+
+@dataclass(frozen=True)
+class StalledFacts(Facts):
+    lifetime: bool
+    pending_promotions: float
+    oldest_s: float
+    threshold_s: float  # --stuck-after
+    deferred_requests: float  # requests deferred now, waiting on it
+    deferred_rounds: float | None  # None: the lookup-round series lacks the verdict
+    hit_rounds: float | None
+    promotions_started: float
+
+    def lines(self) -> list[str]:
+        w, p, d = window_phrase(self.lifetime), self.pending_promotions, self.deferred_requests
+        lines = [
+            f"{n(p)} promotion{'s' if p != 1 else ''} pending, oldest "
+            f"{secs(self.oldest_s)} (threshold {secs(self.threshold_s)}, --stuck-after)",
+            f"{n(d)} request{'s' if d != 1 else ''} deferred, waiting on it",
+        ]
+        if self.deferred_rounds is not None and self.hit_rounds is not None:
+            lines.append(f"{n(self.deferred_rounds)} lookup rounds deferred {w}, "
+                         f"{n(self.hit_rounds)} hit")
+        lines.append(f"{n(self.promotions_started)} promotions started {w}: nothing churns, one waits")
+        return lines
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
@@ -37,16 +65,16 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     r = ev.rounds
     hits = r.verdicts.get(S.Verdict.HIT.value)
     deferred = r.verdicts.get(S.Verdict.DEFERRED.value)
-    started = ev.tiers.promotion(S.PromotionResult.STARTED)
-    w = window_word(ev)
-    lines = [
-        f"{n(pending.last)} promotion{'s' if pending.last != 1 else ''} pending, oldest "
-        f"{secs(age.last)} (threshold {secs(th.pending_after_s)}, --stuck-after)",
-        f"{n(waiting.last)} request{'s' if waiting.last != 1 else ''} deferred, waiting on it",
-    ]
-    if deferred is not None and hits is not None:
-        lines.append(f"{n(deferred.increase)} lookup rounds deferred {w}, {n(hits.increase)} hit")
-    lines.append(f"{n(started.increase)} promotions started {w}: nothing churns, one waits")
+    facts = StalledFacts(
+        lifetime=ev.source.lifetime,
+        pending_promotions=pending.last,
+        oldest_s=age.last,
+        threshold_s=th.pending_after_s,
+        deferred_requests=waiting.last,
+        deferred_rounds=deferred.increase if deferred is not None else None,
+        hit_rounds=hits.increase if hits is not None else None,
+        promotions_started=ev.tiers.promotion(S.PromotionResult.STARTED).increase,
+    )
     marks = []
     if pending.samples:
         marks.append(Mark("pending", pending.samples[-1][0] - age.last, "promotion stuck since"))
@@ -54,7 +82,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         id=ID,
         title=TITLE,
         confidence=0.8,
-        evidence=lines,
+        facts=facts,
         next_step=(
             "The disk tier's reads do not complete: check its mount and device on the engine host "
             "(a hung NFS/FUSE mount, I/O errors in the kernel and vLLM logs, the fs tier's read "

@@ -7,12 +7,15 @@ be reported as a restore failure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
-from ._common import n, persistently_positive, secs, window_word
+from ._common import n, persistently_positive, secs
+from .shared_facts import window_phrase
 
 ID = "queue_wait"
 TITLE = "Queue wait (scheduler admission, not an offload failure)"
@@ -45,6 +48,58 @@ def _vllm_holds_none(ev: Evidence) -> bool:
     return bool(recent) and max(recent) == 0
 
 
+@dataclass(frozen=True)
+class QueueFacts(Facts):
+    lifetime: bool
+    recent_span_s: float
+    queued: float | None  # requests queued (not admitted) throughout the recent span; else None
+    vllm_waiting: float | None  # vLLM's own gauges; None: not exported
+    vllm_waiting_by_reason: dict[str, float]  # reason -> requests ({} when not exported)
+    vllm_running: float | None
+    skipped_waiting: float | None  # vLLM's reason=deferred with the connector holding none
+    not_issued: bool  # no lookup round issued in the recent span
+    hit_rounds: float
+    hit_tokens: float
+    mean_queue_s: float | None  # vLLM's mean queue time; None: not exported
+    queue_time_requests: float
+
+    def lines(self) -> list[str]:
+        span = secs(self.recent_span_s)
+        lines = []
+        if self.queued is not None:
+            lines.append(f"{n(self.queued)} requests queued (not admitted) throughout the last {span}")
+        by_reason = self.vllm_waiting_by_reason
+        if self.vllm_waiting is not None or by_reason:
+            parts = [f"{n(self.vllm_waiting)} waiting"] if self.vllm_waiting is not None else []
+            if by_reason:
+                parts.append("by reason " + ", ".join(f"{k}={n(v)}" for k, v in by_reason.items()))
+            if self.vllm_running is not None:
+                parts.append(f"{n(self.vllm_running)} running")
+            lines.append("vLLM (" + S.VLLM_REQUESTS_WAITING + "): " + "; ".join(parts))
+            if self.skipped_waiting is not None:
+                lines.append(
+                    f"vLLM's reason=deferred ({n(self.skipped_waiting)}) is its skipped-waiting "
+                    "queue (an earlier connector deferral put them there); kvscope: 0 requests "
+                    "deferred or loading now, so they wait for a running slot / token budget, "
+                    "not for the connector"
+                )
+        if self.not_issued:
+            lines.append(f"no lookup round issued for them in the last {span}")
+        if self.hit_rounds > 0:
+            lines.append(
+                f"restore path healthy when it runs: {n(self.hit_rounds)} hit rounds "
+                f"{window_phrase(self.lifetime)}, {n(self.hit_tokens)} tokens offered, 0 refused "
+                "loads, 0 rounds at the row ceiling"
+            )
+        else:
+            lines.append("restore path not failing: 0 refused loads, 0 rounds at the row "
+                         "ceiling, no stuck loads")
+        if self.mean_queue_s is not None:
+            lines.append(f"vLLM mean queue time {secs(self.mean_queue_s)} over "
+                         f"{n(self.queue_time_requests)} requests")
+        return lines
+
+
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     req = ev.requests
     if _vllm_holds_none(ev):
@@ -56,12 +111,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         req.get(st).present and req.get(st).last > 0
         for st in (S.RequestState.DEFERRED, S.RequestState.LOADING)
     )
-    lines: list[str] = []
-    span = ev.source.recent_span
-    waiting = False
-    if persistently_positive(queued, ev):
-        waiting = True
-        lines.append(f"{n(queued.last)} requests queued (not admitted) throughout the last {secs(span)}")
+    waiting = queued_throughout = persistently_positive(queued, ev)
     vllm_confirms = False
     by_reason = req.vllm_waiting_by_reason
     capacity = by_reason.get(_CAPACITY_REASON)
@@ -71,21 +121,6 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         # vLLM has requests waiting and the connector holds none of them: they
         # wait for admission whatever vLLM's reason label says.
         waiting = vllm_confirms = True
-    if req.vllm_waiting.present or by_reason:
-        parts = [f"{n(req.vllm_waiting.last)} waiting"] if req.vllm_waiting.present else []
-        if by_reason:
-            parts.append("by reason " + ", ".join(
-                f"{k}={n(q.last)}" for k, q in sorted(by_reason.items())))
-        if req.vllm_running.present:
-            parts.append(f"{n(req.vllm_running.last)} running")
-        lines.append("vLLM (" + S.VLLM_REQUESTS_WAITING + "): " + "; ".join(parts))
-        deferred_label = by_reason.get(_CONNECTOR_REASON)
-        if deferred_label is not None and deferred_label.last > 0 and not connector_holds:
-            lines.append(
-                f"vLLM's reason=deferred ({n(deferred_label.last)}) is its skipped-waiting queue "
-                "(an earlier connector deferral put them there); kvscope: 0 requests deferred or "
-                "loading now, so they wait for a running slot / token budget, not for the connector"
-            )
     if not waiting:
         return None
 
@@ -103,20 +138,26 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     )
     if not (not_issued or hit_not_loaded):
         return None
+    deferred_label = by_reason.get(_CONNECTOR_REASON)
+    skipped = deferred_label is not None and deferred_label.last > 0 and not connector_holds
+    mq = req.mean_queue_seconds
+    facts = QueueFacts(
+        lifetime=ev.source.lifetime,
+        recent_span_s=ev.source.recent_span,
+        queued=queued.last if queued_throughout else None,
+        vllm_waiting=req.vllm_waiting.last if req.vllm_waiting.present else None,
+        vllm_waiting_by_reason={k: q.last for k, q in sorted(by_reason.items())},
+        vllm_running=req.vllm_running.last if req.vllm_running.present else None,
+        skipped_waiting=deferred_label.last if skipped else None,
+        not_issued=not_issued,
+        hit_rounds=hits.increase,
+        hit_tokens=r.hit_tokens.increase,
+        mean_queue_s=mq,
+        queue_time_requests=req.vllm_queue_time_count.increase,
+    )
     conf = 0.7
-    if not_issued:
-        lines.append(f"no lookup round issued for them in the last {secs(span)}")
     if hits.increase > 0:
         conf += 0.1
-        lines.append(
-            f"restore path healthy when it runs: {n(hits.increase)} hit rounds {window_word(ev)}, "
-            f"{n(r.hit_tokens.increase)} tokens offered, 0 refused loads, 0 rounds at the row ceiling"
-        )
-    else:
-        lines.append("restore path not failing: 0 refused loads, 0 rounds at the row ceiling, no stuck loads")
-    mq = req.mean_queue_seconds
-    if mq is not None:
-        lines.append(f"vLLM mean queue time {secs(mq)} over {n(req.vllm_queue_time_count.increase)} requests")
     if vllm_confirms:
         conf += 0.1
     marks = [Mark("requests", queued.samples[-1][0], "queued")] if queued.samples else []
@@ -124,7 +165,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         id=ID,
         title=TITLE,
         confidence=min(conf, 0.95),
-        evidence=lines,
+        facts=facts,
         next_step=(
             "Not a restore failure: the scheduler has not admitted these requests yet (token "
             "budget / max_num_seqs). Add capacity (replicas, max_num_seqs, max_num_batched_tokens "

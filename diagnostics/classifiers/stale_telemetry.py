@@ -7,10 +7,12 @@ path) stopped, and every gauge is its last value, not the present.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from ..evidence import Evidence
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
 from ._common import n, secs
 
@@ -30,6 +32,32 @@ def unfinished(ev: Evidence) -> float:
     )
 
 
+@dataclass(frozen=True)
+class StaleTarget:
+    target: str
+    step_age_s: float  # seconds since its last scheduler step
+
+
+@dataclass(frozen=True)
+class StaleFacts(Facts):
+    stale: tuple[StaleTarget, ...]
+    judged_at: str  # "scrape" (the second scrape) | "window_end"
+    threshold_s: float  # --stale-after
+    unfinished: float  # requests/transfers the frozen gauges still show
+    steps_recent: float | None  # scheduler steps in the recent span; None: not exported
+    recent_span_s: float
+
+    def lines(self) -> list[str]:
+        when = "the second scrape" if self.judged_at == "scrape" else "the window end"
+        lines = [f"{s.target}: last scheduler step {secs(s.step_age_s)} before {when} "
+                 f"(threshold {secs(self.threshold_s)})" for s in self.stale]
+        lines.append(f"the gauges still show unfinished work ({n(self.unfinished)} "
+                     "requests/transfers): they are frozen, not current")
+        if self.steps_recent == 0:
+            lines.append(f"0 scheduler steps in the last {secs(self.recent_span_s)}")
+        return lines
+
+
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     stale = {
         t: age for t in ev.freshness.last_step
@@ -40,17 +68,15 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     work = unfinished(ev)
     if work <= 0:
         return None  # an idle engine does not step: its gauges are its present
-    lines = [
-        f"{t}: last scheduler step {secs(age)} before {_when(ev)} (threshold {secs(th.stale_after_s)})"
-        for t, age in stale.items()
-    ]
-    lines.append(
-        f"the gauges still show unfinished work ({n(work)} requests/transfers): they are frozen, "
-        "not current"
-    )
     steps = ev.freshness.steps
-    if steps.present and steps.recent == 0:
-        lines.append(f"0 scheduler steps in the last {secs(ev.source.recent_span)}")
+    facts = StaleFacts(
+        stale=tuple(StaleTarget(t, age) for t, age in stale.items()),
+        judged_at="scrape" if ev.source.kind == "scrape" else "window_end",
+        threshold_s=th.stale_after_s,
+        unfinished=work,
+        steps_recent=steps.recent if steps.present else None,
+        recent_span_s=ev.source.recent_span,
+    )
     marks = [
         Mark("requests", ev.freshness.last_step[t].last, "last step") for t in stale
     ]
@@ -58,7 +84,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         id=ID,
         title=TITLE,
         confidence=0.9,
-        evidence=lines,
+        facts=facts,
         next_step=(
             "The engine or its stats path stopped: check the process (and `up` in Prometheus). "
             "Gauge-based verdicts (pending at idle, queue wait) were not judged from these stale values."
@@ -66,9 +92,3 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         severity=SEVERITY,
         marks=marks,
     )
-
-
-def _when(ev: Evidence) -> str:
-    return "the second scrape" if ev.source.kind == "scrape" else "the window end"
-
-

@@ -9,13 +9,16 @@ Sub-cases and their tells:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from ..checks import need, tiered
 from ..evidence import Evidence
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
-from ._common import n, nbytes, window_word
+from ._common import n, nbytes
+from .shared_facts import window_phrase
 
 ID = "stores_without_restores"
 TITLE = "Stores without restores"
@@ -26,27 +29,83 @@ NEEDS = (need(S.INFO, S.L_HASH_SEED), S.LOOKUPS, S.LOOKUP_ROUNDS, S.STORE_JOBS)
 EXPLAINS = frozenset({"rounds", "coverage"})
 
 
-def _stored(ev: Evidence) -> tuple[float, list[str]]:
-    w = window_word(ev)
-    lines, amount = [], 0.0
+SEED_DIFFERS, GROUP_MISSES, NOTHING_FOUND = (
+    "hash seed differs", "one group always misses", "nothing found")
+
+
+@dataclass(frozen=True)
+class TargetSeeds:
+    target: str
+    seeds: tuple[str, ...]  # hash_seed values in order of first appearance
+    ordered: bool  # appeared at different times (a before/after), not side by side
+
+
+@dataclass(frozen=True)
+class GroupFound:
+    group: str
+    found: float
+
+
+@dataclass(frozen=True)
+class StoresFacts(Facts):
+    lifetime: bool
+    case: str  # "hash seed differs" | "one group always misses" | "nothing found"
+    store_jobs_prepared: float
+    stored_bytes: float  # GPU -> CPU
+    cascaded_keys: float
+    hit_rounds: float
+    # hash seed differs: the seeds per target; the lookups none of which found a key
+    target_seeds: tuple[TargetSeeds, ...] = ()
+    key_lookups_none_found: float | None = None
+    # one group always misses: the silent groups, their lookups, the groups that find
+    silent_groups: tuple[str, ...] = ()
+    silent_group_lookups: float = 0.0
+    finding_groups: tuple[GroupFound, ...] = ()
+    vetoed_rounds: float = 0.0
+    # nothing found: lookups resolved as MISS, keys the tiers hold
+    resolved_misses: float = 0.0
+    keys_held: float = 0.0
+
+    def lines(self) -> list[str]:
+        w = window_phrase(self.lifetime)
+        lines = []
+        if self.case == SEED_DIFFERS:
+            lines.append("hash_seed fingerprint differs: " + "; ".join(
+                f"{t.target}: {(' -> ' if t.ordered else ', ').join(t.seeds)}"
+                + ("" if t.ordered or len(t.seeds) < 2 else " (served side by side)")
+                for t in self.target_seeds))
+            if self.key_lookups_none_found is not None:
+                lines.append(f"{n(self.key_lookups_none_found)} key lookups {w}, none found in "
+                             "any tier (no hit, no promotion), although the tiers hold stored keys")
+        elif self.case == GROUP_MISSES:
+            lines.append(
+                f"kv_group {', '.join(self.silent_groups)} found 0 of "
+                f"{n(self.silent_group_lookups)} keys {w} while "
+                + ", ".join(f"kv_group {g.group} found {n(g.found)}" for g in self.finding_groups)
+                + f"; {n(self.vetoed_rounds)} rounds vetoed")
+        else:
+            lines.append(f"0 of {n(self.resolved_misses)} resolved lookups found anything {w} (no "
+                         f"hit, no promotion) while the tiers hold {n(self.keys_held)} keys")
+        if self.store_jobs_prepared > 0:
+            lines.append(f"{n(self.store_jobs_prepared)} store jobs prepared {w}")
+        if self.stored_bytes > 0:
+            lines.append(f"{nbytes(self.stored_bytes)} stored GPU -> CPU {w}")
+        if self.cascaded_keys > 0:
+            lines.append(f"{n(self.cascaded_keys)} keys cascaded to the disk tier {w}")
+        lines.append(f"{n(self.hit_rounds)} hit rounds {w}")
+        return lines
+
+
+def _stored(ev: Evidence) -> tuple[float, float, float]:
+    """(store jobs prepared, bytes stored GPU -> CPU, keys cascaded to disk) over the window."""
     jobs = ev.tiers.store(S.StoreJobResult.PREPARED).increase
-    if jobs > 0:
-        amount += jobs
-        lines.append(f"{n(jobs)} store jobs prepared {w}")
     b = sum(
         rt.bytes.get(S.Direction.GPU_TO_CPU.value).increase
         for rt in ev.ranks.values() if S.Direction.GPU_TO_CPU.value in rt.bytes
     )
     if b == 0 and ev.vllm.offload_store_bytes.present:
         b = ev.vllm.offload_store_bytes.increase
-    if b > 0:
-        amount += b
-        lines.append(f"{nbytes(b)} stored GPU -> CPU {w}")
-    casc = ev.tiers.cascade(S.CascadeResult.COMPLETED).increase
-    if casc > 0:
-        amount += casc
-        lines.append(f"{n(casc)} keys cascaded to the disk tier {w}")
-    return amount, lines
+    return jobs, b, ev.tiers.cascade(S.CascadeResult.COMPLETED).increase
 
 
 def _turned_over(ev: Evidence) -> bool:
@@ -63,31 +122,26 @@ def _turned_over(ev: Evidence) -> bool:
 
 
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
-    stored, lines = _stored(ev)
+    jobs, stored_bytes, cascaded = _stored(ev)
+    stored = sum(x for x in (jobs, stored_bytes, cascaded) if x > 0)
     if stored <= 0:
         return None
-    w = window_word(ev)
     found = ev.found_anywhere
     # Keys the tiers hold: what reached the disk tier, else the primary tier's rows.
     held = max(ev.tiers.cascade(S.CascadeResult.COMPLETED).increase,
                ev.tiers.row(S.RowState.OCCUPIED).last)
     missed = ev.lookups_total(S.LookupResult.MISS)
     restored = ev.rounds.get(S.Verdict.HIT).increase
-    seeds = ev.hash_seeds
-    conf, sub, step = 0.0, "", ""
-    if len(seeds) > 1:
+    base = dict(lifetime=ev.source.lifetime, store_jobs_prepared=jobs, stored_bytes=stored_bytes,
+                cascaded_keys=cascaded, hit_rounds=restored)
+    if len(ev.hash_seeds) > 1:
         conf = 0.9 if restored == 0 else 0.6
-        sub = "hash seed differs"
-        per_target = [
-            f"{t.target}: {(' -> ' if t.seeds_ordered else ', ').join(t.hash_seeds)}"
-            + ("" if t.seeds_ordered or len(t.hash_seeds) < 2 else " (served side by side)")
-            for t in ev.targets if t.hash_seeds
-        ]
-        lines.insert(0, "hash_seed fingerprint differs: " + "; ".join(per_target))
         looked = sum(g.total for g in ev.lookups.values())
-        if found == 0 and looked > 0:
-            lines.insert(1, f"{n(looked)} key lookups {w}, none found in any tier (no hit, no "
-                            "promotion), although the tiers hold stored keys")
+        facts = StoresFacts(
+            case=SEED_DIFFERS, **base,
+            target_seeds=tuple(TargetSeeds(t.target, tuple(t.hash_seeds), t.seeds_ordered)
+                               for t in ev.targets if t.hash_seeds),
+            key_lookups_none_found=looked if found == 0 and looked > 0 else None)
         step = (
             "Keys are hashed differently across processes/restarts: set the same PYTHONHASHSEED "
             "and prefix-caching hash algorithm on every process and keep it across restarts. "
@@ -107,18 +161,16 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
         # the capacity-ceiling verdict explains those vetoes, not a key mismatch.
         if silent and finders and vetoed > 0 and not at_ceiling:
             conf = 0.75
-            sub = "one group always misses"
-            names = ", ".join(g.group for g in silent)
-            lines.insert(
-                0,
-                f"kv_group {names} found 0 of {n(sum(g.total for g in silent))} keys {w} while "
-                + ", ".join(f"kv_group {g.group} found {n(g.found)}" for g in finders)
-                + f"; {n(vetoed)} rounds vetoed",
-            )
+            facts = StoresFacts(
+                case=GROUP_MISSES, **base,
+                silent_groups=tuple(g.group for g in silent),
+                silent_group_lookups=sum(g.total for g in silent),
+                finding_groups=tuple(GroupFound(g.group, g.found) for g in finders),
+                vetoed_rounds=vetoed)
             step = (
-                f"kv_group {names} never resolves and vetoes the others: check that this group is "
-                "stored at all (sliding-window/other attention kinds, per-group block size) and "
-                "that its keys are computed like the stored ones."
+                f"kv_group {', '.join(facts.silent_groups)} never resolves and vetoes the others: "
+                "check that this group is stored at all (sliding-window/other attention kinds, "
+                "per-group block size) and that its keys are computed like the stored ones."
             )
         elif found == 0 and missed >= max(held, 1) and not ceiling_any and not _turned_over(ev):
             # Without a seed change this is only a hint: a workload that never
@@ -127,25 +179,22 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
             # cache's first misses, before anything was stored, do not count
             # for much); retries are unresolved lookups, not misses.
             conf = 0.4
-            sub = "nothing found"
-            lines.insert(0, f"0 of {n(missed)} resolved lookups found anything {w} (no hit, no "
-                            f"promotion) while the tiers hold {n(held)} keys")
+            facts = StoresFacts(case=NOTHING_FOUND, **base, resolved_misses=missed, keys_held=held)
             step = (
                 "If this workload repeats prefixes, keys stored are not the keys looked up: compare "
                 "hash_seed and the model/config between the processes that store and that look up."
             )
         else:
             return None
-    lines.append(f"{n(restored)} hit rounds {w}")
     marks = []
     hit_q = ev.rounds.get(S.Verdict.HIT)
     t_end = ev.source.end
-    marks.append(Mark("rounds", t_end if not hit_q.samples else hit_q.samples[-1][0], sub))
+    marks.append(Mark("rounds", t_end if not hit_q.samples else hit_q.samples[-1][0], facts.case))
     return Finding(
         id=ID,
-        title=f"{TITLE} ({sub})",
+        title=f"{TITLE} ({facts.case})",
         confidence=conf,
-        evidence=lines,
+        facts=facts,
         next_step=step,
         severity=SEVERITY,
         marks=marks,

@@ -19,15 +19,18 @@ here can hold; with any of them there, a missing one is "could not check".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from .. import partial
 from ..checks import need, tiered
 from ..evidence import Evidence
 from ..evidence_model import GroupLookups
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
-from ._common import n, nbytes, window_word
+from ._common import n, nbytes
+from .shared_facts import window_phrase
 
 ID = "tier_flooded_by_group"
 TITLE = "The offload tiers are flooded by one KV group's keys"
@@ -50,18 +53,104 @@ def needs(ev: Evidence) -> tuple:
             need(S.KV_GROUP_INFO, S.L_KV_GROUP, S.L_KIND, S.L_TOKENS_PER_BLOCK))
 
 
-def _name(ev: Evidence, g: str) -> str:
-    tpb = ev.group_tokens_per_block(g)
-    kind = ev.group_kind(g) or "kind unknown"
-    return f"KV group {g} ({kind}" + (f", {tpb} tokens per block)" if tpb else ")")
+@dataclass(frozen=True)
+class GroupStored:
+    """What one KV group stored over the window."""
+
+    group: str
+    kind: str  # attention kind; "" unknown
+    tokens_per_block: int | None
+    stored_tokens: float
+    stored_keys: float
+    stored_bytes: float | None  # None: not exported (or none)
+
+    @property
+    def name(self) -> str:
+        tpb = self.tokens_per_block
+        return (f"KV group {self.group} ({self.kind or 'kind unknown'}"
+                + (f", {tpb} tokens per block)" if tpb else ")"))
 
 
-def _stored_line(ev: Evidence, lk: GroupLookups, w: str) -> str:
-    keys = lk.store(S.StoreKeyResult.STORED).increase
-    size = (f", {nbytes(lk.store_bytes.increase)}"
-            if lk.store_bytes.present and lk.store_bytes.increase > 0 else "")
-    return (f"{_name(ev, lk.group)} stored {n(lk.store_tokens.increase)} prompt tokens "
-            f"({n(keys)} keys{size}) {w}")
+@dataclass(frozen=True)
+class FloodFacts(Facts):
+    lifetime: bool
+    flood_group: str  # the group whose keys fill the primary tier
+    flood_keys: float  # its keys in the primary tier now
+    primary_keys: float  # every group's keys in the primary tier now
+    primary_rows: float
+    groups: tuple[GroupStored, ...]  # every KV group, in group order
+    victims: tuple[str, ...]  # full-attention groups storing far fewer tokens
+    victim_fraction: float  # the threshold: under this share of the flood group's tokens
+    victim_tokens_least: float  # the fewest tokens a victim stored
+    victim_keys_refused: float  # victims' keys in store jobs refused (no_space)
+    victim_keys_evicted: float  # victims' keys evicted from the primary tier by stores
+    tiered: bool
+    rounds: float
+    hit_rounds: float
+    hit_tokens: float
+    victim_chunk_tokens: int | None  # tokens per chunk of the victims' largest block
+
+    @property
+    def share(self) -> float:
+        return self.flood_keys / self.primary_keys
+
+    @property
+    def victims_named(self) -> str:
+        return f"KV group{'s' if len(self.victims) > 1 else ''} {', '.join(self.victims)}"
+
+    def lines(self) -> list[str]:
+        w, they, flood = window_phrase(self.lifetime), self.victims_named, self.flood_group
+        name = next(g.name for g in self.groups if g.group == flood)
+        lines = [f"{name} holds {n(self.flood_keys)} of the {n(self.primary_keys)} keys in the "
+                 f"CPU primary tier ({self.share:.0%}; {n(self.primary_rows)} rows)"]
+        lines += [f"{g.name} stored {n(g.stored_tokens)} prompt tokens ({n(g.stored_keys)} keys"
+                  + (f", {nbytes(g.stored_bytes)}" if g.stored_bytes is not None else "")
+                  + f") {w}" for g in self.groups]
+        lines.append("groups that store in proportion to their block sizes store about the same "
+                     f"tokens; {they} stored "
+                     + ("none" if self.victim_tokens_least == 0 else
+                        f"under {self.victim_fraction:.0%} of KV group {flood}'s")
+                     + ": what the tiers hold of those prompts is useless to a restore (vLLM's "
+                     "cross-group AND needs every group's chunks)")
+        if self.victim_keys_refused > 0:
+            lines.append(f"{n(self.victim_keys_refused)} keys of {they} were in store jobs refused "
+                         f"for lack of space (no_space) {w}")
+        if self.victim_keys_evicted > 0:
+            lines.append(f"{n(self.victim_keys_evicted)} keys of {they} evicted from the primary "
+                         f"tier by stores {w}")
+        if self.tiered:
+            lines.append("every key stored is cascaded to the disk tier: its files are KV group "
+                         f"{flood}'s in the same proportion")
+        lines.append(f"{n(self.rounds)} lookup rounds {w}, {n(self.hit_rounds)} hit; "
+                     f"{n(self.hit_tokens)} tokens offered to load")
+        return lines
+
+    def next_step(self) -> str:
+        they, flood, chunk = self.victims_named, self.flood_group, self.victim_chunk_tokens
+        if self.victim_keys_refused > 0:
+            cause = (f"The store jobs of {they} were refused for lack of space while KV group "
+                     f"{flood}'s fit: grow the CPU primary tier (cpu_bytes_to_use) counting KV "
+                     f"group {flood}'s keys ({self.share:.0%} of the tier), or lower "
+                     "max_num_batched_tokens so that one step's store job is smaller.")
+        else:
+            size = (f"a chunk of {they} is {chunk} tokens (tokens per block × blocks_per_chunk)"
+                    if chunk else "their chunks are larger")
+            cause = (f"The chunks of {they} never complete: {size}, and the prompts stored are "
+                     "shorter (or only their unaligned tails are new). Make the large-block "
+                     "groups' chunks fit the prompts served (a lower blocks_per_chunk in "
+                     "kv_connector_extra_config), or keep the prefixes meant to be restored at "
+                     "least one such chunk long.")
+        return (f"A prefix restores only if every KV group stored its chunks; {they} stored "
+                f"{'none' if self.victim_tokens_least == 0 else 'too few'}. {cause} Until then "
+                f"the tiers fill with KV group {flood}'s keys, which no restore can use.")
+
+
+def _stored(ev: Evidence, lk: GroupLookups) -> GroupStored:
+    b = lk.store_bytes
+    return GroupStored(lk.group, ev.group_kind(lk.group) or "",
+                       ev.group_tokens_per_block(lk.group) or None,
+                       lk.store_tokens.increase, lk.store(S.StoreKeyResult.STORED).increase,
+                       b.increase if b.present and b.increase > 0 else None)
 
 
 def _dropped(ev: Evidence) -> bool:
@@ -98,60 +187,36 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
                and lk.store_tokens.increase < th.flood_victim_fraction * top]
     if not victims:
         return None
-    w = window_word(ev)
-    rows = ev.primary_rows
-    names = ", ".join(v.group for v in victims)
-    lines = [f"{_name(ev, flood)} holds {n(held[flood])} of the {n(total)} keys in the CPU "
-             f"primary tier ({share:.0%}; {n(rows)} rows)"]
-    lines += [_stored_line(ev, ev.lookups[g], w) for g in sorted(ev.lookups, key=_natural)]
     worst = min(v.store_tokens.increase for v in victims)
-    they = f"KV group{'s' if len(victims) > 1 else ''} {names}"
-    lines.append("groups that store in proportion to their block sizes store about the same "
-                 f"tokens; {they} stored "
-                 + ("none" if worst == 0 else f"under {th.flood_victim_fraction:.0%} of KV group "
-                    f"{flood}'s")
-                 + ": what the tiers hold of those prompts is useless to a restore (vLLM's "
-                 "cross-group AND needs every group's chunks)")
-    refused = sum(v.store(S.StoreKeyResult.NO_SPACE).increase for v in victims)
-    evicted = sum(v.evicted.increase for v in victims if v.evicted.present)
-    if refused > 0:
-        lines.append(f"{n(refused)} keys of {they} were in store jobs refused for lack of space "
-                     f"(no_space) {w}")
-    if evicted > 0:
-        lines.append(f"{n(evicted)} keys of {they} evicted from the primary tier by stores {w}")
-    if tiered(ev):
-        lines.append("every key stored is cascaded to the disk tier: its files are KV group "
-                     f"{flood}'s in the same proportion")
-    hits = ev.rounds.get(S.Verdict.HIT).increase
-    lines.append(f"{n(ev.rounds.total)} lookup rounds {w}, {n(hits)} hit; "
-                 f"{n(ev.rounds.hit_tokens.increase)} tokens offered to load")
-    chunk = _victim_chunk(ev, victims)
+    facts = FloodFacts(
+        lifetime=ev.source.lifetime,
+        flood_group=flood,
+        flood_keys=held[flood],
+        primary_keys=total,
+        primary_rows=ev.primary_rows,
+        groups=tuple(_stored(ev, ev.lookups[g]) for g in sorted(ev.lookups, key=_natural)),
+        victims=tuple(v.group for v in victims),
+        victim_fraction=th.flood_victim_fraction,
+        victim_tokens_least=worst,
+        victim_keys_refused=sum(v.store(S.StoreKeyResult.NO_SPACE).increase for v in victims),
+        victim_keys_evicted=sum(v.evicted.increase for v in victims if v.evicted.present),
+        tiered=tiered(ev),
+        rounds=ev.rounds.total,
+        hit_rounds=ev.rounds.get(S.Verdict.HIT).increase,
+        hit_tokens=ev.rounds.hit_tokens.increase,
+        victim_chunk_tokens=_victim_chunk(ev, victims),
+    )
+    rows = ev.primary_rows
     full = rows > 0 and total >= 0.9 * rows
     conf = 0.85 if worst == 0 and full else 0.7 if worst == 0 or full else 0.5
-    if refused > 0:
-        cause = (f"The store jobs of {they} were refused for lack of space while KV group {flood}'s "
-                 f"fit: grow the CPU primary tier (cpu_bytes_to_use) counting KV group {flood}'s "
-                 f"keys ({share:.0%} of the tier), or lower max_num_batched_tokens so that one "
-                 "step's store job is smaller.")
-    else:
-        size = (f"a chunk of {they} is {chunk} tokens (tokens per block × blocks_per_chunk)"
-                if chunk else "their chunks are larger")
-        cause = (f"The chunks of {they} never complete: {size}, and the prompts stored are shorter "
-                 "(or only their unaligned tails are new). Make the large-block groups' chunks "
-                 "fit the prompts served (a lower blocks_per_chunk in "
-                 "kv_connector_extra_config), or keep the prefixes meant to be restored at least "
-                 "one such chunk long.")
-    step = (f"A prefix restores only if every KV group stored its chunks; {they} stored "
-            f"{'none' if worst == 0 else 'too few'}. {cause} Until then the tiers fill with KV "
-            f"group {flood}'s keys, which no restore can use.")
     q = groups[flood].store_tokens
     marks = [Mark("stores", q.samples[-1][0], f"KV group {flood} floods")] if q.samples else []
     return Finding(
         id=ID,
         title=TITLE,
         confidence=conf,
-        evidence=lines,
-        next_step=step,
+        facts=facts,
+        next_step=facts.next_step(),
         severity=SEVERITY,
         marks=marks,
     )

@@ -8,13 +8,16 @@ while every other counter looks healthy.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvscope.exporters import signals as S
 
 from ..checks import tiered
 from ..evidence import Evidence
-from ..model import Finding, Mark
+from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
-from ._common import n, window_word
+from ._common import n
+from .shared_facts import window_phrase
 
 ID = "tier_writes_failing"
 TITLE = "Writes to the disk tier are failing"
@@ -28,24 +31,46 @@ def needs(ev: Evidence) -> tuple:
     return (S.CASCADES,) if tiered(ev) else ()
 
 
+@dataclass(frozen=True)
+class WritesFailingFacts(Facts):
+    lifetime: bool
+    cascades_failed: float
+    cascades_completed: float
+    recent_failed: float  # failed in the recent span: still happening
+    recent_span_s: float
+    promotions_completed: float
+
+    def lines(self) -> list[str]:
+        w = window_phrase(self.lifetime)
+        lines = [f"{n(self.cascades_failed)} cascade writes to the disk tier failed {w}, "
+                 f"{n(self.cascades_completed)} completed"]
+        if self.recent_failed > 0:
+            lines.append(f"still happening: +{n(self.recent_failed)} failed in the last "
+                         f"{self.recent_span_s:.0f} s")
+        lines.append(f"{n(self.promotions_completed)} promotions completed {w} (restores from "
+                     "the disk tier)")
+        return lines
+
+
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     failed = ev.tiers.cascade(S.CascadeResult.FAILED)
     if not tiered(ev) or failed.increase <= 0:
         return None
     done = ev.tiers.cascade(S.CascadeResult.COMPLETED).increase
-    promoted = ev.tiers.promotion(S.PromotionResult.COMPLETED).increase
-    w = window_word(ev)
-    lines = [f"{n(failed.increase)} cascade writes to the disk tier failed {w}, {n(done)} completed"]
-    if failed.recent > 0:
-        lines.append(f"still happening: +{n(failed.recent)} failed in the last "
-                     f"{ev.source.recent_span:.0f} s")
-    lines.append(f"{n(promoted)} promotions completed {w} (restores from the disk tier)")
+    facts = WritesFailingFacts(
+        lifetime=ev.source.lifetime,
+        cascades_failed=failed.increase,
+        cascades_completed=done,
+        recent_failed=failed.recent,
+        recent_span_s=ev.source.recent_span,
+        promotions_completed=ev.tiers.promotion(S.PromotionResult.COMPLETED).increase,
+    )
     marks = [Mark("stores", failed.samples[-1][0], "cascades failed")] if failed.samples else []
     return Finding(
         id=ID,
         title=TITLE,
         confidence=0.85 if done == 0 else 0.6,
-        evidence=lines,
+        facts=facts,
         next_step=(
             "Check the disk tier's filesystem on the engine host: free space (df -h <root_dir>), "
             "the directory and its mount, write permission; vLLM logs each failed block write "

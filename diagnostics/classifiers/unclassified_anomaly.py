@@ -26,7 +26,15 @@ from ..evidence import Evidence
 from ..known_bugs import BY_ID
 from ..model import Finding, Mark, Quantity
 from ..thresholds import Thresholds
-from ._common import n, secs, window_word
+from .anomaly_facts import (
+    AnomalyFacts,
+    Collapse,
+    IdlePending,
+    LowCoverage,
+    RoundsFailing,
+    StrayFault,
+    StuckTransfer,
+)
 from .known_vllm_bug import affected_engines, contained_faults
 
 ID = "unclassified_anomaly"
@@ -56,72 +64,65 @@ def _explained(findings: list[Finding], modules, ev: Evidence) -> set[str]:
     return out
 
 
-def _rounds(ev: Evidence, th: Thresholds) -> list[str]:
+def _rounds(ev: Evidence, th: Thresholds) -> RoundsFailing | None:
     r = ev.rounds
     if not r.verdicts:
-        return []
+        return None
     total = r.total
     vetoed = r.get(S.Verdict.VETOED).increase
     deferred = r.get(S.Verdict.DEFERRED).increase
     hits = r.get(S.Verdict.HIT).increase
     if total < th.anomaly_min_rounds:
-        return []
-    w = window_word(ev)
-    if vetoed >= th.anomaly_failing_fraction * total:
-        return [f"{n(vetoed)} of {n(total)} lookup rounds {w} vetoed ({vetoed / total:.0%}), "
-                f"{n(hits)} hit: restores that found keys were thrown away"]
-    if hits == 0 and vetoed + deferred >= th.anomaly_failing_fraction * total:
-        return [f"{n(vetoed + deferred)} of {n(total)} lookup rounds {w} vetoed or deferred, "
-                "0 hit: the tiers found keys and never restored one"]
-    return []
+        return None
+    mostly_vetoed = vetoed >= th.anomaly_failing_fraction * total
+    if mostly_vetoed or (hits == 0 and vetoed + deferred >= th.anomaly_failing_fraction * total):
+        return RoundsFailing(ev.source.lifetime, total, vetoed, deferred, hits, mostly_vetoed)
+    return None
 
 
-def _token_coverage(ev: Evidence, th: Thresholds) -> list[str]:
+def _token_coverage(ev: Evidence, th: Thresholds) -> Collapse | None:
     """Offered / held tokens (kvscope_restore_held_tokens_total), before vs now."""
     held, offered = ev.coverage.held_tokens, ev.rounds.hit_tokens
     if not (held.present and offered.present):
-        return []
+        return None
     hb, hr = held.increase - held.recent, held.recent
     ob, orc = offered.increase - offered.recent, offered.recent
     if hb <= 0 or hr <= 0:
-        return []
+        return None
     cb, cr = ob / hb, orc / hr
     if cb >= th.anomaly_collapse_before and cr <= th.anomaly_collapse_after:
-        return [f"restore coverage collapsed: {cb:.0%} of {n(hb)} tokens the tiers held were "
-                f"offered before, {cr:.0%} of {n(hr)} in the last {secs(ev.source.recent_span)}"]
-    return []
+        return Collapse("tokens", cb, hb, cr, hr, ev.source.recent_span)
+    return None
 
 
-def _low_coverage(ev: Evidence, th: Thresholds) -> list[str]:
+def _low_coverage(ev: Evidence, th: Thresholds) -> LowCoverage | None:
     """Over the window, far fewer tokens offered than the tiers held."""
     held, offered = ev.coverage.held_tokens, ev.rounds.hit_tokens
     if not (held.present and offered.present) or held.increase <= 0:
-        return []
-    ratio = offered.increase / held.increase
-    if ratio >= th.anomaly_coverage_min:
-        return []
-    why = ", ".join(f"{k} {n(q.increase)}" for k, q in sorted(ev.coverage.short_tokens.items())
-                    if q.increase > 0 and k not in S.NOT_HELD)
-    return [f"restore coverage {ratio:.0%}: {n(offered.increase)} of {n(held.increase)} tokens the "
-            f"tiers held were offered to load {window_word(ev)}"
-            + (f" (held tokens not offered, by reason: {why})" if why else "")]
+        return None
+    if offered.increase / held.increase >= th.anomaly_coverage_min:
+        return None
+    why = {k: q.increase for k, q in sorted(ev.coverage.short_tokens.items())
+           if q.increase > 0 and k not in S.NOT_HELD}
+    return LowCoverage(ev.source.lifetime, offered.increase, held.increase, why)
 
 
-def _coverage(ev: Evidence, th: Thresholds) -> list[str]:
-    if got := _token_coverage(ev, th) or _low_coverage(ev, th):
-        return got
+def _coverage(ev: Evidence, th: Thresholds) -> tuple[Collapse | None, LowCoverage | None]:
+    if got := _token_coverage(ev, th):
+        return got, None
+    if low := _low_coverage(ev, th):
+        return None, low
     r = ev.rounds
     found = (S.Verdict.HIT, S.Verdict.DEFERRED, S.Verdict.VETOED)
     before = {v: r.get(v).increase - r.get(v).recent for v in found}
     recent = {v: r.get(v).recent for v in found}
     nb, nr = sum(before.values()), sum(recent.values())
     if nb < 10 or nr < 10:
-        return []
+        return None, None
     rb, rr = before[S.Verdict.HIT] / nb, recent[S.Verdict.HIT] / nr
     if rb >= th.anomaly_collapse_before and rr <= th.anomaly_collapse_after:
-        return [f"restore hit ratio collapsed: {rb:.0%} of {n(nb)} rounds that found keys hit "
-                f"before, {rr:.0%} of {n(nr)} in the last {secs(ev.source.recent_span)}"]
-    return []
+        return Collapse("rounds", rb, nb, rr, nr, ev.source.recent_span), None
+    return None, None
 
 
 def _longest_idle_pending(q: Quantity, ev: Evidence) -> float:
@@ -142,70 +143,56 @@ def _longest_idle_pending(q: Quantity, ev: Evidence) -> float:
     return best
 
 
-def _stuck(ev: Evidence, th: Thresholds) -> tuple[list[str], list[Mark]]:
+def _stuck(ev: Evidence, th: Thresholds) -> tuple[list[StuckTransfer], list[IdlePending], list[Mark]]:
     limit = th.anomaly_stuck_factor * th.pending_after_s
-    lines, marks = [], []
+    stuck, idle, marks = [], [], []
     for kind, age in ev.pending.oldest_seconds.items():
         if age.present and age.max >= limit:
             t_peak = max(age.samples, key=lambda p: p[1])[0] if age.samples else ev.source.end
-            lines.append(f"a {kind} transfer pending {secs(age.max)} (≥ {th.anomaly_stuck_factor:g}× "
-                         f"--stuck-after {secs(th.pending_after_s)}): longer than any real transfer")
+            stuck.append(StuckTransfer(kind, age.max, th.anomaly_stuck_factor, th.pending_after_s))
             marks.append(Mark("pending", t_peak - age.max, f"{kind} pending since"))
     if S.OLDEST_PENDING_TRANSFER.name not in ev.present:
         for kind, q in ev.pending.transfers.items():
             span = _longest_idle_pending(q, ev)
             if span >= limit:
-                lines.append(f"{n(q.max)} {kind} transfer(s) pending for {secs(span)} on an idle engine "
-                             f"({S.OLDEST_PENDING_TRANSFER.name} missing: the age is at least that)")
-    return lines, marks
+                idle.append(IdlePending(kind, q.max, span))
+    return stuck, idle, marks
 
 
-def _contained_fault(ev: Evidence) -> list[str]:
-    versions = sorted({t.vllm_version for t in ev.targets})
+def _contained_fault(ev: Evidence) -> list[StrayFault]:
+    versions = tuple(sorted({t.vllm_version for t in ev.targets}))
     if not versions:  # the release is unknown: known_vllm_bug could not check
         return []
-    lines = []
+    out = []
     for fault, count in contained_faults(ev).items():
         bug = BY_ID.get(fault)
         if bug is not None and affected_engines(ev, bug):
             continue
-        fixed = f" (fixed in vLLM {bug.fixed_in})" if bug is not None and bug.fixed_in else ""
-        lines.append(f"kvscope counted {n(count)} contained vLLM fault(s) {fault} "
-                     f"{window_word(ev)}, yet no engine here runs a release with that bug{fixed}: "
-                     f"vLLM {', '.join(versions)}, where kvscope wraps nothing for it (a window "
-                     f"mixing engines, or one mislabelled)")
-    return lines
+        out.append(StrayFault(ev.source.lifetime, fault, count,
+                              bug.fixed_in if bug is not None and bug.fixed_in else None, versions))
+    return out
 
 
 def classify(ev: Evidence, th: Thresholds, findings: list[Finding], modules=()) -> Finding | None:
     explained = _explained(findings, modules, ev)
-    lines: list[str] = []
-    marks: list[Mark] = []
-    kinds = []
-    if "rounds" not in explained and (got := _rounds(ev, th)):
-        lines += got
-        kinds.append("rounds")
-    if "coverage" not in explained and (got := _coverage(ev, th)):
-        lines += got
-        kinds.append("coverage")
-    if "stuck_transfer" not in explained:
-        got, mk = _stuck(ev, th)
-        if got:
-            lines += got
-            marks += mk
-            kinds.append("stuck_transfer")
-    if "contained_fault" not in explained and (got := _contained_fault(ev)):
-        lines += got
-        kinds.append("contained_fault")
-    if not lines:
+    collapsed, low = _coverage(ev, th) if "coverage" not in explained else (None, None)
+    stuck, idle, marks = _stuck(ev, th) if "stuck_transfer" not in explained else ([], [], [])
+    facts = AnomalyFacts(
+        rounds_failing=_rounds(ev, th) if "rounds" not in explained else None,
+        coverage_collapsed=collapsed,
+        low_coverage=low,
+        stuck_transfers=tuple(stuck),
+        idle_pending=tuple(idle),
+        stray_faults=tuple(_contained_fault(ev)) if "contained_fault" not in explained else (),
+        failed_targets=len(ev.failures),
+    )
+    if not facts.broken:
         return None
-    if ev.failures:
-        lines.append(f"{len(ev.failures)} target(s) gave nothing usable: their series are not in this evidence")
     return Finding(
         id=ID,
         title=TITLE,
         confidence=0.6,
-        evidence=lines,
+        facts=facts,
         next_step=(
             "kv-diagnose knows no incident class for this: treat it as an incident. Look at the "
             "'could not check' lines (missing series hide the class that would explain it), then "

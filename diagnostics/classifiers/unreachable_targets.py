@@ -6,8 +6,10 @@ it is listed as evidence and the diagnosis runs on the other targets.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..evidence import Evidence
-from ..model import Finding
+from ..model import Facts, Finding
 from ..thresholds import Thresholds
 
 ID = "targets_unreachable"
@@ -18,18 +20,24 @@ NEEDS = ()
 EXPLAINS = frozenset()
 
 
+@dataclass(frozen=True)
+class UnreachableFacts(Facts):
+    failures: tuple[str, ...]  # one line per target or query that gave nothing usable
+    answered: tuple[str, ...]  # the targets the diagnosis ran on, sorted
+
+    def lines(self) -> list[str]:
+        return [*self.failures, "the diagnosis ran on what the others gave"
+                + (f" ({', '.join(self.answered)})" if self.answered else "")]
+
+
 def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     if not ev.failures:
         return None
-    lines = list(ev.failures)
-    ok = sorted({s for t in ev.targets for s in (t.target,)})
-    lines.append("the diagnosis ran on what the others gave"
-                 + (f" ({', '.join(ok)})" if ok else ""))
     return Finding(
         id=ID,
         title=TITLE,
         confidence=0.9,
-        evidence=lines,
+        facts=UnreachableFacts(tuple(ev.failures), tuple(sorted({t.target for t in ev.targets}))),
         next_step=("Check those processes first (alive? stuck? log?): a dead or hung rank stops "
                    "reporting and its series are missing from every other verdict."),
         severity=SEVERITY,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvscope.diagnostics.evidence import build_evidence  # noqa: E402
-from kvscope.diagnostics.model import Finding  # noqa: E402
+from kvscope.diagnostics.model import Facts, Finding  # noqa: E402
 from kvscope.exporters import signals as S  # noqa: E402
 from kvscope.sim import gpu_oracle_driver as gpu_oracle  # noqa: E402
 from kvscope.sim import gpu_oracle_geometry as geo  # noqa: E402
@@ -85,9 +86,19 @@ def test_a_geometry_is_judged_on_its_own_window_not_the_engine_lifetime():
     assert (q.increase, q.recent) == (3, 2)
 
 
+@dataclass(frozen=True)
+class _OneLine(Facts):
+    """A stand-in verdict's facts: one evidence line."""
+
+    line: str
+
+    def lines(self) -> list[str]:
+        return [self.line]
+
+
 def _report(*ids_conf):
     return SimpleNamespace(verdicts=[Finding(id=i, title=i.replace("_", " "), confidence=c,
-                                             evidence=[f"{i} line"], next_step="")
+                                             facts=_OneLine(f"{i} line"), next_step="")
                                      for i, c in ids_conf])
 
 

@@ -71,7 +71,8 @@ def test_the_issue_case_is_an_anomaly_not_healthy():
     report = diagnose(evidence(d, lifetime=False, declare=False))
     assert report.exit_code == 1
     assert report.top.id == "unclassified_anomaly"
-    assert any("4,760 of 4,760 lookup rounds in the window vetoed" in e for e in report.top.evidence)
+    rf = report.top.facts.rounds_failing
+    assert (rf.vetoed, rf.rounds, rf.lifetime, rf.mostly_vetoed) == (4760, 4760, False, True)
     unchecked = {u.check for u in report.unchecked}
     assert {"capacity_ceiling_veto", "stores_without_restores", "pending_at_idle"} <= unchecked
     assert "Could not check:" in format_text(report)
@@ -83,7 +84,8 @@ def test_a_load_pending_for_an_hour_without_its_age_gauge_is_an_anomaly():
     d[S.REQUESTS_IN_FLIGHT.name] = [0] * 13
     report = diagnose(evidence(d, t1=T0 + 3600, lifetime=False, declare=False))
     assert report.exit_code == 1 and report.top.id == "unclassified_anomaly"
-    assert any("pending for 60 min on an idle engine" in e for e in report.top.evidence)
+    # the age series missing: at least 60 min pending on an idle engine
+    assert [(p.kind, p.pending_s) for p in report.top.facts.idle_pending] == [("load", 3600)]
 
 
 def test_a_transfer_pending_far_longer_than_any_real_one_while_busy():
@@ -92,7 +94,7 @@ def test_a_transfer_pending_far_longer_than_any_real_one_while_busy():
     d[S.REQUESTS_IN_FLIGHT.name] = [3, 3]  # busy: not pending-at-idle
     report = diagnose(evidence(d))
     assert report.top.id == "unclassified_anomaly"
-    assert any("store transfer pending 60 min" in e for e in report.top.evidence)
+    assert [(s.kind, s.pending_s) for s in report.top.facts.stuck_transfers] == [("store", 3600)]
 
 
 def test_explained_invariants_are_not_double_reported():
@@ -134,7 +136,7 @@ def test_unreachable_target_is_evidence_and_the_rest_is_diagnosed():
                     failures=("rank endpoint http://127.0.0.1:1/metrics unreachable: connection refused",))
     report = diagnose(evidence_of(raw))
     assert report.exit_code == 1 and report.top.id == "targets_unreachable"
-    assert "rank endpoint http://127.0.0.1:1/metrics unreachable" in report.top.evidence[0]
+    assert report.top.facts.failures == raw.failures
     assert report.to_dict()["failures"] == list(raw.failures)
 
 
@@ -149,8 +151,9 @@ def test_low_restore_coverage_no_class_explains_is_an_anomaly():
     report = diagnose(evidence(d))
     assert report.exit_code == 1
     anomaly = next(v for v in report.verdicts if v.id == "unclassified_anomaly")
-    assert anomaly.evidence[0].startswith("restore coverage 33%: 128 of 384 tokens the tiers held")
-    assert "row_ceiling 256" in anomaly.evidence[0] and "not_stored" not in anomaly.evidence[0]
+    low = anomaly.facts.low_coverage  # 33 %
+    assert (low.offered_tokens, low.held_tokens) == (128, 384)
+    assert low.not_offered_by_reason == {"row_ceiling": 256}  # not_stored: never held
 
 
 def test_full_coverage_but_the_load_cap_token_is_healthy():

@@ -15,6 +15,12 @@ from kvscope.diagnostics.classifiers import (
     store_never_fits,
     stores_without_restores,
 )
+from kvscope.diagnostics.classifiers.capacity_ceiling_livelock import OwnRowsFacts
+from kvscope.diagnostics.classifiers.pending_at_idle import InFlight, Pending
+from kvscope.diagnostics.classifiers.shared_facts import RowBytes
+from kvscope.diagnostics.classifiers.stale_rows import MatchedRank
+from kvscope.diagnostics.classifiers.store_never_fits import JobSize
+from kvscope.diagnostics.classifiers.tier_flooded_by_group import GroupStored
 from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.thresholds import Thresholds
 from kvscope.exporters import signals as S
@@ -57,12 +63,13 @@ def veto_case(rows=4):
 def test_veto_fires_with_rows_needed():
     f = capacity_ceiling_veto.classify(evidence(veto_case()), TH)
     assert f is not None and f.confidence_label == "high"
-    assert any("reached the row ceiling" in e for e in f.evidence)
-    assert any("disk tier has data: 24 keys" in e for e in f.evidence)
+    assert f.facts.rounds_at_ceiling == 6 and f.facts.vetoed_rounds == 6  # all at the ceiling
+    assert f.facts.disk_keys == 24
     # the vetoed request covers 12 keys, +25% = 15
-    assert "≥ 15 rows (now 4; the vetoed request covers 12 chunk keys over 2 KV groups" \
-        in f.next_step
-    assert "row bytes unknown" in f.next_step
+    sz = f.facts.sizing
+    assert (sz.rows_wanted, sz.rows_now, sz.request_verdict, sz.request_keys, sz.kv_groups) \
+        == (15, 4, "vetoed", 12, 2)
+    assert sz.row_bytes is None
 
 
 def test_veto_without_request_keys_gives_only_the_lower_bound():
@@ -71,14 +78,14 @@ def test_veto_without_request_keys_gives_only_the_lower_bound():
     f = capacity_ceiling_veto.classify(evidence(d), TH)
     assert f is not None  # the verdict stands on the rounds at the ceiling
     # rows + 1 = 5, + 25% -> 7; no estimate from lookup counts pretends to know more
-    assert "≥ 7 rows (now 4; more than the 4 rows" in f.next_step
-    assert f"{S.LAST_ROUND_REQUEST_KEYS.name} is missing" in f.next_step
+    assert (f.facts.sizing.rows_wanted, f.facts.sizing.rows_now) == (7, 4)
+    assert f.facts.sizing.request_keys is None  # the series is missing
 
 
 def test_veto_gives_bytes_when_row_bytes_known():
     f = capacity_ceiling_veto.classify(evidence(veto_case()), Thresholds(row_bytes=1 << 20))
-    assert "cpu_bytes_to_use ≥ 15728640 (15.0 MiB = 15 rows × 1.0 MiB per row, --row-bytes)" \
-        in f.next_step
+    assert f.facts.sizing.rows_wanted == 15
+    assert f.facts.sizing.row_bytes == RowBytes(1 << 20, "--row-bytes")  # 15 rows: 15728640
 
 
 def test_veto_rows_from_request_keys_and_bytes_from_row_bytes_gauge():
@@ -87,28 +94,26 @@ def test_veto_rows_from_request_keys_and_bytes_from_row_bytes_gauge():
     d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")] = [10, 10]
     d[S.PRIMARY_ROW_BYTES.name] = [16384, 16384]
     f = capacity_ceiling_veto.classify(evidence(d), TH)
-    assert any("the vetoed request covers 10 chunk keys (5 per KV group × 2)" in e
-               for e in f.evidence)
+    assert (f.facts.request_keys, f.facts.kv_groups) == (10, 2)  # 5 per KV group x 2
     # 10 keys + 25% = 12.5 -> 13 rows; 13 x 16 KiB = 212992 bytes
-    assert "≥ 13 rows (now 4; the vetoed request covers 10 chunk keys over 2 KV groups" \
-        in f.next_step
-    assert "cpu_bytes_to_use ≥ 212992 (208.0 KiB = 13 rows × 16.0 KiB per row, " \
-        "kvscope_primary_row_bytes)" in f.next_step
+    sz = f.facts.sizing
+    assert (sz.rows_wanted, sz.rows_now, sz.request_keys, sz.kv_groups) == (13, 4, 10, 2)
+    assert sz.row_bytes == RowBytes(16384, S.PRIMARY_ROW_BYTES.name)
 
 
 def test_veto_request_that_alone_fits_still_needs_more_than_the_tier():
     d = veto_case()
     d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="vetoed")] = [3, 3]  # fits 4 rows alone
     f = capacity_ceiling_veto.classify(evidence(d), TH)
-    assert "alone covers 3 keys ≤ 4 rows" in f.next_step
-    assert "≥ 7 rows" in f.next_step  # rows + 1 = 5, + 25% -> 7
+    assert (f.facts.sizing.request_keys, f.facts.sizing.rows_now) == (3, 4)  # alone: 3 ≤ 4
+    assert f.facts.sizing.rows_wanted == 7  # rows + 1 = 5, + 25% -> 7
 
 
 def test_veto_row_bytes_derived_from_manager_disk_bytes():
     d = veto_case()
     d[L(S.TRANSFER_BYTES.name, rank="manager", direction="cpu_to_disk")] = [24 * 8192, 24 * 8192]
     f = capacity_ceiling_veto.classify(evidence(d), TH)
-    assert "8.0 KiB per row" in f.next_step
+    assert f.facts.sizing.row_bytes == RowBytes(8192, "disk-tier bytes per key")
 
 
 def test_veto_needs_the_ceiling():
@@ -129,7 +134,8 @@ def test_veto_of_a_request_larger_than_the_tier_needs_no_ceiling_count():
     d[L(S.PROMOTIONS.name, result="no_row")] = [20, 29]
     f = capacity_ceiling_veto.classify(evidence(d), TH)
     assert f is not None and f.confidence_label == "high"
-    assert "≥ 15 rows (now 8; the vetoed request covers 12 chunk keys" in f.next_step
+    assert (f.facts.sizing.rows_wanted, f.facts.sizing.rows_now) == (15, 8)
+    assert f.facts.sizing.request_keys == 12
 
 
 def test_veto_silent_on_quiet_engine():
@@ -154,7 +160,7 @@ def livelock_case(rows=8):
 def test_livelock_fires():
     f = capacity_ceiling_livelock.classify(evidence(livelock_case()), TH)
     assert f is not None and f.confidence_label == "high"
-    assert any("churn 4.5 rows per scheduler step" in e for e in f.evidence)
+    assert f.facts.per_step == 4.5  # rows per scheduler step
 
 
 def test_livelock_not_for_a_healthy_promotion():
@@ -178,8 +184,7 @@ def test_livelock_exact_keys_do_not_need_the_churn_rate():
     d[L(S.LAST_ROUND_REQUEST_KEYS.name, verdict="deferred")] = [12, 12]
     f = capacity_ceiling_livelock.classify(evidence(d), TH)
     assert f is not None
-    assert any("the deferred request covers 12 chunk keys over 1 KV group: more than the 8 rows"
-               in e for e in f.evidence)
+    assert (f.facts.request_keys, f.facts.kv_groups, f.facts.primary_rows) == (12, 1, 8)
 
 
 def test_livelock_still_happening_between_scrapes():
@@ -190,7 +195,7 @@ def test_livelock_still_happening_between_scrapes():
     d[L(S.PROMOTIONS.name, result="started")] = [500, 545]
     f = capacity_ceiling_livelock.classify(evidence(d), TH)
     assert f is not None
-    assert any("still happening" in e for e in f.evidence)
+    assert f.facts.recent_only and f.facts.recent_deferred_rounds == 10
 
 
 # the self-evicting form: a deferred request that fits the tier promotes its own keys over
@@ -211,8 +216,11 @@ def self_evicting_case():
 def test_livelock_self_evicting_fires_though_the_churn_is_slow():
     f = capacity_ceiling_livelock.classify(evidence(self_evicting_case()), TH)
     assert f is not None and f.confidence_label == "high"
-    assert any("266 promotions completed since process start for 1 deferred request covering at most 64 chunk keys: each key promoted 4.2 times over, and no restore" in e for e in f.evidence)
-    assert any("it fits the 1,396-row primary tier" in e for e in f.evidence)
+    assert isinstance(f.facts, OwnRowsFacts) and f.facts.lifetime and not f.facts.recent_only
+    assert (f.facts.promotions_completed, f.facts.deferred_requests, f.facts.keys_covered) \
+        == (266, 1, 64)
+    assert round(f.facts.promotions_per_key, 1) == 4.2
+    assert (f.facts.request_keys, f.facts.primary_rows) == (64, 1396)  # fits the tier
     assert "livelocked on their own rows" in f.next_step
 
 
@@ -264,7 +272,7 @@ def test_queue_wait_fires_and_is_not_a_restore_failure():
     f = queue_wait.classify(ev, TH)
     assert f is not None and f.confidence_label == "high"
     assert "Not a restore failure" in f.next_step
-    assert any("restore path healthy when it runs: 20 hit rounds" in e for e in f.evidence)
+    assert f.facts.hit_rounds == 20  # the restore path healthy when it runs
     report = diagnose(ev)
     assert [v.id for v in report.verdicts] == ["queue_wait"]
 
@@ -312,10 +320,9 @@ def test_queue_wait_reads_vllms_deferred_reason_as_its_skipped_queue():
     d[S.VLLM_REQUESTS_RUNNING] = [1, 1]
     f = queue_wait.classify(evidence(d), TH)
     assert f is not None and f.confidence_label == "high"
-    assert ("vLLM (vllm:num_requests_waiting): 3 waiting; by reason capacity=0, deferred=3; "
-            "1 running") in f.evidence
-    assert any(e.startswith("vLLM's reason=deferred (3) is its skipped-waiting queue")
-               for e in f.evidence)
+    assert (f.facts.vllm_waiting, f.facts.vllm_running) == (3, 1)
+    assert f.facts.vllm_waiting_by_reason == {"capacity": 0, "deferred": 3}
+    assert f.facts.skipped_waiting == 3  # vLLM's reason=deferred is its skipped-waiting queue
 
 
 def test_queue_wait_not_while_the_connector_holds_them():
@@ -340,9 +347,10 @@ def stale_case(refused=True):
 def test_stale_rows_names_the_rank():
     f = stale_rows.classify(evidence(stale_case()), TH)
     assert f is not None and f.confidence > 0.9
-    assert f.evidence[0].startswith("rank 1: 12 of 16 promoted-row checksums mismatched")
-    assert f.evidence[0].endswith("12 load jobs refused (vLLM recomputed those tokens)")
-    assert "matching checksums only: rank 0 (16 rows)" in f.evidence
+    (bad,) = f.facts.mismatched_ranks
+    assert (bad.rank, bad.mismatched, bad.mismatched + bad.matched) == ("1", 12, 16)
+    assert bad.loads_refused == 12 and not bad.served  # vLLM recomputed those tokens
+    assert f.facts.clean_ranks == (MatchedRank("0", 16),)
     assert f.next_step.startswith("Every mismatching load was refused and recomputed")
 
 
@@ -350,10 +358,9 @@ def test_stale_rows_observe_policy_served():
     d = with_info(stale_case(refused=False), checksum_policy="observe")
     d[L(S.TRANSFER_BYTES.name, rank="1", direction="cpu_to_gpu")] = [0, 4096]
     f = stale_rows.classify(evidence(d), TH)
-    assert "0 loads refused: the mismatching rows were SERVED (4.0 KiB loaded CPU -> GPU" \
-        in f.evidence[0]
-    assert "checksum_policy=observe (kvscope_info): mismatching loads are counted and served" \
-        in f.evidence
+    (bad,) = f.facts.mismatched_ranks
+    assert bad.served and bad.loads_refused == 0 and bad.loaded_bytes == 4096
+    assert f.facts.checksum_policies == ("observe",) and f.facts.served_ranks == ("1",)
     assert f.next_step.startswith("Mismatching rows were SERVED")
 
 
@@ -361,7 +368,8 @@ def test_stale_rows_refuse_configured_but_nothing_refused_is_served():
     # one refusal is one load job over many rows: rows vs jobs must not be mixed
     d = with_info(stale_case(refused=False), checksum_policy="refuse")
     f = stale_rows.classify(evidence(d), TH)
-    assert any("yet rank 1 refused none: observe was in effect" in e for e in f.evidence)
+    # refuse configured, yet rank 1 refused none: observe was in effect
+    assert f.facts.checksum_policies == ("refuse",) and f.facts.served_ranks == ("1",)
     assert f.next_step.startswith("Mismatching rows were SERVED")
 
 
@@ -370,10 +378,10 @@ def test_stale_rows_one_refused_job_covers_many_rows():
     d[L(S.LOADS_REFUSED.name, rank="1", reason="checksum_mismatch")] = [1, 1]  # 12 rows, 1 job
     d[S.QUARANTINED_KEYS.name] = [12, 12]
     f = stale_rows.classify(evidence(d), TH)
-    assert not any("SERVED" in e for e in f.evidence)
-    assert any(e.startswith("12 keys quarantined now") for e in f.evidence)
-    assert "refuse (kvscope_info): mismatching loads are refused and recomputed" in \
-        " ".join(f.evidence)
+    assert f.facts.served_ranks == ()
+    assert f.facts.mismatched_ranks[0].loads_refused == 1
+    assert f.facts.quarantined_keys == 12
+    assert f.facts.checksum_policies == ("refuse",)  # refused and recomputed
 
 
 def test_stale_rows_silent_when_all_match():
@@ -397,8 +405,8 @@ def pending_case(age=(95, 96)):
 def test_pending_at_idle_names_rank_and_direction():
     f = pending_at_idle.classify(evidence(pending_case()), TH)
     assert f is not None
-    assert f.evidence[0] == "1 store transfer pending, oldest 96 s (threshold 30 s, --stuck-after)"
-    assert "in flight: rank 1 gpu_to_cpu (1)" in f.evidence
+    assert f.facts.pending == (Pending("store", 1, 96),) and f.facts.threshold_s == 30
+    assert f.facts.in_flight == (InFlight("1", "gpu_to_cpu", 1),)
     assert "rank 1 (gpu_to_cpu)" in f.next_step
 
 
@@ -445,17 +453,14 @@ def _memory_window(d):
 def test_blocks_held_at_idle_are_named_with_the_pool():
     f = not_settled_at_idle.classify(evidence(settle_case()), TH)
     assert f is not None and f.title == "The engine did not settle at idle (GPU blocks held)"
-    assert f.evidence[0].startswith("16 of 39 GPU KV blocks still in use at the end of the "
-                                    "latest step that left nothing in flight")
-    assert "vLLM's block pool now: 16 blocks in use" in f.evidence[1]
-    assert f.evidence[-1] == ("nothing runs or waits: kvscope in-flight requests 0, vLLM running "
-                              "0, waiting 0")
+    b = f.facts.blocks  # held at the end of the latest step that left nothing in flight
+    assert (b.held, b.total, b.in_use_now) == (16, 39, 16) and f.facts.memory is None
+    assert (f.facts.vllm_running, f.facts.vllm_waiting) == (0, 0)  # nothing runs or waits
     assert f.confidence_label == "high" and "restart the engine" in f.next_step
     # 0 -> 16 between two scrapes: not held throughout the recent span (yet)
     assert not_settled_at_idle.classify(evidence(settle_case(held=(0, 16))), TH) is None
     f = not_settled_at_idle.classify(evidence(settle_case(held=(8, 16))), TH)
-    assert "held at idle grew by 8 in the window (8 → 16): each burst of requests leaves more " \
-           "behind" in f.evidence
+    assert (f.facts.blocks.grew_by, f.facts.blocks.held_first, f.facts.blocks.held) == (8, 8, 16)
 
 
 def test_a_settled_or_busy_engine_is_not_flagged():
@@ -473,12 +478,13 @@ def test_host_memory_falling_at_idle_into_the_engine_process():
     rss = [3 * GIB + i * GIB // 4 for i in range(11)]  # ... into the engine process
     f = not_settled_at_idle.classify(_memory_window(memory_case(avail, rss)), TH)
     assert f is not None and f.title == "The engine did not settle at idle (host memory falling)"
-    assert f.evidence[0].startswith("the host's available memory fell by 2.5 GiB (40.0 GiB → "
-                                    "37.5 GiB) over 10 min while nothing ran or waited")
-    assert f.evidence[1].startswith("the engine process grew by 2.5 GiB meanwhile")
+    m = f.facts.memory
+    assert (m.dropped_bytes, m.from_bytes, m.to_bytes, m.over_s) \
+        == (2.5 * GIB, 40 * GIB, 37.5 * GIB, 600) and f.facts.blocks is None
+    assert m.process_grew_bytes == 2.5 * GIB and m.own  # the engine process grew meanwhile
     assert f.confidence_label == "high"
     flat = not_settled_at_idle.classify(_memory_window(memory_case(avail, [3 * GIB] * 11)), TH)
-    assert "the memory goes elsewhere on the host" in flat.evidence[1]
+    assert flat.facts.memory.process_grew_bytes == 0 and not flat.facts.memory.own  # elsewhere
     assert flat.confidence_label == "medium" and "not the engine process" in flat.next_step
 
 
@@ -529,14 +535,17 @@ def test_stores_without_restores_hash_seed_differs_between_targets():
     d[info(seed="1", __target__="http://127.0.0.1:1/metrics")] = [1, 1]
     d[info(seed="2", __target__="http://127.0.0.1:2/metrics")] = [1, 1]
     f = stores_without_restores.classify(evidence(d), TH)
-    assert "differs" in f.evidence[0] and "127.0.0.1:2" in f.evidence[0]
+    assert f.facts.case == "hash seed differs"
+    seeds = [(t.target, t.seeds) for t in f.facts.target_seeds]
+    assert ("http://127.0.0.1:1/metrics", ("1",)) in seeds
+    assert ("http://127.0.0.1:2/metrics", ("2",)) in seeds
 
 
 def test_stores_without_restores_group_always_misses():
     d = swr_case() | lookups("0", hit=[40, 50], miss=[0, 0]) | rounds(vetoed=[40, 50], miss=[0, 0])
     f = stores_without_restores.classify(evidence(d), TH)
     assert f.title.endswith("(one group always misses)")
-    assert f.evidence[0].startswith("kv_group 1 found 0 of 50 keys")
+    assert (f.facts.silent_groups, f.facts.silent_group_lookups) == (("1",), 50)  # found 0
 
 
 def test_stores_without_restores_generic_is_low_confidence():
@@ -598,10 +607,12 @@ def test_store_never_fits_sizes_the_fix_from_kvscope_info():
     d[S.PRIMARY_ROW_BYTES.name] = [16384, 16384]
     f = store_never_fits.classify(evidence(d), TH)
     # 256 tokens / 16 per chunk = 16 chunks x 2 groups = 32 rows per store job
-    assert any("= 16 chunks of 16 tokens × 2 KV groups = 32 rows per store job; primary tier: 4 "
-               "rows" in e for e in f.evidence)
-    assert "Grow the tier to ≥ 40 rows (32 + 25% margin) — cpu_bytes_to_use ≥ 655360" in f.next_step
-    assert "lower max_num_batched_tokens to ≤ 32 (= 2 chunks × 16 tokens per group" in f.next_step
+    assert f.facts.job == JobSize(max_num_batched_tokens=256, chunk_tokens=16, kv_groups=2,
+                                  chunks=16, rows_per_job=32)
+    assert f.facts.primary_rows == 4
+    # 32 + 25% margin = 40 rows x 16 KiB = 655360 bytes; or ≤ 4 // 2 chunks x 16 = 32 tokens
+    assert f.facts.rows_wanted == 40 and f.facts.row_bytes.bytes == 16384
+    assert f.facts.fit_tokens == 32
 
 
 def test_store_fits_sometimes_when_disk_has_data():
@@ -619,7 +630,7 @@ def test_stale_telemetry_voids_gauge_verdicts():
     d[S.SCHEDULER_STEPS.name] = [500, 500]
     ev = evidence(d)
     f = stale_telemetry.classify(ev, TH)
-    assert f is not None and "last scheduler step 10 min before" in f.evidence[0]
+    assert f is not None and f.facts.stale[0].step_age_s == 601  # 10 min before the scrape
     report = diagnose(ev)
     assert [v.id for v in report.verdicts] == ["stale_telemetry"]
     assert report.notes == ["not judged from stale gauges: Transfers pending on an idle engine"]
@@ -629,7 +640,7 @@ def test_old_step_on_idle_engine_is_not_stale():
     d = base(last_step=[T0 - 3600, T0 - 3600], steps=[50, 50])
     assert stale_telemetry.classify(evidence(d), TH) is None
     report = diagnose(evidence(d))
-    assert report.healthy and any("(engine idle)" in e for e in report.top.evidence)
+    assert report.healthy and report.top.facts.idle
 
 
 # ---- healthy and ranking ------------------------------------------------------------
@@ -638,11 +649,11 @@ def test_healthy_says_what_was_checked():
     d[S.HIT_TOKENS.name] = [160, 192]
     report = diagnose(evidence(d))
     assert report.healthy and report.exit_code == 0
-    checked = [e for e in report.top.evidence if e.startswith("checked: ")]
+    checked = report.top.facts.checked
     # + the window-wide checks: one engine, kvscope's own errors
     assert len(checked) == len(CLASSIFIERS) + 2, report.top.evidence
-    assert f"checked: {telemetry_gaps.CHECK}" in checked
-    assert f"checked: {engines.CHECK}" in checked
+    assert telemetry_gaps.CHECK in checked
+    assert engines.CHECK in checked
 
 
 def test_several_verdicts_are_ranked():
@@ -662,7 +673,7 @@ def test_a_broken_classifier_does_not_hide_the_others(monkeypatch):
     assert report.top.id == "stale_row_corruption"
     failed = [v for v in report.verdicts if v.kind == "error"]
     assert [v.id for v in failed] == ["check_failed:queue_wait"]
-    assert failed[0].evidence[0] == "RuntimeError: bug"
+    assert (failed[0].facts.error, failed[0].facts.message) == ("RuntimeError", "bug")
     assert report.exit_code == 1
 
 
@@ -686,7 +697,7 @@ def test_store_never_fits_although_a_few_jobs_fit():
     d[L(S.CASCADES.name, result="completed")] = [0, 11]
     f = store_never_fits.classify(evidence(d), TH)
     assert f is not None
-    assert any(e.startswith("refused jobs outnumber prepared ones 35:1") for e in f.evidence)
+    assert f.facts.reached and (f.facts.refused_jobs, f.facts.prepared_jobs) == (104, 3)  # 35:1
     d[L(S.STORE_JOBS.name, result="prepared")] = [0, 30]  # refusals now and then: fits
     assert store_never_fits.classify(evidence(d), TH) is None
 
@@ -704,7 +715,7 @@ def test_store_fits_sometimes_with_the_cpu_tier_alone():
     assert store_never_fits.classify(evidence(d), TH) is None
     d[L(S.STORE_JOBS.name, result="prepared")] = [0, 0]
     f = store_never_fits.classify(evidence(d), TH)
-    assert f is not None and "0 store jobs fit the CPU tier (the only tier)" in f.evidence
+    assert f is not None and not f.facts.reached and not f.facts.tiered  # none fit the CPU tier
 
 
 def test_tier_writes_failing_when_cascades_fail():
@@ -716,7 +727,7 @@ def test_tier_writes_failing_when_cascades_fail():
     d[L(S.CASCADES.name, result="completed")] = [10, 10]
     f = tier_writes_failing.classify(evidence(d, lifetime=False), TH)
     assert f is not None and f.confidence_label == "high"
-    assert f.evidence[0].startswith("30 cascade writes to the disk tier failed")
+    assert f.facts.cascades_failed == 30
     assert "df -h" in f.next_step
     assert diagnose(evidence(d, lifetime=False)).top.id == "tier_writes_failing"
 
@@ -749,14 +760,14 @@ def test_tier_data_lost_names_the_keys_when_and_the_directory():
 
     f = tier_data_lost.classify(evidence(_lost(0), lifetime=False), TH)
     assert f is not None and f.confidence_label == "high"
-    assert f.evidence[0].startswith("24 key(s) the fs tier had confirmed written were found gone")
-    assert any(e.startswith("the probe last found keys lost at ") and "3.0 s before" in e
-               for e in f.evidence)
-    assert any("start-up is gone" in e for e in f.evidence)
+    (lost,) = f.facts.tiers
+    assert (lost.tier, lost.lost_keys) == ("fs", 24)
+    assert lost.last_loss_at == T0 - 2 and f.facts.window_end - lost.last_loss_at == 3
+    assert lost.root_present is False  # its start-up directory is gone
     assert "mount" in f.next_step and "restart the engine" in f.next_step
     assert diagnose(evidence(_lost(0), lifetime=False)).top.id == "tier_data_lost"
     kept = tier_data_lost.classify(evidence(_lost(1), lifetime=False), TH)
-    assert any("deleted out of band" in e for e in kept.evidence)
+    assert kept.facts.tiers[0].root_present is True  # block files deleted out of band
     assert "restart the engine" not in kept.next_step
 
 
@@ -787,8 +798,8 @@ def test_promotion_stalled_when_a_request_waits_on_an_old_promotion():
 
     f = promotion_stalled.classify(evidence(_stalled(1, 45.0), lifetime=False), TH)
     assert f is not None
-    assert f.evidence[0].startswith("1 promotion pending, oldest 45")
-    assert "500 lookup rounds deferred" in f.evidence[2]
+    assert (f.facts.pending_promotions, f.facts.oldest_s) == (1, 45)
+    assert f.facts.deferred_rounds == 500
     assert diagnose(evidence(_stalled(1, 45.0), lifetime=False)).top.id == "promotion_stalled"
 
 
@@ -831,14 +842,13 @@ def test_tier_flooded_by_group_names_the_flood_and_the_groups_that_stored_nothin
     ev = evidence(flood_case())
     f = flood.classify(ev, TH)
     assert f is not None and f.confidence_label == "high"
-    assert f.evidence[0] == ("KV group 2 (full_attention, 16 tokens per block) holds 24 of the 24 "
-                             "keys in the CPU primary tier (100%; 24 rows)")
-    assert ("KV group 0 (full_attention, 128 tokens per block) stored 0 prompt tokens (0 keys) "
-            "since process start") in f.evidence
-    assert any(e.startswith("KV group 2 (full_attention, 16 tokens per block) stored 448 prompt "
-                            "tokens (28 keys, 56.0 KiB)") for e in f.evidence)
-    assert any("KV groups 0, 1 stored none" in e for e in f.evidence)
-    assert "a chunk of KV groups 0, 1 is 128 tokens" in f.next_step
+    x = f.facts
+    assert (x.flood_group, x.flood_keys, x.primary_keys, x.share, x.primary_rows) \
+        == ("2", 24, 24, 1.0, 24)
+    assert x.lifetime and x.groups[0] == GroupStored("0", "full_attention", 128, 0, 0, None)
+    assert x.groups[2] == GroupStored("2", "full_attention", 16, 448, 28, 56 * 1024)
+    assert x.victims == ("0", "1") and x.victim_tokens_least == 0  # they stored none
+    assert x.victim_chunk_tokens == 128  # a chunk of KV groups 0, 1
     assert "blocks_per_chunk" in f.next_step
     assert diagnose(ev).top.id == flood.ID
 
@@ -848,10 +858,8 @@ def test_tier_flooded_by_group_refused_stores_say_so():
 
     f = flood.classify(evidence(flood_case(keys=(1, 1, 60), refused=(9, 9, 72))), TH)
     assert f is not None
-    assert "18 keys of KV groups 0, 1 were in store jobs refused" in " | ".join(f.evidence)
-    assert f.next_step.startswith("A prefix restores only if every KV group stored its chunks; "
-                                  "KV groups 0, 1 stored too few. The store jobs of KV groups "
-                                  "0, 1 were refused")
+    assert f.facts.victims == ("0", "1") and f.facts.victim_keys_refused == 18
+    assert f.facts.victim_tokens_least > 0  # stored too few, their store jobs refused
 
 
 def test_tier_flooded_by_group_quiet_on_a_healthy_hybrid_model():
@@ -869,7 +877,8 @@ def test_tier_flooded_by_group_quiet_on_a_healthy_hybrid_model():
     low = flood_case(blocks=(128, 128, 16), keys=(1, 3, 60), held=(1, 3, 20), rows=24)
     f = flood.classify(evidence(low), TH)
     assert f is not None and f.confidence_label == "medium"
-    assert any("KV group 0 stored under 25% of KV group 2's" in e for e in f.evidence)
+    assert (f.facts.victims, f.facts.flood_group, f.facts.victim_fraction) == (("0",), "2", 0.25)
+    assert 0 < f.facts.victim_tokens_least < 0.25 * f.facts.groups[2].stored_tokens
     # ... but not while no group holds most of the tier
     spread = flood_case(blocks=(128, 128, 16), keys=(0, 0, 28), held=(8, 8, 8), rows=24)
     assert flood.classify(evidence(spread), TH) is None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvscope.diagnostics.classifiers.shared_facts import StoppedGroup
+from kvscope.diagnostics.classifiers.store_never_fits import MOSTLY_REFUSED, StoredInPartFacts
 from kvscope.diagnostics.engine import diagnose, diagnose_raw
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
@@ -48,13 +50,12 @@ def test_the_reported_gpu_run_is_named_truncated():
     top = report.top
     assert top.id == "capacity_ceiling_truncated", [f.id for f in report.verdicts]
     assert report.exit_code == 1
-    text = " | ".join(top.evidence)
-    assert "latest such round: 1,600 tokens offered of 2,000 held (80%)" in text, text
-    assert "100 rows / 1 KV group × 16 tokens = 1,600 tokens" in text, text
-    assert "needs 125 rows at once" in text, text
-    assert "restore coverage 80.0%" in text, text
-    assert top.next_step.startswith("Grow the CPU primary tier to ≥ 157 rows (now 100;"), \
-        top.next_step
+    x = top.facts
+    assert (x.latest_offered_tokens, x.latest_held_tokens) == (1600, 2000), x  # 80 %
+    assert (x.primary_rows, x.kv_groups, x.chunk_tokens, x.tokens_cap) == (100, 1, 16, 1600), x
+    assert x.rows_needed == 125, x
+    assert x.coverage.ratio == 0.8, x
+    assert (x.rows_wanted, x.primary_rows) == (157, 100), x
 
 
 def test_a_restore_that_got_everything_held_is_healthy():
@@ -84,9 +85,9 @@ def test_prefixes_that_fit_alone_but_not_together_are_the_concurrency_form():
     top = report.top
     assert top.id == "capacity_ceiling_concurrency", [f.id for f in report.verdicts]
     assert "capacity_ceiling_truncated" not in {f.id for f in report.verdicts}
-    assert "Or admit at most 1 such long-prefix request at once (100 rows / 60 per request)" \
-        in top.next_step, top.next_step
-    assert "≥ 225 rows" in top.next_step, top.next_step
+    x = top.facts
+    assert (x.admit_at_once, x.primary_rows, x.rows_per_request) == (1, 100, 60), x
+    assert x.rows_wanted == 225, x
 
 
 def test_an_earlier_concurrent_cut_is_not_lost_to_a_later_lone_round():
@@ -198,14 +199,12 @@ def test_a_prompt_stored_in_part_is_named_store_never_fits():
     assert top.id == "store_never_fits", [f.id for f in report.verdicts]
     assert top.title == "Store never fits the primary tier (stored in part)"
     assert report.exit_code == 1
-    text = " | ".join(top.evidence)
-    assert ("1 lookup round since process start stopped at a chunk whose store job the primary "
-            "tier had refused for lack of space: the prompt was stored only in part, 128 tokens "
-            "of it not restored (recomputed)") in text, text
-    assert "16 tokens offered of 16 the tiers held" in text, text
-    assert "4 store jobs refused (no_space) since process start, 32 prepared" in text, text
+    x = top.facts
+    assert (x.lifetime, x.short_rounds, x.lost_tokens) == (True, 1, 128), x
+    assert (x.offered_tokens, x.held_tokens) == (16, 16), x
+    assert (x.refused_jobs, x.prepared_jobs) == (4, 32), x
     assert top.next_step.startswith("Part of each such prompt is recomputed on every re-ask")
-    assert "Grow the CPU primary tier to ≥ 18 rows (now 7;" in top.next_step, top.next_step
+    assert (x.rows_wanted, x.primary_rows) == (18, 7), x
 
 
 def test_refused_stores_never_asked_again_are_healthy():
@@ -253,14 +252,15 @@ def test_the_h200_48_row_run_is_stored_in_part_with_confidence():
     assert top.id == "store_never_fits", [f.id for f in report.verdicts]
     assert top.title.endswith("(stored in part)"), top.title
     assert top.confidence >= 0.85, top.confidence
-    text = " | ".join(top.evidence)
-    assert "1,232 tokens of it not restored" in text, text
-    assert "768 tokens offered of 768 the tiers held" in text, text
-    assert "122 store jobs refused (no_space) since process start, 15 prepared; a refused " \
-           "job is retried every step" in text, text
-    assert "never stored" not in text.replace("was never stored", ""), text
-    assert "Grow the CPU primary tier to ≥ 90 rows (now 48; room for one more job in flight: " \
-           "48 + 24" in top.next_step, top.next_step
+    x = top.facts
+    assert isinstance(x, StoredInPartFacts), x  # not the never-stored form
+    assert x.lost_tokens == 1232, x
+    assert (x.offered_tokens, x.held_tokens) == (768, 768), x
+    # refusals outnumber prepared jobs: a refused job is retried every step
+    assert x.lifetime and (x.refused_jobs, x.prepared_jobs) == (122, 15), x
+    assert x.refused_jobs > MOSTLY_REFUSED * x.prepared_jobs, x
+    # room for one more job in flight: 48 + 24, + 25 %
+    assert (x.rows_wanted, x.primary_rows, x.job.rows_per_job) == (90, 48, 24), x
 
 
 def test_the_h200_hybrid_run_names_the_group_that_stopped_the_offer():
@@ -272,10 +272,10 @@ def test_the_h200_hybrid_run_names_the_group_that_stopped_the_offer():
     top = report.top
     assert top.id == "store_never_fits" and top.confidence >= 0.85, \
         [(f.id, f.confidence) for f in report.verdicts]
-    text = " | ".join(top.evidence)
-    assert "the offer stopped in KV group 0 (full_attention) in 1 round: its next chunk was " \
-           "never stored (store job refused)" in text, text
-    assert "16 chunks of 16 tokens × 2 KV groups = 32 rows per store job" in text, text
+    x = top.facts
+    assert x.stopped_groups == (StoppedGroup("0", "full_attention", 1),), x
+    assert (x.job.chunks, x.job.chunk_tokens, x.job.kv_groups, x.job.rows_per_job) \
+        == (16, 16, 2, 32), x
 
 
 def test_a_restore_cut_at_the_rows_while_more_was_held_is_the_ceiling_despite_refusals():
@@ -295,9 +295,8 @@ def test_a_restore_cut_at_the_rows_while_more_was_held_is_the_ceiling_despite_re
     top = report.top
     assert top.id == "capacity_ceiling_truncated", [f.id for f in report.verdicts]
     assert top.confidence >= 0.75
-    text = " | ".join(top.evidence)
-    assert "the offer stopped in KV group 0 (full_attention) in 1 round: its next chunk's " \
-           "promotion found no free row" in text, text
+    x = top.facts
+    assert x.ceiling_groups.no_free_row == (StoppedGroup("0", "full_attention", 1),), x
 
 
 def test_a_concurrent_cut_of_a_hybrid_model_names_the_group_whose_miss_vetoed():
@@ -318,5 +317,5 @@ def test_a_concurrent_cut_of_a_hybrid_model_names_the_group_whose_miss_vetoed():
     })
     report = diagnose(evidence(d))
     assert report.top.id == "capacity_ceiling_concurrency", [f.id for f in report.verdicts]
-    assert "the offer stopped in KV group 1 (sliding_window) in 3 rounds: its miss gave the " \
-           "cross-group AND 0 tokens" in report.top.evidence, report.top.evidence
+    assert report.top.facts.ceiling_groups.group_veto == (
+        StoppedGroup("1", "sliding_window", 3),), report.top.facts

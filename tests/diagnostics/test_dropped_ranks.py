@@ -133,10 +133,9 @@ def test_without_the_world_size_the_report_says_it_cannot_tell():
     # a clean run from before the label: healthy, saying beside the ranks what it could not see
     report = diagnose(build_evidence(_without_world_size(_fixture("healthy"))), TH)
     assert report.status == "healthy", report.top.id
-    assert "2 ranks reporting (world size unknown: a rank missing from every series would " \
-           "not show, see the notes)" in " | ".join(report.top.evidence)
+    assert (report.top.facts.reporting_ranks, report.top.facts.world_size) == (2, None)
     report = diagnose(build_evidence(_fixture("healthy")), TH)
-    assert "2 of 2 ranks reporting (kvscope_info world_size=2)" in " | ".join(report.top.evidence)
+    assert (report.top.facts.reporting_ranks, report.top.facts.world_size) == (2, 2)
 
 
 def test_one_engines_rank_is_not_stood_in_for_by_anothers():

@@ -108,7 +108,8 @@ def test_one_dead_rank_does_not_abort_the_diagnosis(capsys):
     assert code == 1, err
     doc = json.loads(out)
     assert doc["verdicts"][0]["id"] == "targets_unreachable"
-    assert any(dead in e and "connection refused" in e for e in doc["verdicts"][0]["evidence"])
+    assert any(dead in e and "connection refused" in e
+               for e in doc["verdicts"][0]["facts"]["failures"])
     assert doc["failures"] and doc["targets"][0]["target"] == url
 
 

@@ -56,8 +56,10 @@ def test_named_on_the_release_that_has_it_with_the_release_to_upgrade_to(capsys)
     assert "store_after_finish" in top["title"]
     assert "upgrade vLLM to 0.27.0 or later" in top["next_step"]
     assert "contain_vllm_faults" in top["next_step"]  # what to do until then
-    assert any("0.26.0 on " in line and "before 0.27.0" in line for line in top["evidence"])
-    assert any("#49635" in line for line in top["evidence"])
+    (bug,) = top["facts"]["bugs"]
+    assert (bug["id"], bug["since"], bug["fixed_in"]) == ("store_after_finish", "0.26.0", "0.27.0")
+    assert [e["vllm_version"] for e in bug["engines"]] == ["0.26.0"]
+    assert "#49635" in bug["upstream"]
     assert "unclassified_anomaly" not in [v["id"] for v in report["verdicts"]]
 
 
@@ -69,9 +71,9 @@ def test_the_same_evidence_on_a_fixed_release_is_not_that_bug(fixed, capsys):
     assert "known_vllm_bug" not in verdicts
     # the count itself is inconsistent there (kvscope wraps nothing): an anomaly, never healthy
     assert code == 1 and "unclassified_anomaly" in verdicts
-    line = next(e for e in verdicts["unclassified_anomaly"]["evidence"]
-                if "store_after_finish" in e)
-    assert f"vLLM {fixed}" in line and "fixed in vLLM 0.27.0" in line
+    (fault,) = verdicts["unclassified_anomaly"]["facts"]["stray_faults"]
+    assert fault["fault"] == "store_after_finish" and fault["contained"] > 0
+    assert fault["vllm_versions"] == [fixed] and fault["fixed_in"] == "0.27.0"
 
 
 def test_without_the_release_the_bug_is_not_guessed(capsys):

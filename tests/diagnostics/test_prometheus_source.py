@@ -59,7 +59,7 @@ def test_prometheus_window_reaches_the_verdict(prometheus, capsys, tmp_path):
         assert doc["source"]["kind"] == "prometheus" and doc["source"]["selector"] == '{job="kvscope"}'
         top = doc["verdicts"][0]
         assert top["id"] == "stale_row_corruption"
-        assert top["evidence"][0].startswith("rank 1: ")
+        assert top["facts"]["mismatched_ranks"][0]["rank"] == "1"
 
         bundle = tmp_path / "p.kvb"
         assert cli.main(["record", "--prometheus", prom.url, "--since", "2m", "-o", str(bundle)]) == 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +23,8 @@ from kvscope.diagnostics import (
     format_text,
 )
 from kvscope.diagnostics.bundle import write_bundle
+from kvscope.diagnostics.classifiers.shared_facts import RowBytes
+from kvscope.diagnostics.classifiers.store_never_fits import JobSize
 from kvscope.diagnostics.scrape import parse_exposition, scrape_window
 from kvscope.exporters import signals as S
 from kvscope.sim.catalog import SCENARIOS
@@ -84,7 +85,6 @@ def _check(name: str, report) -> None:
     assert report.top.id == EXPECTED[name], text
     assert report.exit_code == (0 if EXPECTED[name] == "healthy" else 1), text
     top = report.top
-    ev_text = " | ".join(top.evidence)
     ev = report.evidence
     if name == "queue-wait":  # never reported as a restore failure
         assert not {v.id for v in report.verdicts} & RESTORE_FAILURES, text
@@ -95,70 +95,67 @@ def _check(name: str, report) -> None:
         assert keys == 96 // CHUNK_TOKENS * 2, text  # 6 chunks x 2 KV groups
         need = math.ceil(keys * (1 + TH.row_margin))
         row_bytes = int(ev.tiers.row_bytes.last)
-        assert f"≥ {need} rows (now {int(ev.primary_rows)}; the {verdict.value} request covers " \
-               f"{int(keys)} chunk keys" in top.next_step, text
-        assert f"cpu_bytes_to_use ≥ {need * row_bytes} " in top.next_step, text
-        assert "kvscope_primary_row_bytes" in top.next_step, text
+        sz = top.facts.sizing
+        assert (sz.rows_wanted, sz.rows_now, sz.request_verdict, sz.request_keys) \
+            == (need, ev.primary_rows, verdict.value, keys), text
+        assert sz.request_keys > sz.rows_now, text  # more keys than rows
+        assert sz.row_bytes == RowBytes(row_bytes, "kvscope_primary_row_bytes"), text
     elif name == "truncated":  # 12 chunks of 16 tokens, 8 rows, 1 KV group
-        assert "a full restore of that prefix needs 12 rows at once" in ev_text, text
-        assert "the primary tier has 8" in ev_text, text
-        assert re.search(r"restore coverage \d+\.\d% ", ev_text), text
+        assert top.facts.rows_needed == 12 and top.facts.primary_rows == 8, text
+        assert top.facts.coverage.ratio is not None, text
         assert ev.coverage.ceiling_held.last == 192, text
         assert ev.coverage.ceiling_offered.last <= 8 * CHUNK_TOKENS, text
-        assert top.next_step.startswith(f"Grow the CPU primary tier to ≥ {math.ceil(12 * 1.25)} "
-                                        "rows (now 8;"), text
+        assert top.facts.rows_wanted == math.ceil(12 * 1.25), text
     elif name == "concurrency":  # 3 prompts of 8 chunks re-asked at once, 12 rows
-        assert "needs 8 rows at once: it fits the 12-row primary tier alone" in ev_text, text
+        assert (top.facts.rows_per_request, top.facts.primary_rows) == (8, 12), text  # fits alone
         together = ev.coverage.ceiling_concurrent_rows.max
         assert together > 12 and together % 8 == 0, text
-        assert "Or admit at most 1 such long-prefix request at once" in top.next_step, text
+        assert top.facts.admit_at_once == 1, text
     elif name == "healthy":
         shared = ev.tiers.checksum_ranks.get("shared_region")
         if shared is not None and shared.present:  # both ranks map the scheduler's file
-            assert "0 row checksums compared, 0 mismatched (2 ranks on the scheduler's own " \
-                   "region file read the promoted bytes themselves" in ev_text, text
+            assert top.facts.reporting_ranks is not None, text
+            assert (top.facts.checksums_compared, top.facts.shared_region_ranks) == (0, 2), text
             assert shared.last == 2, text
         else:  # recorded before kvscope_checksum_ranks: every rank was digested
-            assert re.search(r"[1-9]\d* row checksums compared, 0 mismatched( \||$)", ev_text), text
+            assert top.facts.reporting_ranks is not None, text
+            assert top.facts.checksums_compared >= 1 and top.facts.shared_region_ranks == 0, text
     elif name == "stale-rows":
-        assert "SERVED" not in ev_text, text
-        assert re.search(r"\d+ load jobs? refused \(vLLM recomputed those tokens\)", ev_text), text
-        assert "checksum_policy=refuse (kvscope_info): mismatching loads are refused" in ev_text, text
+        assert top.facts.served_ranks == (), text
+        assert any(r.loads_refused > 0 for r in top.facts.mismatched_ranks), text  # recomputed
+        assert top.facts.checksum_policies == ("refuse",), text
         assert top.next_step.startswith("Every mismatching load was refused"), text
     elif name == "stale-rows-observe":
-        assert "0 loads refused: the mismatching rows were SERVED" in ev_text, text
-        assert "checksum_policy=observe (kvscope_info): mismatching loads are counted and served" \
-            in ev_text, text
+        assert any(r.served and r.loads_refused == 0 for r in top.facts.mismatched_ranks), text
+        assert top.facts.checksum_policies == ("observe",), text
         assert top.next_step.startswith("Mismatching rows were SERVED"), text
     elif name == "pending-at-idle":
-        assert "in flight: rank 1 gpu_to_cpu" in ev_text, text
+        assert ("1", "gpu_to_cpu") in [(f.rank, f.direction) for f in top.facts.in_flight], text
         assert "rank 1 (gpu_to_cpu)" in top.next_step, text
     elif name == "not-settled-at-idle":  # 2 requests x 4 blocks x 2 KV groups left held
-        assert re.match(r"\d+ of 39 GPU KV blocks still in use at the end of the latest step "
-                        r"that left nothing in flight", ev_text), text
+        assert top.facts.blocks is not None and top.facts.blocks.total == 39, text
         assert ev.settling.idle_gpu_blocks.last > 0, text
     elif name == "store-never-fits":
-        assert "max_num_batched_tokens=256 tokens = 16 chunks of 16 tokens × 2 KV groups = 32 rows" \
-            in ev_text, text
-        assert "lower max_num_batched_tokens to ≤ 32 " in top.next_step, text
+        assert top.facts.job == JobSize(max_num_batched_tokens=256, chunk_tokens=16,
+                                        kv_groups=2, chunks=16, rows_per_job=32), text
+        assert top.facts.fit_tokens == 32, text
     elif name == "stored-in-part":  # 12 rows, 8-row store jobs, 4 of 12 chunks stored
         assert top.title == "Store never fits the primary tier (stored in part)", text
         held, prompt_tokens = ev.coverage.held_tokens.last, 12 * CHUNK_TOKENS
-        assert "stopped at a chunk whose store job the primary tier had refused for lack of " \
-               f"space: the prompt was stored only in part, {int(prompt_tokens - held)} tokens " \
-               "of it not restored (recomputed)" in ev_text, text
-        assert "= 8 rows per store job; primary tier: 12 rows" in ev_text, text
+        assert top.facts.short_rounds > 0, text
+        assert top.facts.lost_tokens == prompt_tokens - held, text
+        assert (top.facts.job.rows_per_job, top.facts.primary_rows) == (8, 12), text
         # room for one more 8-row job than the 12 rows hold, + 25 % margin
-        assert "Grow the CPU primary tier to ≥ 25 rows (now 12; room for one more job in " \
-               "flight: 12 + 8" in top.next_step, text
+        assert top.facts.rows_wanted == 25, text
     elif name == "stores-without-restores":
         assert top.title.endswith("(hash seed differs)"), text
         assert len(ev.hash_seeds) == 2, text
     elif name == "tier-flooded":  # KV groups of 128, 128, 16 tokens per block; 112-token prompts
-        assert ("KV group 2 (full_attention, 16 tokens per block) holds 24 of the 24 keys in the "
-                "CPU primary tier (100%; 24 rows)") in ev_text, text
-        assert "KV groups 0, 1 stored none" in ev_text, text
-        assert "a chunk of KV groups 0, 1 is 128 tokens" in top.next_step, text
+        x = top.facts
+        assert (x.flood_group, x.flood_keys, x.primary_keys, x.primary_rows) == ("2", 24, 24, 24), text
+        assert (x.groups[2].kind, x.groups[2].tokens_per_block) == ("full_attention", 16), text
+        assert x.victims == ("0", "1") and x.victim_tokens_least == 0, text  # stored none
+        assert x.victim_chunk_tokens == 128, text
         assert top.confidence_label == "high", text
 
 
@@ -228,13 +225,13 @@ def _check_vllm_queue_wait(report) -> None:
     _check("queue-wait", report)
     text = format_text(report)
     assert report.targets[0].model_name and report.targets[0].engine == "0", text
-    ev_text = " | ".join(report.top.evidence)
+    x = report.top.facts
     # vLLM's own gauges are the evidence: 3 waiting behind 1 running (max_num_seqs=1).
-    m = re.search(r"vLLM \(vllm:num_requests_waiting\): 3 waiting; by reason "
-                  r"capacity=(\d+), deferred=(\d+); 1 running", ev_text)
-    assert m, text
-    if int(m.group(2)):  # vLLM 0.26 keeps the connector's early deferrals in its skipped queue
-        assert f"vLLM's reason=deferred ({m.group(2)}) is its skipped-waiting queue" in ev_text, text
+    assert (x.vllm_waiting, x.vllm_running) == (3, 1), text
+    assert list(x.vllm_waiting_by_reason) == ["capacity", "deferred"], text
+    deferred = x.vllm_waiting_by_reason["deferred"]
+    if deferred:  # vLLM 0.26 keeps the connector's early deferrals in its skipped queue
+        assert x.skipped_waiting == deferred, text
     assert report.evidence.requests.get(S.RequestState.QUEUED).last == 3, text
     assert report.top.confidence_label == "high", text
 
