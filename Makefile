@@ -58,7 +58,7 @@ $(STAMP_NEWEST): $(STAMP_PREVIOUS)
 setup-previous: $(STAMP_PREVIOUS)
 setup-newest: $(STAMP_NEWEST)
 
-# The PromQL engines the tests prove (README): Debian's prometheus (prometheus, promtool) and
+# The PromQL engines the tests prove (docs/proof.md): Debian's prometheus (prometheus, promtool) and
 # victoria-metrics (victoria-metrics, vmalert), one apt-get when any binary is missing. The tests
 # start their own servers on 127.0.0.1; where systemd runs, the packages also start their
 # services (:9090, :8428) as Debian installs them.
