@@ -36,7 +36,7 @@ def test_the_trace_says_what_the_engine_did():
         try:
             engine.run_until_done(rids, max_steps=work.step_budget())
         except TimeoutError:
-            pass  # vLLM 0.33 may leave one re-ask deferred (benchmarks/README.md); judged on the rest
+            pass  # vLLM 0.33 may leave one re-ask deferred (docs/measured-facts.md); judged on the rest
         events = trace.stop()
         loaded = {i: engine.finished[r].num_external_tokens
                   for i, r in enumerate(rids) if r in engine.finished}

@@ -4,7 +4,7 @@ The GPU campaign's stalled-read phase (docs/measured-facts.md) ended its server:
 client gave up on a request that waited for a promotion, vLLM aborted it, and the next
 scheduler step died in vLLM's own offloading connector. Here the same with vLLM's stock
 ``OffloadingConnector`` (no kvscope at all) on vLLM's real scheduler on CPU. When this
-test fails, vLLM has changed: revisit the benchmarks/README.md note and the campaign's stalled-read phase.
+test fails, vLLM has changed: revisit the docs/measured-facts.md note and the campaign's stalled-read phase.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ EXPECTED[("faults-h200-tp1", "stall_reads")] = ({r.ALERT_TRANSFER_STUCK}, "promo
 NOT_JUDGED: dict[tuple[str, str], str] = {}
 # A switched fault diagnosed while it lasts (window ending when it cleared), stuck after 10 s
 WHILE_IT_LASTS = {"pending_at_idle", "promotion_stalled"}
-# Phases whose server was dead (vLLM 0.26 EngineCore died, benchmarks/README.md) are recorded but not judged.
+# Phases whose server was dead (vLLM 0.26 EngineCore died, docs/measured-facts.md) are recorded but not judged.
 PHASES = [p for p in replay.phases() if "error" not in p
           and (p["run"], p["name"]) not in NOT_JUDGED]
 IDS = [f"{p['run']}:{p['name']}" for p in PHASES]

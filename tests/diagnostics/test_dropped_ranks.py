@@ -164,7 +164,7 @@ def _campaign_incidents() -> list[tuple[str, dict]]:
     out = []
     for run in CAMPAIGN_RUNS:
         for phase in json.loads((CAMPAIGN / f"{run}.json").read_text())["phases"]:
-            # the control is quiet; phases whose server died are not judged (benchmarks/README.md)
+            # the control is quiet; phases whose server died are not judged (docs/measured-facts.md)
             if "error" not in phase and phase["name"] != "control":
                 out.append((run, phase))
     return out
