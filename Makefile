@@ -16,12 +16,12 @@ VENV_PREVIOUS := .venv033
 STAMP_PREVIOUS := $(VENV_PREVIOUS)/.kvscope-installed
 
 # What `make check-release` runs on a vLLM release: the compat layer and its boundary, every CPU
-# scenario's verdict against what the engine did, the vLLM objects kvscope must leave untouched,
+# scenario's verdict against what the engine did (a drafter's group: the veto by release), the vLLM objects kvscope must leave untouched,
 # and kv-diagnose and the dashboards' native row on a stock engine.
 RELEASE_TESTS := tests/unit/test_compat_boundary.py tests/connector/test_scheduler_scenarios.py \
   tests/connector/test_vllm_objects_untouched.py tests/connector/test_plugin.py \
-  tests/diagnostics/test_scenarios.py tests/diagnostics/test_native_live.py \
-  tests/dashboards/test_queries_native.py
+  tests/diagnostics/test_scenarios.py tests/diagnostics/test_drafter_group.py \
+  tests/diagnostics/test_native_live.py tests/dashboards/test_queries_native.py
 
 .PHONY: demo test test-newest test-previous lint setup setup-newest setup-previous prometheus \
   check-release
