@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from kvscope.connector.restore_clock import RestoreClock
 from kvscope.exporters.signals import RequestState
 
 QUEUED, DEFERRED, LOADING, RUNNING = range(4)
@@ -34,6 +35,7 @@ class RequestStates:
         # request -> chunk keys its whole prefix covers (once per request)
         self.need: dict[str, int] = {}
         self._chunk_tokens = chunk_tokens  # tokens per chunk of each KV group
+        self.clock = RestoreClock()  # where each restore's time went
 
     def __len__(self) -> int:
         return len(self.state)
@@ -86,9 +88,10 @@ class RequestStates:
             n += tokens // t
         return n
 
-    def after_alloc(self, rid: str, num_external_tokens: int) -> None:
+    def after_alloc(self, rid: str, num_external_tokens: int, at: float = 0.0) -> None:
         if num_external_tokens:
             self.set(rid, LOADING, known_only=True)
+            self.clock.on_alloc(rid, num_external_tokens, at)
             return
         old = self.state.get(rid)  # queued -> running, inlined: once per request
         if old == QUEUED:
@@ -108,10 +111,12 @@ class RequestStates:
                 self.loading.discard(rid)
         self.need.pop(rid, None)
         self.parked.discard(rid)
+        self.clock.on_finished(rid)
 
-    def on_step(self, scheduled: Collection[str], preempted: Any) -> None:
+    def on_step(self, scheduled: Collection[str], preempted: Any, at: float = 0.0) -> None:
         """A step ended: ``scheduled``, the ids it scheduled; ``preempted``, the ids it
-        preempted (or None)."""
+        preempted (or None); ``at``, its perf_counter stamp."""
+        self.clock.on_step(scheduled, at)
         # A deferred request is asked again every step it can be admitted; one
         # not asked this step sits behind capacity (queued), not behind us.
         looked_up = self.looked_up

@@ -126,7 +126,8 @@ class RoundVerdicts:
 
     def judge_plain(self, rid: str, req_tokens: int, offload: Any,
                     lengths: int | tuple[int, ...] | None, num_tokens: int | None,
-                    num_computed: int, counts: dict, facts: RoundFacts) -> None:
+                    num_computed: int, counts: dict, facts: RoundFacts,
+                    started: float = 0.0, took: float = 0.0) -> None:
         """A plain round (no rare events, no span): the journal's handler, on the
         aggregator thread, from what the scheduler thread captured (``offload``,
         ``lengths``: :func:`offload_of`) and summarized (``counts``: the lookups since the
@@ -165,6 +166,8 @@ class RoundVerdicts:
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
         self.requests.on_round(rid, req_tokens, num_tokens is None)
+        if started:
+            self.requests.clock.on_round(rid, num_tokens, started, took, facts.n)
 
     def _judge(self, rnd: Round | RoundFacts, rid: str, req_tokens: int, offload: Offload | None,
                num_tokens: int | None, num_computed: int

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from kvscope.connector import compat
@@ -84,14 +85,16 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
         else:
             log.start = len(results)
         log.compact = True  # a deferred scan may leave its lookups counted (prefix_scan.py)
+        started = perf_counter()  # the round's time (restore_clock.py)
         try:
             result = ask(request, num_computed_tokens)
         finally:
             log.compact = False
+        took = perf_counter() - started
         counted, log.counted = log.counted, None
         try:
             if quarantined or refusals or evictions:  # a rare event: judged now
-                obs.end_round(request, result[0], num_computed_tokens)
+                obs.end_round(request, result[0], num_computed_tokens, started, took)
                 return result
             # A plain round: what judging it needs (the request's token count, its
             # offload-key list(s) and length(s)) and its lookups summarized (counts per group
@@ -110,8 +113,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                                                                several)
             else:  # a deferred scan counted from its rows' states (scan_cache.py)
                 counts, facts = tally_counted(counted), summarize_counted(counted)
-            journal_extend((judge_plain, 8, rid, request.num_tokens, offload, lengths,
-                            num_tokens, num_computed_tokens, counts, facts))
+            journal_extend((judge_plain, 10, rid, request.num_tokens, offload, lengths,
+                            num_tokens, num_computed_tokens, counts, facts, started, took))
             del keys[:], results[:]
             log.start = -1
         except Exception as exc:
@@ -135,7 +138,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     def update_state_after_alloc(request, blocks, num_external_tokens):
         out = alloc(request, blocks, num_external_tokens)
         try:
-            journal_extend((after_alloc, 2, request.request_id, num_external_tokens))
+            journal_extend((after_alloc, 3, request.request_id, num_external_tokens,
+                            perf_counter() if num_external_tokens else 0.0))
         except Exception as exc:
             rec_error(ErrorSite.STEP, exc)
         return out

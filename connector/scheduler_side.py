@@ -256,11 +256,13 @@ class SchedulerObserver:
         """One lookup round while spans are on (``ask``: vLLM's lookup of the request):
         the round's span starts now."""
         self.log.begin(time.time_ns())
+        started = time.perf_counter()
         result = ask(request, num_computed)
-        self.end_round(request, result[0], num_computed)
+        self.end_round(request, result[0], num_computed, started, time.perf_counter() - started)
         return result
 
-    def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0) -> None:
+    def end_round(self, request: Any, num_tokens: int | None, num_computed: int = 0,
+                  started: float = 0.0, took: float = 0.0) -> None:
         """Scheduler thread: a round with a rare event (a quarantined key, a refused
         promotion, an eviction) or a span, judged now, after a synchronous drain.
         A deferred round (``num_tokens`` None) captures no offload keys: coverage judges
@@ -272,6 +274,8 @@ class SchedulerObserver:
                 self.agg.drain()  # the rounds and store jobs before this one first
                 rnd, keys, results = log.end()
                 self.lookups.add(self.lookups.tally(keys, results))
+                self.requests.clock.on_round(rid, num_tokens, started, took, len(results),
+                                             rows_short=bool(rnd is not None and rnd.refusals))
                 if rnd is not None:
                     self.verdicts.record(rnd, rid, request.num_tokens,
                                          offload_of(*self._offload_prefix(rid)), num_tokens,
@@ -357,8 +361,8 @@ class SchedulerObserver:
             scheduled = scheduler_output.num_scheduled_tokens
             preempted = getattr(scheduler_output, "preempted_req_ids", None) or None
             # the ids themselves, not vLLM's per-step dict (aggregator.py: why flat)
-            self.journal.extend([self._step_handler, 1 + len(scheduled), preempted,
-                                 *scheduled])
+            self.journal.extend([self._step_handler, 2 + len(scheduled), time.perf_counter(),
+                                 preempted, *scheduled])
             if not scheduled and self._live and self._vllm_requests is not None:
                 self._forget_gone(self._live, self._vllm_requests)
             agg = self.agg
@@ -382,9 +386,9 @@ class SchedulerObserver:
             for rid in gone:
                 extend((on_finished, 1, rid))
 
-    def _step(self, preempted: Any, *scheduled: str) -> None:
-        """Aggregator: a step ended."""
-        self.requests.on_step(scheduled, preempted)
+    def _step(self, at: float, preempted: Any, *scheduled: str) -> None:
+        """Aggregator: a step (stamped ``at``, perf_counter) ended."""
+        self.requests.on_step(scheduled, preempted, at)
         self._steps += 1
 
     def take_stats(self) -> Any:
@@ -404,6 +408,7 @@ class SchedulerObserver:
             self.lookups.flush(self.rec)
         with self._round_guard:
             self.verdicts.flush()
+            self.requests.clock.flush(self.rec)
         no_space, prepared = self._store_jobs
         if no_space or prepared:
             self._store_jobs = [0, 0]

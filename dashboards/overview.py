@@ -246,6 +246,38 @@ def restore_vs_recompute(cfg: Config):
     )
 
 
+def restore_time_by_prefix(cfg: Config):
+    b = f"{s.RESTORE_DURATION.name}_bucket{c.dsel(cfg)}"
+    return c.timeseries(
+        "Restore time by prefix length (p50, p99)",
+        "Per restore, from the request's first lookup round to the step that ran it with its "
+        "KV loaded, by the restored prefix's length (le_16k .. gt_1m tokens). Time that grows "
+        "faster than the prefix (a 1M-token restore far above 8x a 131k one) is the "
+        "scheduler's deferred rescans: see the phase panel beside it.",
+        [
+            (f"histogram_quantile(0.5, sum by ({s.L_PREFIX}, le) (rate({b}[{R}])))",
+             f"p50 {{{{{s.L_PREFIX}}}}}"),
+            (f"histogram_quantile(0.99, sum by ({s.L_PREFIX}, le) (rate({b}[{R}])))",
+             f"p99 {{{{{s.L_PREFIX}}}}}"),
+        ],
+        unit="s",
+    )
+
+
+def restore_time_by_phase(cfg: Config):
+    return c.timeseries(
+        "Where restore time goes",
+        "Seconds per second restores spent, by phase: deferred_rescans (the scheduler "
+        "looking the prompt's keys up again every step while a promotion reads), "
+        "waiting_for_rows (no free primary row), tier_reads (the promotions reading from "
+        "disk), gpu_load (the load to the GPU). deferred_rescans above the rest: kv-diagnose "
+        "names restore_slowed_by_rescans with what shortens it.",
+        [(f"sum by ({s.L_PHASE}) (rate({s.RESTORE_PHASE_SECONDS.name}{c.dsel(cfg)}[{R}]))",
+          f"{{{{{s.L_PHASE}}}}}")],
+        unit="s",
+    )
+
+
 def build(cfg: Config = DEFAULT) -> db.Dashboard:
     dash = (
         c.dashboard(
@@ -272,6 +304,8 @@ def build(cfg: Config = DEFAULT) -> db.Dashboard:
         .with_panel(store_jobs(cfg))
         .with_row(db.Row("Latency"))
         .with_panel(restore_vs_recompute(cfg))
+        .with_panel(restore_time_by_prefix(cfg))
+        .with_panel(restore_time_by_phase(cfg))
         .with_row(db.Row(native.ROW_TITLE))
     )
     for panel in native.panels(cfg):

@@ -189,6 +189,22 @@ class Vllm:
 
 
 @dataclass(frozen=True)
+class RestoreTime:
+    """Where restores' time went (``kvscope_restore_*``, restore_clock.py): seconds per phase
+    summed over the restores that ended, their count and seconds, and their deferred
+    rescans (the rounds vLLM asked again) with the keys those looked up."""
+
+    phases: dict[str, Quantity] = field(default_factory=dict)  # RestorePhase value
+    restores: Quantity = ABSENT  # the duration histogram's _count
+    seconds: Quantity = ABSENT  # its _sum
+    rescans: Quantity = ABSENT
+    rescan_keys: Quantity = ABSENT
+
+    def phase(self, phase: S.RestorePhase) -> Quantity:
+        return _q(self.phases, phase.value)
+
+
+@dataclass(frozen=True)
 class RestoreCoverage:
     """Held vs offered tokens of ended lookup rounds (``kvscope_restore_*``), and the
     latest round a promotion without a free row cut short (``kvscope_last_ceiling_round_*``)."""
@@ -260,6 +276,7 @@ class Evidence:
     failures: tuple[str, ...] = ()  # targets/queries that gave nothing usable
     notes: tuple[str, ...] = ()  # what the source or the builder dropped
     coverage: RestoreCoverage = field(default_factory=RestoreCoverage)
+    restore_time: RestoreTime = field(default_factory=RestoreTime)
     # (target, model_name, engine) -> worker ranks its worker-side series name; ("", "", "")
     # holds those without vLLM's engine label (standalone exporters: one target per rank)
     rank_scopes: dict[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)

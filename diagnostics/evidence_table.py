@@ -22,6 +22,7 @@ from .evidence_model import (
     RankTransfers,
     Requests,
     RestoreCoverage,
+    RestoreTime,
     Rounds,
     Settling,
     Tiers,
@@ -95,6 +96,13 @@ PARTS: dict[str, tuple[type, dict[str, Read]]] = {
         "ceiling_concurrent_requests": Read(S.LAST_CEILING_CONCURRENT_REQUESTS, how=MAX),
         "ceiling_concurrent_buckets": Read(S.CEILING_CONCURRENT_REQUESTS.name + "_bucket", "le"),
         "ceiling_concurrent_rows": Read(S.LAST_CEILING_CONCURRENT_ROWS, how=MAX),
+    }),
+    "restore_time": (RestoreTime, {
+        "phases": Read(S.RESTORE_PHASE_SECONDS, S.L_PHASE),
+        "restores": Read(S.RESTORE_DURATION.name + "_count"),
+        "seconds": Read(S.RESTORE_DURATION.name + "_sum"),
+        "rescans": Read(S.RESTORE_RESCANS),
+        "rescan_keys": Read(S.RESTORE_RESCAN_KEYS),
     }),
     "settling": (Settling, {
         "gpu_blocks": Read(S.GPU_BLOCKS, S.L_STATE),

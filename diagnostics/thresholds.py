@@ -69,6 +69,13 @@ class Thresholds:
     # group at most one chunk, so healthy ratios stay near 1 once prompts span a few chunks)
     flood_victim_fraction: float = 0.25
 
+    # Restore slowed by rescans: restores that took at least this many seconds (summed over
+    # the window's restores) ...
+    slow_restore_s: float = 10.0
+    # ... of which at least this share went to the scheduler's deferred rescans (a 131k-token
+    # restore from disk spends a few percent there; a 1M-token one most of its 80 s)
+    rescan_share: float = 0.5
+
     # Bytes of one primary-tier row (all rank slots), if the operator knows it;
     # lets the capacity verdicts give cpu_bytes_to_use, not only a row count.
     # Overrides kvscope_primary_row_bytes (which kvscope exports itself).

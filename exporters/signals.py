@@ -62,6 +62,8 @@ L_FORM = "form"
 L_TIER = "tier"
 L_TOKENS_PER_BLOCK = "tokens_per_block"
 L_DRAFTER = "drafter"
+L_PHASE = "phase"
+L_PREFIX = "prefix"
 L_KVSCOPE_VERSION = "kvscope_version"
 L_VLLM_VERSION = "vllm_version"
 L_SPEC = "spec"
@@ -198,6 +200,39 @@ class DrafterKeys(str, Enum):
     LOOKAHEAD = "lookahead"  # keyed with the tokens after each block (vLLM 0.34): nothing dropped
 
 
+class RestorePhase(str, Enum):
+    """Where a restore's time went (``phase`` label of kvscope_restore_phase_seconds_total),
+    from the request's first lookup round to the step that ran it with its KV loaded."""
+
+    # the scheduler thread inside the request's deferred lookup rounds: vLLM asks again every
+    # step until the tiers answer, each round looking up the prompt's keys anew
+    DEFERRED_RESCANS = "deferred_rescans"
+    # between rounds after one whose promotion found no free primary row
+    WAITING_FOR_ROWS = "waiting_for_rows"
+    # between rounds otherwise: the promotions the rounds started, read from a secondary tier
+    TIER_READS = "tier_reads"
+    # from vLLM's allocation for the offered tokens to the step that ran the request
+    GPU_LOAD = "gpu_load"
+
+
+class PrefixLength(str, Enum):
+    """The restored prefix's length, bucketed (``prefix`` label of
+    kvscope_restore_duration_seconds): bounded, so restore time reads against it."""
+
+    UP_TO_16K = "le_16k"
+    UP_TO_64K = "le_64k"
+    UP_TO_256K = "le_256k"
+    UP_TO_1M = "le_1m"
+    OVER_1M = "gt_1m"
+
+
+# (upper bound in tokens, bucket) in order; the last catches the rest
+PREFIX_LENGTH_BOUNDS: tuple[tuple[int, PrefixLength], ...] = (
+    (16_384, PrefixLength.UP_TO_16K), (65_536, PrefixLength.UP_TO_64K),
+    (262_144, PrefixLength.UP_TO_256K), (1_048_576, PrefixLength.UP_TO_1M),
+)
+
+
 class ShortReason(str, Enum):
     """Why an ended lookup round offered fewer tokens than the request's whole
     loadable prefix (``reason`` label of the restore-coverage counters)."""
@@ -291,6 +326,11 @@ CONCURRENT_REQUEST_BUCKETS = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80,
 TRANSFER_SECONDS_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
+
+# A restore: a CPU-tier hit in milliseconds to a million-token prefix promoted from disk
+# in minutes
+RESTORE_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                           300.0, 600.0)
 
 LOOKUPS = Metric(
     "kvscope_lookups_total", Kind.COUNTER,
@@ -623,6 +663,32 @@ TRANSFERS_FAILED = Metric(
     "refusals are kvscope_loads_refused_total).",
     (L_RANK, L_DIRECTION), label_values={L_DIRECTION: _values(Direction)},
 )
+# ---- restore time (restore_clock.py: per restore, from the request's first lookup round) ----
+RESTORE_PHASE_SECONDS = Metric(
+    "kvscope_restore_phase_seconds_total", Kind.COUNTER,
+    "Seconds restores spent, per phase, from the request's first lookup round to the step "
+    "that ran it with the offered tokens loaded: the scheduler's deferred rescans, waiting "
+    "for a free primary row, the secondary tier's reads, the load to the GPU. Counted when "
+    "the restore ends.",
+    (L_PHASE,), label_values={L_PHASE: _values(RestorePhase)},
+)
+RESTORE_DURATION = Metric(
+    "kvscope_restore_duration_seconds", Kind.HISTOGRAM,
+    "Per restore (a request whose lookup offered tokens and whose load completed): seconds "
+    "from its first lookup round to the step that ran it, by the restored prefix's length.",
+    (L_PREFIX,), label_values={L_PREFIX: _values(PrefixLength)},
+    buckets=RESTORE_SECONDS_BUCKETS,
+)
+RESTORE_RESCANS = Metric(
+    "kvscope_restore_rescans_total", Kind.COUNTER,
+    "Deferred lookup rounds of the restores counted in kvscope_restore_duration_seconds "
+    "(vLLM asks a deferred request again each step).",
+)
+RESTORE_RESCAN_KEYS = Metric(
+    "kvscope_restore_rescan_keys_total", Kind.COUNTER,
+    "Keys those deferred rounds looked up (each rescans the prompt's keys from where it "
+    "stopped).",
+)
 WORKER_LAST_STEP_TIMESTAMP = Metric(
     "kvscope_worker_last_step_timestamp_seconds", Kind.GAUGE,
     "Unix time a rank last reported (get_finished); a stuck rank stops advancing it.",
@@ -643,6 +709,7 @@ SCHEDULER_METRICS: tuple[Metric, ...] = (
     TIER_LOST_KEYS, TIER_ROOT_PRESENT, TIER_LAST_LOSS_TIMESTAMP,
     GPU_BLOCKS, IDLE_GPU_BLOCKS, HOST_MEMORY_AVAILABLE, PROCESS_RESIDENT_MEMORY,
     VLLM_FAULTS_CONTAINED,
+    RESTORE_PHASE_SECONDS, RESTORE_DURATION, RESTORE_RESCANS, RESTORE_RESCAN_KEYS,
 )
 WORKER_METRICS: tuple[Metric, ...] = (
     TRANSFER_BYTES, TRANSFER_SECONDS, TRANSFERS_IN_FLIGHT, ROW_CHECKSUMS, LOADS_REFUSED,

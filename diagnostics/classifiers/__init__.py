@@ -28,6 +28,7 @@ from . import (
     pending_at_idle,
     promotion_stalled,
     queue_wait,
+    restore_slowed_by_rescans,
     stale_rows,
     stale_telemetry,
     store_never_fits,
@@ -57,6 +58,7 @@ CLASSIFIERS = (
     promotion_stalled,
     stores_without_restores,
     queue_wait,
+    restore_slowed_by_rescans,
     unclassified_anomaly,  # AFTER: last
 )
 
