@@ -17,7 +17,8 @@ in turn, each evicted by the others' restores: no prefill before a timed restore
 the pairs per minute. Timed: the re-ask (``restore_s``, the
 measure: restore wall time; tokens/s = restored tokens / restore_s). Per iteration also:
 the tokens it restored (vLLM's ``num_cached_tokens``) and loaded from the tiers (vLLM's
-connector's answer), whether its output equals the first
+connector's answer), kvscope's split of the re-ask's time while on (``kvscope_split``:
+seconds per restore phase, deferred rescans and their keys), whether its output equals the first
 ask's, the prefill's time, the digests' wall time on both sides (scheduler: promoted rows
 at completion; the rank: the check before each load), kvscope's threads' CPU.
 
@@ -316,6 +317,7 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
         promotions.longest_job_s = 0.0
         promotions.windows.clear()
         drains.spans.clear()
+        split0 = restore_split(switch.observer) if on else None
         again = ask(timed)
         p1 = promotions.snapshot()
         gc1 = collections.totals()
@@ -360,6 +362,9 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
                         # holds back while the promotion reads: does its drain fall in here?)
                         "threads": thread_cpu.between(threads1, threads2)},
               "threads": threads, "pruned_files": pruned}
+        if split0 is not None:  # kvscope's own split of the re-ask's time (restore_clock.py)
+            split1 = restore_split(switch.observer)
+            it["kvscope_split"] = {k: round(split1[k] - split0[k], 4) for k in split1}
         it["tokens_per_s"] = round(it["restored"] / it["s"], 1)
         print(json.dumps(it), flush=True)
         if k >= warmup:
@@ -378,6 +383,19 @@ def run_case(tokens: int, rows: int | None, pairs: int, warmup: int, fs_root: st
     if out_path:
         _write(out_path, res)
     return res
+
+
+def restore_split(observer) -> dict[str, float]:
+    """kvscope's restore time split so far (seconds per phase, rescans, keys rescanned),
+    after a synchronous drain."""
+    from kvscope.exporters import signals as S
+
+    observer.refresh()
+    rec = observer.rec
+    out = {p.value: rec.value(S.RESTORE_PHASE_SECONDS, (p.value,)) for p in S.RestorePhase}
+    out["rescans"] = rec.value(S.RESTORE_RESCANS)
+    out["rescan_keys"] = rec.value(S.RESTORE_RESCAN_KEYS)
+    return out
 
 
 def checks(iters: list[dict], before: dict, after: dict, on_restored: int) -> dict:
