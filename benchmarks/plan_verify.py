@@ -240,7 +240,7 @@ def rejudge(doc: dict, max_error: float) -> dict:
 def rejudge_files(paths: list[str], max_error: float, out: str | None) -> int:
     """Recorded results judged again by the current coverage model: the measured coverage
     over the re-asks that ended (``plan_workload.truth_totals``) and the model's prediction
-    at each checked size (``planner.coverage_at``), beside what the run recorded when made.
+    at each checked size (``plan.coverage.coverage_at``), beside what the run recorded when made.
     The plan is not recomputed (the rows run are the rows run); a run made before a model
     change is in-sample for that change (its recorded ``predicted`` says under which)."""
     table = {}
