@@ -154,7 +154,8 @@ def test_every_evidence_field_has_a_row_in_the_table():
     from kvscope.diagnostics.evidence.model import Evidence
 
     read_elsewhere = {"source", "targets", "kv_groups", "lookups", "ranks", "freshness", "present",
-                      "label_names", "nonfinite", "failures", "notes", "rank_scopes"}
+                      "kv_group_drafters", "label_names", "nonfinite", "failures", "notes",
+                      "rank_scopes"}
     assert fields(Evidence) == set(table.PARTS) | set(table.FIELDS) | read_elsewhere
     wanted = {row.name for _, rows in table.PARTS.values() for row in rows.values()}
     from kvscope.diagnostics.sources.wanted import WANTED_SERIES
