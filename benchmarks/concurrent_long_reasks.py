@@ -131,8 +131,8 @@ def _engine(args, rec: dict) -> None:
         time.sleep(args.scrape_after)  # as an operator's kv-diagnose, the engine idle
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-        from kvscope.diagnostics.engine import diagnose_raw
-        from kvscope.diagnostics.scrape import scrape_window
+        from kvscope.diagnostics.sources.scrape import scrape_window
+        from kvscope.diagnostics.verdict.diagnose import diagnose_raw
         from kvscope.exporters.prometheus import start_exporter
 
         url = start_exporter([sched.connector.kvscope_recorder,
@@ -145,11 +145,11 @@ def _engine(args, rec: dict) -> None:
     if observed and args.plan:
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-        from kvscope.diagnostics.evidence import build_evidence
-        from kvscope.diagnostics.plan_inputs import read_inputs
-        from kvscope.diagnostics.plan_report import plan_to_dict
-        from kvscope.diagnostics.planner import make_plan
-        from kvscope.diagnostics.scrape import scrape_window
+        from kvscope.diagnostics.evidence.build import build_evidence
+        from kvscope.diagnostics.plan.coverage import make_plan
+        from kvscope.diagnostics.plan.format import plan_to_dict
+        from kvscope.diagnostics.plan.inputs import read_inputs
+        from kvscope.diagnostics.sources.scrape import scrape_window
         from kvscope.exporters.prometheus import start_exporter
 
         url = start_exporter([sched.connector.kvscope_recorder,

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvscope.diagnostics.bundle import write_bundle  # noqa: E402
 from kvscope.diagnostics.cli import diagnose_bundle, diagnose_prometheus  # noqa: E402
-from kvscope.diagnostics.prometheus import prometheus_window  # noqa: E402
+from kvscope.diagnostics.sources.bundle import write_bundle  # noqa: E402
+from kvscope.diagnostics.sources.prometheus import prometheus_window  # noqa: E402
 from kvscope.exporters import signals as S  # noqa: E402
 from tests.support.prometheus import running_prometheus  # noqa: E402
 

@@ -142,8 +142,8 @@ def gpu_engine_run(args) -> dict:
     if args.window:
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-        from kvscope.diagnostics.bundle import write_bundle
-        from kvscope.diagnostics.scrape import scrape_window
+        from kvscope.diagnostics.sources.bundle import write_bundle
+        from kvscope.diagnostics.sources.scrape import scrape_window
         from kvscope.exporters.prometheus import start_exporter
 
         url = start_exporter([drv.sched.connector.kvscope_recorder,
@@ -188,8 +188,8 @@ def _wait(procs: dict[str, tuple[subprocess.Popen, str]], deadline: float) -> di
 
 
 def run_gpu(args) -> dict:
-    from kvscope.diagnostics.bundle import read_bundle
-    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+    from kvscope.diagnostics.plan.format import format_plan, plan_to_dict
+    from kvscope.diagnostics.sources.bundle import read_bundle
     from kvscope.sim.plan_workload import check_sizes, judge, plan_window
 
     work = workload(args)
@@ -240,7 +240,7 @@ def rejudge(doc: dict, max_error: float) -> dict:
 def rejudge_files(paths: list[str], max_error: float, out: str | None) -> int:
     """Recorded results judged again by the current coverage model: the measured coverage
     over the re-asks that ended (``plan_workload.truth_totals``) and the model's prediction
-    at each checked size (``planner.coverage_at``), beside what the run recorded when made.
+    at each checked size (``plan.coverage.coverage_at``), beside what the run recorded when made.
     The plan is not recomputed (the rows run are the rows run); a run made before a model
     change is in-sample for that change (its recorded ``predicted`` says under which)."""
     table = {}

@@ -18,7 +18,8 @@ import importlib
 _FROM = {
     "diagnose_bundle": ".cli", "diagnose_prometheus": ".cli", "diagnose_scrape": ".cli",
     "main": ".cli", "DiagnoseError": ".model", "Finding": ".model",
-    "SCHEMA_VERSION": ".report", "Report": ".report", "format_text": ".report",
+    "SCHEMA_VERSION": ".report.diagnosis", "Report": ".report.diagnosis",
+    "format_text": ".report.diagnosis",
     "Thresholds": ".thresholds",
 }
 __all__ = sorted(_FROM)

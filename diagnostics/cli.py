@@ -22,11 +22,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from . import each_engine, native
-from .bundle import STDIO, read_bundle, write_bundle
-from .engine import diagnose_raw
-from .evidence import build_evidence
-from .limits import DEFAULT_DEADLINE_S, DEFAULT_TIMEOUT_S, Deadline
+from . import native
+from .evidence.build import build_evidence
 from .model import DiagnoseError, RawWindow
 from .options import (
     MAX_INTERVAL_S,
@@ -36,9 +33,20 @@ from .options import (
     refuse_inapplicable,
     window,
 )
-from .prometheus import prometheus_window
-from .report import EXIT_CANNOT, EXIT_INCONCLUSIVE, EXIT_INTERRUPTED, Report, format_text, safe
+from .report.diagnosis import (
+    EXIT_CANNOT,
+    EXIT_INCONCLUSIVE,
+    EXIT_INTERRUPTED,
+    Report,
+    format_text,
+    safe,
+)
+from .sources.bundle import STDIO, read_bundle, write_bundle
+from .sources.limits import DEFAULT_DEADLINE_S, DEFAULT_TIMEOUT_S, Deadline
+from .sources.prometheus import prometheus_window
 from .thresholds import Thresholds
+from .verdict import per_engine
+from .verdict.diagnose import diagnose_raw
 
 # Imported where used: the scrape source (prometheus-client's parser) and the plot
 # (its panels) cost a fleet-scale --prometheus run a tenth of its latency budget.
@@ -142,9 +150,9 @@ def parse_target(text: str) -> float:
 
 
 def _plan(argv: list[str]) -> int:
-    from .plan_inputs import Given, native_inputs, read_inputs
-    from .plan_report import format_plan, plan_to_json
-    from .planner import make_plan
+    from .plan.coverage import make_plan
+    from .plan.format import format_plan, plan_to_json
+    from .plan.inputs import Given, native_inputs, read_inputs
 
     args = build_plan_parser().parse_args(argv)
     target = parse_target(args.target)
@@ -181,7 +189,7 @@ def load_source(args, now: float | None = None) -> RawWindow:
     timeout = positive_duration(args.timeout or f"{DEFAULT_TIMEOUT_S:g}s", "--timeout")
     deadline = Deadline(positive_duration(args.deadline or f"{DEFAULT_DEADLINE_S:g}s", "--deadline"))
     if args.scrape:
-        from .scrape import scrape_window
+        from .sources.scrape import scrape_window
 
         interval = positive_duration(args.interval or "1s", "--interval", MAX_INTERVAL_S)
         return scrape_window(args.scrape, interval, timeout, deadline=deadline)
@@ -210,7 +218,7 @@ def _print_report(report: Report, as_json: bool) -> None:
     elif sys.stdout.isatty():
         from rich.console import Console
 
-        from .report import render
+        from .report.diagnosis import render
 
         render(report, Console(highlight=False, emoji=False))
     else:
@@ -244,7 +252,7 @@ def _run(argv: list[str]) -> int:
         if args.each_engine:
             raise DiagnoseError("--plot draws one engine's window: leave out --each-engine "
                                 "and pick the engine with --selector or --scrape")
-        from .plot import check_plot_path
+        from .report.plot import check_plot_path
 
         check_plot_path(args.plot)  # before any waiting: a typo must not cost the run
     raw = load_source(args)
@@ -252,13 +260,13 @@ def _run(argv: list[str]) -> int:
         if native.applies(raw):
             raise DiagnoseError("--each-engine reads kvscope's series; this window has vLLM's "
                                 "native offload metrics only (leave it out)")
-        parts, why = each_engine.split(raw)
+        parts, why = per_engine.split(raw)
         if parts:
-            verdicts = each_engine.diagnose_each(parts, th)
-            sys.stdout.write(each_engine.to_json(verdicts) + "\n" if args.json
-                             else each_engine.format_each(verdicts))
+            verdicts = per_engine.diagnose_each(parts, th)
+            sys.stdout.write(per_engine.to_json(verdicts) + "\n" if args.json
+                             else per_engine.format_each(verdicts))
             sys.stdout.flush()
-            return each_engine.exit_code(verdicts)
+            return per_engine.exit_code(verdicts)
         if why:  # judged whole (inconclusive as several engines are), and why
             raw = dataclasses.replace(raw, notes=(*raw.notes,
                                                   f"--each-engine: not cut per engine: {why}"))
@@ -275,7 +283,7 @@ def _run(argv: list[str]) -> int:
     # The verdict first: a plot that cannot be written must not swallow it.
     _print_report(report, args.json)
     if args.plot:
-        from .plot import write_plot
+        from .report.plot import write_plot
 
         try:
             write_plot(report, args.plot)
@@ -317,7 +325,7 @@ def diagnose_scrape(
     thresholds: Thresholds | None = None,
 ) -> Report:
     """Scrape ``urls`` twice ``interval`` seconds apart and diagnose (raises DiagnoseError)."""
-    from .scrape import scrape_window
+    from .sources.scrape import scrape_window
 
     return diagnose_raw(scrape_window(list(urls), interval, timeout), thresholds)
 

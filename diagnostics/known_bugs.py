@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from .evidence import Evidence
+from .evidence.build import Evidence
 
 
 def release(version: str) -> tuple[int, int, int] | None:

@@ -6,7 +6,7 @@ Two levels:
   yields: plain labelled series with timestamped samples. A bundle is a
   serialised ``RawWindow``.
 * :class:`Quantity` is one aggregated signal over the window, the unit the
-  typed evidence model (:mod:`kvscope.diagnostics.evidence`) is built from.
+  typed evidence model (:mod:`kvscope.diagnostics.evidence.build`) is built from.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ ABSENT = Quantity()
 class Mark:
     """A point of evidence to mark on the plot."""
 
-    series: str  # a panel key of kvscope.diagnostics.plot
+    series: str  # a panel key of kvscope.diagnostics.report.plot
     t: float
     text: str
 

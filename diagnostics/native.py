@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 
 from kvscope.exporters import signals as S
 
+from .evidence.quantities import counter_growth
+from .evidence.targets import scope_key
 from .model import RawWindow, Series, SourceInfo
-from .quantities import counter_growth
-from .targets import scope_key
 
 _LOOKUPS_BY_GROUP = f"{S.LOOKUPS.name}{{{S.L_KV_GROUP},{S.L_RESULT}}}"
 

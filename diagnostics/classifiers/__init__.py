@@ -1,6 +1,6 @@
 """One module per incident class. Each exposes ``ID``, ``TITLE``, ``SEVERITY``,
 ``CHECK`` (what it verifies, said when the verdict is healthy), ``NEEDS`` (or
-``needs(ev)``: the series it cannot judge without, see :mod:`..checks`),
+``needs(ev)``: the series it cannot judge without, see :mod:`.needs`),
 ``EXPLAINS`` (the invariant kinds of :mod:`.unclassified_anomaly` its finding
 accounts for) and ``classify(evidence, thresholds) -> Finding | None``.
 A module with ``AFTER = True`` runs last and also gets the other findings.

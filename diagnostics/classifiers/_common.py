@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..model import Quantity
 from ..thresholds import Thresholds
 

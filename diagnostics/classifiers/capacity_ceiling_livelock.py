@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..checks import tiered
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
 from ._common import n
+from .needs import tiered
 from .shared_facts import RowSizing, window_phrase
 
 ID = "capacity_ceiling_livelock"

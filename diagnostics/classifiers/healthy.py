@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..model import Facts, Finding, Unchecked
 from ._common import n, secs
 from .shared_facts import window_phrase

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..known_bugs import KNOWN_BUGS, KnownBug
 from ..model import Facts, Finding
 from ..thresholds import Thresholds

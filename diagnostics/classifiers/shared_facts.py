@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..thresholds import Thresholds
 from ._common import n, nbytes, request_keys, row_bytes
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..checks import tiered
-from ..evidence import Evidence, Quantity
+from ..evidence.build import Evidence, Quantity
 from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
 from ._common import n
+from .needs import tiered
 from .shared_facts import (
     RowBytes,
     StoppedGroup,

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..checks import need, tiered
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
 from ._common import n, nbytes
+from .needs import need, tiered
 from .shared_facts import window_phrase
 
 ID = "stores_without_restores"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..model import Facts, Finding, Mark, Quantity
 from ..thresholds import Thresholds
 from ._common import n, secs

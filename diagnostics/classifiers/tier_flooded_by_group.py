@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from .. import partial
-from ..checks import need, tiered
-from ..evidence import Evidence
-from ..evidence_model import GroupLookups
+from ..evidence import partial
+from ..evidence.build import Evidence
+from ..evidence.model import GroupLookups
 from ..model import Facts, Finding, Mark
 from ..thresholds import Thresholds
 from ._common import n, nbytes
+from .needs import need, tiered
 from .shared_facts import window_phrase
 
 ID = "tier_flooded_by_group"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..known_bugs import BY_ID
 from ..model import Finding, Mark, Quantity
 from ..thresholds import Thresholds

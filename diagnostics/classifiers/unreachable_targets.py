@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..evidence import Evidence
+from ..evidence.build import Evidence
 from ..model import Facts, Finding
 from ..thresholds import Thresholds
 

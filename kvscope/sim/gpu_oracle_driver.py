@@ -54,7 +54,7 @@ def make_model(d: str, kv_groups: int, max_len: int) -> None:
 
 
 def _scrape(url: str) -> tuple[list, float]:
-    from kvscope.diagnostics.scrape import parse_exposition
+    from kvscope.diagnostics.sources.scrape import parse_exposition
 
 
     t = time.time()
@@ -196,8 +196,8 @@ def run_geometry(drv: Driver, phase: geo.Phase, g: geo.Geometry, url: str) -> di
     geometry's window, live and from a bundle)."""
     from kvscope.connector import compat
     from kvscope.diagnostics import diagnose_bundle
-    from kvscope.diagnostics.bundle import write_bundle
-    from kvscope.diagnostics.engine import diagnose_raw
+    from kvscope.diagnostics.sources.bundle import write_bundle
+    from kvscope.diagnostics.verdict.diagnose import diagnose_raw
     from kvscope.sim.oracle import THRESHOLDS, judgment
     from kvscope.sim.oracle_truth import (
         RequestTruth,

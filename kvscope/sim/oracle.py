@@ -20,8 +20,8 @@ from collections import Counter
 from dataclasses import asdict
 
 from kvscope.diagnostics import Thresholds, diagnose_bundle, diagnose_scrape
-from kvscope.diagnostics.bundle import write_bundle
-from kvscope.diagnostics.scrape import scrape_window
+from kvscope.diagnostics.sources.bundle import write_bundle
+from kvscope.diagnostics.sources.scrape import scrape_window
 from kvscope.exporters.prometheus import start_exporter
 from kvscope.sim.cpu_engine import CPUEngine
 from kvscope.sim.oracle_geometry import CHUNK, Geometry

@@ -188,7 +188,7 @@ def run_cpu(work: Workload, rows: int, *, window: bool = False) -> RunResult:
 
 
 def _scrape(engine: CPUEngine):
-    from kvscope.diagnostics.scrape import scrape_window
+    from kvscope.diagnostics.sources.scrape import scrape_window
     from kvscope.exporters.prometheus import start_exporter
 
     engine.refresh()
@@ -203,9 +203,9 @@ def _scrape(engine: CPUEngine):
 # ---- the check: plan from a window, then the planned size and 10 % fewer -------------------
 def plan_window(raw, target: float):
     """``kv-diagnose plan`` on a RawWindow: its parser, model (the formatter reads the result)."""
-    from kvscope.diagnostics.evidence import build_evidence
-    from kvscope.diagnostics.plan_inputs import read_inputs
-    from kvscope.diagnostics.planner import make_plan
+    from kvscope.diagnostics.evidence.build import build_evidence
+    from kvscope.diagnostics.plan.coverage import make_plan
+    from kvscope.diagnostics.plan.inputs import read_inputs
 
     return make_plan(read_inputs(build_evidence(raw)), target)
 
@@ -214,7 +214,7 @@ def check_sizes(plan) -> dict[str, int]:
     """The row counts the plan is checked at: its own, and 10 % fewer."""
     import math
 
-    from kvscope.diagnostics.planner import SHORT_BY
+    from kvscope.diagnostics.plan.coverage import SHORT_BY
 
     return {"plan": plan.rows, "plan - 10 %": math.floor(plan.rows * (1 - SHORT_BY))}
 
@@ -222,7 +222,7 @@ def check_sizes(plan) -> dict[str, int]:
 def judge_size(run: dict, k: int, concurrency: float, other_loss: float, groups: int) -> dict:
     """One checked size: the model's prediction at ``run``'s rows against its measured
     coverage (``run``: a run's ``as_dict()``, or a recorded one's totals)."""
-    from kvscope.diagnostics.planner import coverage_at
+    from kvscope.diagnostics.plan.coverage import coverage_at
 
     predicted, at_least = coverage_at(run["rows"], k, concurrency, other_loss, groups)
     meas = run["coverage"]
@@ -254,7 +254,7 @@ def verify_cpu(work: Workload, target: float = 0.99, window_rows: int | None = N
                max_error: float = 0.05, log=None) -> dict:
     """The whole check on CPU engines: a window at ``window_rows`` (default: half of every
     restore at once), the plan from it, the engine at the planned rows and at 10 % fewer."""
-    from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
+    from kvscope.diagnostics.plan.format import format_plan, plan_to_dict
 
     say = log or (lambda _msg: None)
     window_rows = window_rows or work.concurrency * work.chunks // 2

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvscope.diagnostics.evidence import build_evidence  # noqa: E402
+from kvscope.diagnostics.evidence.build import build_evidence  # noqa: E402
 from kvscope.diagnostics.model import Facts, Finding  # noqa: E402
 from kvscope.exporters import signals as S  # noqa: E402
 from kvscope.sim import gpu_oracle_driver as gpu_oracle  # noqa: E402

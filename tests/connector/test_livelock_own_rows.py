@@ -28,8 +28,8 @@ from kvscope.diagnostics.classifiers.capacity_ceiling_livelock import (  # noqa:
     ChurnFacts,
     OwnRowsFacts,
 )
-from kvscope.diagnostics.engine import diagnose_raw  # noqa: E402
-from kvscope.diagnostics.scrape import scrape_window  # noqa: E402
+from kvscope.diagnostics.sources.scrape import scrape_window  # noqa: E402
+from kvscope.diagnostics.verdict.diagnose import diagnose_raw  # noqa: E402
 from kvscope.exporters.prometheus import start_exporter  # noqa: E402
 from kvscope.sim.cpu_engine import CPUEngine  # noqa: E402
 from kvscope.sim.plan_workload import ASK_TOKENS, Workload, ask_each, flood  # noqa: E402

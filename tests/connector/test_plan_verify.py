@@ -78,7 +78,7 @@ def test_the_restore_finding_part_of_its_rows_waits_unless_a_group_found_none(gr
     group 1 and it waits. On vLLM 0.33 the cut one's promotions and stores leave the other
     three deferred for good (a livelock kv-diagnose names:
     tests/connector/test_livelock_own_rows.py): those never end, and are counted apart."""
-    from kvscope.diagnostics.planner import restores_whole
+    from kvscope.diagnostics.plan.coverage import restores_whole
     from kvscope.sim.plan_workload import run_cpu
 
     work = Workload(concurrency=4, prompt_tokens=1024, kv_groups=groups)

@@ -2,7 +2,7 @@
 of each listed metric's closed labels is exported, for each value of its open labels.
 
 kv-diagnose relies on it: a value missing from a series it reads is a partial export,
-never a zero (diagnostics/partial.py). Real vLLM scheduler and worker ranks on CPU.
+never a zero (diagnostics/evidence/partial.py). Real vLLM scheduler and worker ranks on CPU.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """kvscope_info{world_size} is the number of worker ranks the engine has, each of which
 exports its own rank on the worker-side series: kv-diagnose holds the ranks it sees to it
-(diagnostics/ranks.py). Real vLLM scheduler and worker ranks on CPU."""
+(diagnostics/verdict/ranks.py). Real vLLM scheduler and worker ranks on CPU."""
 
 from __future__ import annotations
 

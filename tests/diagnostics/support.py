@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from kvscope.diagnostics.evidence import build_evidence
+from kvscope.diagnostics.evidence.build import build_evidence
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
 from tests.support.static_metrics import serve

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from kvscope.diagnostics.bundle import FORMAT, VERSION, read_bundle, to_dict, write_bundle
-from kvscope.diagnostics.engine import diagnose_raw
 from kvscope.diagnostics.model import DiagnoseError, Series
-from kvscope.diagnostics.report import format_text
+from kvscope.diagnostics.report.diagnosis import format_text
+from kvscope.diagnostics.sources.bundle import FORMAT, VERSION, read_bundle, to_dict, write_bundle
+from kvscope.diagnostics.verdict.diagnose import diagnose_raw
 from kvscope.exporters import signals as S
 
 from .support import L, base, window

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.model import RawWindow, Series
-from kvscope.diagnostics.report import format_text
+from kvscope.diagnostics.report.diagnosis import format_text
+from kvscope.diagnostics.verdict.diagnose import diagnose
 from kvscope.exporters import signals as S
 
 from .support import T0, L, base, declared, evidence, window
@@ -125,7 +125,7 @@ def test_non_finite_and_unsorted_samples_never_raise():
 
 
 def evidence_of(raw):
-    from kvscope.diagnostics.evidence import build_evidence
+    from kvscope.diagnostics.evidence.build import build_evidence
 
     return build_evidence(raw)
 

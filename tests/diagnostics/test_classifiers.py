@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from kvscope.diagnostics import engines, telemetry_gaps
 from kvscope.diagnostics.classifiers import (
     CLASSIFIERS,
     capacity_ceiling_livelock,
@@ -21,8 +20,9 @@ from kvscope.diagnostics.classifiers.shared_facts import RowBytes
 from kvscope.diagnostics.classifiers.stale_rows import MatchedRank
 from kvscope.diagnostics.classifiers.store_never_fits import JobSize
 from kvscope.diagnostics.classifiers.tier_flooded_by_group import GroupStored
-from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.thresholds import Thresholds
+from kvscope.diagnostics.verdict import one_engine, telemetry_gaps
+from kvscope.diagnostics.verdict.diagnose import diagnose
 from kvscope.exporters import signals as S
 
 from .support import T0, L, base, declared, evidence, info
@@ -653,7 +653,7 @@ def test_healthy_says_what_was_checked():
     # + the window-wide checks: one engine, kvscope's own errors
     assert len(checked) == len(CLASSIFIERS) + 2, report.top.evidence
     assert telemetry_gaps.CHECK in checked
-    assert engines.CHECK in checked
+    assert one_engine.CHECK in checked
 
 
 def test_several_verdicts_are_ranked():
@@ -894,8 +894,8 @@ def test_tier_flooded_by_group_only_full_attention_groups_are_victims():
 
 
 def test_tier_flooded_by_group_not_judged_without_its_series_or_with_one_group():
-    from kvscope.diagnostics.checks import needs_of
     from kvscope.diagnostics.classifiers import tier_flooded_by_group as flood
+    from kvscope.diagnostics.classifiers.needs import needs_of
 
     older = {k: v for k, v in flood_case().items()  # a kvscope predating per-group stores
              if not (isinstance(k, tuple) and k[0] in (

@@ -12,8 +12,8 @@ import pytest
 
 from kvscope.diagnostics.classifiers.shared_facts import StoppedGroup
 from kvscope.diagnostics.classifiers.store_never_fits import MOSTLY_REFUSED, StoredInPartFacts
-from kvscope.diagnostics.engine import diagnose, diagnose_raw
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
+from kvscope.diagnostics.verdict.diagnose import diagnose, diagnose_raw
 from kvscope.exporters import signals as S
 
 from .support import L, base, evidence, info

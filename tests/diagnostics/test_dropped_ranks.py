@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.diagnostics import Thresholds, ranks
-from kvscope.diagnostics.bundle import read_bundle
-from kvscope.diagnostics.engine import diagnose
-from kvscope.diagnostics.evidence import build_evidence
+from kvscope.diagnostics import Thresholds
+from kvscope.diagnostics.evidence.build import build_evidence
 from kvscope.diagnostics.model import DiagnoseError, RawWindow, Series
+from kvscope.diagnostics.sources.bundle import read_bundle
+from kvscope.diagnostics.verdict import ranks
+from kvscope.diagnostics.verdict.diagnose import diagnose
 from kvscope.exporters import signals as S
 from tests.support.openmetrics_window import read_samples, window
 

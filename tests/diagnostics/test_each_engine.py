@@ -1,7 +1,7 @@
 """--each-engine: a window of several engines cut per engine, each judged alone.
 
 Synthetic windows (the rule on one input): engine A idles with a store stuck 96 s (pending
-at idle on its own), engine B is healthy. Whole, the window is inconclusive (engines.py);
+at idle on its own), engine B is healthy. Whole, the window is inconclusive (one_engine.py);
 cut, each engine's verdict must be the one it gets asked alone, and the exit code says
 the incident. A window that cannot be cut (a series naming no engine, a target that gave
 nothing) is judged whole, as before, with the reason in its notes. The same against two
@@ -15,16 +15,17 @@ import json
 
 import pytest
 
-from kvscope.diagnostics import cli, each_engine
-from kvscope.diagnostics.bundle import write_bundle
-from kvscope.diagnostics.engine import diagnose_raw
-from kvscope.diagnostics.report import (
+from kvscope.diagnostics import cli
+from kvscope.diagnostics.report.diagnosis import (
     EXIT_CANNOT,
     EXIT_HEALTHY,
     EXIT_INCIDENT,
     EXIT_INCONCLUSIVE,
     format_text,
 )
+from kvscope.diagnostics.sources.bundle import write_bundle
+from kvscope.diagnostics.verdict import per_engine
+from kvscope.diagnostics.verdict.diagnose import diagnose_raw
 from kvscope.exporters import signals as S
 
 from . import test_classifiers as C
@@ -56,18 +57,18 @@ def test_each_engine_gets_the_verdict_it_gets_asked_alone():
     raw = _two()
     whole = diagnose_raw(raw)  # B's work hides A's stuck store: the sums cannot say
     assert whole.status == "inconclusive", format_text(whole)
-    parts, why = each_engine.split(raw)
+    parts, why = per_engine.split(raw)
     assert why == "" and [k for k, _ in parts] == [A, B]
     assert sum(len(sub.series) for _, sub in parts) == len(raw.series)  # every series, once
-    verdicts = each_engine.diagnose_each(parts)
+    verdicts = per_engine.diagnose_each(parts)
     alone_a, alone_b = _alone(A, C.pending_case()), _alone(B, _serving())
     assert alone_a.top.id == "pending_at_idle" and alone_b.status == "healthy"
     got = {v.engine: v.report for v in verdicts}
     assert [f.id for f in got[A].verdicts] == [f.id for f in alone_a.verdicts], \
         format_text(got[A])
     assert got[B].status == "healthy", format_text(got[B])
-    assert each_engine.exit_code(verdicts) == EXIT_INCIDENT
-    text = each_engine.format_each(verdicts)
+    assert per_engine.exit_code(verdicts) == EXIT_INCIDENT
+    text = per_engine.format_each(verdicts)
     assert text.startswith(f"kv-diagnose --each-engine: 2 engines, incident (incident: {A}; "
                            f"healthy: {B})"), text
     assert f"=== engine {A}: incident ===" in text and f"=== engine {B}: healthy ===" in text
@@ -75,24 +76,24 @@ def test_each_engine_gets_the_verdict_it_gets_asked_alone():
 
 def test_an_incident_on_either_engine_is_found_whichever_serves():
     """The veto on B beside a healthy A: B's incident, A healthy."""
-    verdicts = each_engine.diagnose_each(each_engine.split(_two(_healthy(), C.veto_case()))[0])
+    verdicts = per_engine.diagnose_each(per_engine.split(_two(_healthy(), C.veto_case()))[0])
     got = {v.engine: v for v in verdicts}
     assert got[A].status == "healthy" and got[B].report.top.id == "capacity_ceiling_veto"
 
 
 def test_two_healthy_engines_are_healthy_only_together():
-    verdicts = each_engine.diagnose_each(each_engine.split(_two(_healthy(), _healthy()))[0])
-    assert each_engine.exit_code(verdicts) == EXIT_HEALTHY
+    verdicts = per_engine.diagnose_each(per_engine.split(_two(_healthy(), _healthy()))[0])
+    assert per_engine.exit_code(verdicts) == EXIT_HEALTHY
     # one engine that cannot be judged (its steps, and so its freshness, are missing
     # while the rest is there: "could not check") keeps the whole run from healthy
     b = {k: v for k, v in _healthy().items() if k != S.LAST_STEP_TIMESTAMP.name}
-    verdicts = each_engine.diagnose_each(each_engine.split(_two(_healthy(), b))[0])
+    verdicts = per_engine.diagnose_each(per_engine.split(_two(_healthy(), b))[0])
     assert {v.engine: v.status for v in verdicts}[A] == "healthy"
-    assert each_engine.exit_code(verdicts) == EXIT_INCONCLUSIVE, \
-        each_engine.format_each(verdicts)
+    assert per_engine.exit_code(verdicts) == EXIT_INCONCLUSIVE, \
+        per_engine.format_each(verdicts)
 
 
-class _Coded(each_engine.EngineVerdict):
+class _Coded(per_engine.EngineVerdict):
     """An engine's verdict with only its exit code (the combining rule's input)."""
 
     def __init__(self, code: int) -> None:
@@ -108,7 +109,7 @@ def test_exit_codes_combine_never_to_healthy_over_a_gap():
     combos = {(0, 0): 0, (0, 1): 1, (3, 1): 1, (2, 1): 1, (0, 3): 3, (0, 2): 3, (2, 3): 3,
               (2, 2): 2}
     for (x, y), want in combos.items():
-        assert each_engine.exit_code([_Coded(x), _Coded(y)]) == want, (x, y)
+        assert per_engine.exit_code([_Coded(x), _Coded(y)]) == want, (x, y)
 
 
 def test_a_series_that_names_no_engine_keeps_the_window_whole():
@@ -118,20 +119,20 @@ def test_a_series_that_names_no_engine_keeps_the_window_whole():
     raw = window(engine_on(A, C.pending_case()) | engine_on(B, _serving()) | engine_on(rank, {
         L(S.TRANSFERS_IN_FLIGHT.name, rank="0", direction="gpu_to_cpu"): [0, 0]}),
         lifetime=False, declare=False)
-    parts, why = each_engine.split(raw)
+    parts, why = per_engine.split(raw)
     assert parts == [] and rank in why and "name no engine" in why
 
 
 def test_a_target_that_gave_nothing_keeps_the_window_whole():
     raw = dataclasses.replace(_two(), failures=("rank endpoint http://10.0.0.3:9401 "
                                                 "unreachable: refused",))
-    parts, why = each_engine.split(raw)
+    parts, why = per_engine.split(raw)
     assert parts == [] and "1 target(s) gave nothing usable" in why
 
 
 def test_one_engine_is_not_cut():
     raw = window(engine_on(A, _healthy()), lifetime=False, declare=False)
-    assert each_engine.split(raw) == ([], "")
+    assert per_engine.split(raw) == ([], "")
 
 
 def _bundle(tmp_path, raw) -> str:

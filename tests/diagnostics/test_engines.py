@@ -7,9 +7,9 @@ is false and A's stuck transfer passed for healthy.
 
 from __future__ import annotations
 
-from kvscope.diagnostics import engines
-from kvscope.diagnostics.engine import diagnose
-from kvscope.diagnostics.report import EXIT_INCONCLUSIVE, format_text
+from kvscope.diagnostics.report.diagnosis import EXIT_INCONCLUSIVE, format_text
+from kvscope.diagnostics.verdict import one_engine
+from kvscope.diagnostics.verdict.diagnose import diagnose
 from kvscope.exporters import signals as S
 
 from . import test_classifiers as C
@@ -35,7 +35,7 @@ def test_a_stuck_idle_engine_beside_a_serving_one_is_not_healthy():
     report = diagnose(evidence(on(A, C.pending_case()) | on(B, _serving()), lifetime=False))
     text = format_text(report)
     assert report.status == "inconclusive" and report.exit_code == EXIT_INCONCLUSIVE, text
-    gap = [u for u in report.unchecked if u.check == engines.ID]
+    gap = [u for u in report.unchecked if u.check == one_engine.ID]
     assert gap and gap[0].reasons[0] == f"2 engines in this window: {A}, {B}", text
     assert f"--selector that matches one of them, e.g. '{{instance=\"{A}\"}}'" \
         in report.top.next_step, text
@@ -67,7 +67,7 @@ def test_an_engine_without_its_info_series_still_counts():
     """A relabel rule dropped engine B's kvscope_info: its scheduler steps still name it."""
     b = {k: v for k, v in _serving().items() if not (isinstance(k, tuple) and k[0] == S.INFO.name)}
     report = diagnose(evidence(on(A, C.pending_case()) | on(B, b), lifetime=False))
-    gap = [u for u in report.unchecked if u.check == engines.ID]
+    gap = [u for u in report.unchecked if u.check == one_engine.ID]
     assert gap and gap[0].reasons[0] == f"2 engines in this window: {A}, {B}", format_text(report)
 
 
@@ -75,4 +75,4 @@ def test_one_engine_restarted_with_another_seed_is_one_engine():
     d = _healthy()
     d[C.info(seed="ffff")] = [1]  # the restarted process's info series, same target
     report = diagnose(evidence(d, lifetime=False))
-    assert not [u for u in report.unchecked if u.check == engines.ID], format_text(report)
+    assert not [u for u in report.unchecked if u.check == one_engine.ID], format_text(report)

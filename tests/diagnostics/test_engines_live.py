@@ -5,7 +5,7 @@ finished while the scheduler still has work, rank 1's unreported store). Engine 
 the healthy scenario, then took a long request it is still running. Judged one engine
 at a time (a selector on A's instance) the window is pending at idle; judged together
 the sums say "something runs", and before the one-engine check that read HEALTHY. It
-must not: several engines in one window are inconclusive (diagnostics/engines.py).
+must not: several engines in one window are inconclusive (diagnostics/verdict/one_engine.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from kvscope.diagnostics import diagnose_prometheus, each_engine, engines, format_text
-from kvscope.diagnostics.prometheus import prometheus_window
-from kvscope.diagnostics.report import EXIT_INCIDENT, EXIT_INCONCLUSIVE
+from kvscope.diagnostics import diagnose_prometheus, format_text
+from kvscope.diagnostics.report.diagnosis import EXIT_INCIDENT, EXIT_INCONCLUSIVE
+from kvscope.diagnostics.sources.prometheus import prometheus_window
+from kvscope.diagnostics.verdict import one_engine, per_engine
 from kvscope.exporters import signals as S
 from tests.support.reproduced import judged
 
@@ -62,9 +63,9 @@ def test_a_stuck_idle_engine_beside_a_serving_one(prometheus):
                                           selector=f'{{job="kvscope",instance="{instance_b}"}}',
                                           thresholds=TH)
             # --each-engine on the same window: cut per engine, each judged alone
-            parts, why = each_engine.split(prometheus_window(prom.url, end - 120, end,
+            parts, why = per_engine.split(prometheus_window(prom.url, end - 120, end,
                                                              '{job="kvscope"}', 10.0))
-            each = each_engine.diagnose_each(parts, TH)
+            each = per_engine.diagnose_each(parts, TH)
             return alone, both, instance_a, (alone_b, instance_b, why, each)
 
         return judged("pending-at-idle", judge, exporter_port=0)
@@ -75,18 +76,18 @@ def test_a_stuck_idle_engine_beside_a_serving_one(prometheus):
     assert alone.top.id == "pending_at_idle", format_text(alone)
     text = format_text(both)
     assert both.status == "inconclusive" and both.exit_code == EXIT_INCONCLUSIVE, text
-    gap = [u for u in both.unchecked if u.check == engines.ID]
+    gap = [u for u in both.unchecked if u.check == one_engine.ID]
     assert gap and gap[0].reasons[0].startswith("2 engines in this window: "), text
     assert instance_a in gap[0].reasons[0], text
     assert "--selector that matches one of them, e.g. '{instance=\"127.0.0.1:" \
         in both.top.next_step, text
     # --each-engine: each engine gets the verdict it gets when asked alone (a selector
     # on its instance): A's pending at idle, its premise from the engine above
-    text = each_engine.format_each(each)
+    text = per_engine.format_each(each)
     assert why == "" and [v.engine.split(" ")[0] for v in each] == sorted(
         [instance_a, instance_b]), (why, text)
     got = {v.engine.split(" ")[0]: v.report for v in each}
     assert [f.id for f in got[instance_a].verdicts] == [f.id for f in alone.verdicts], text
     assert got[instance_b].status == alone_b.status, (format_text(alone_b), text)
-    assert each_engine.exit_code(each) == EXIT_INCIDENT, text
+    assert per_engine.exit_code(each) == EXIT_INCIDENT, text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.diagnostics.evidence import aggregate, build_evidence
+from kvscope.diagnostics.evidence.build import aggregate, build_evidence
 from kvscope.diagnostics.model import DiagnoseError, RawWindow, Series, SourceInfo
 from kvscope.exporters import signals as S
 
@@ -140,7 +140,7 @@ def test_every_evidence_field_has_a_row_in_the_table():
     """A field added to the model without a row would silently stay at its default."""
     import dataclasses
 
-    from kvscope.diagnostics import evidence_table as table
+    from kvscope.diagnostics.evidence import read_table as table
 
     def fields(cls):
         return {f.name for f in dataclasses.fields(cls)}
@@ -151,12 +151,13 @@ def test_every_evidence_field_has_a_row_in_the_table():
         assert fields(split.part) == set(split.rows) | {split.key}, split.part
     cls, rows = table.FRESHNESS
     assert fields(cls) == set(rows) | {"last_step", "now"}
-    from kvscope.diagnostics.evidence_model import Evidence
+    from kvscope.diagnostics.evidence.model import Evidence
 
     read_elsewhere = {"source", "targets", "kv_groups", "lookups", "ranks", "freshness", "present",
-                      "label_names", "nonfinite", "failures", "notes", "rank_scopes"}
+                      "kv_group_drafters", "label_names", "nonfinite", "failures", "notes",
+                      "rank_scopes"}
     assert fields(Evidence) == set(table.PARTS) | set(table.FIELDS) | read_elsewhere
     wanted = {row.name for _, rows in table.PARTS.values() for row in rows.values()}
-    from kvscope.diagnostics.wanted import WANTED_SERIES
+    from kvscope.diagnostics.sources.wanted import WANTED_SERIES
 
     assert wanted <= WANTED_SERIES, wanted - WANTED_SERIES  # a row reading a dropped series

@@ -8,21 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.diagnostics import engine
 from kvscope.diagnostics.classifiers import CLASSIFIERS, anomaly_facts, healthy, shared_facts
-from kvscope.diagnostics.engine import diagnose
 from kvscope.diagnostics.model import Facts
+from kvscope.diagnostics.verdict import diagnose as verdict
+from kvscope.diagnostics.verdict.diagnose import diagnose
 
 from .support import evidence
 from .test_golden import CASES
 
-SCHEMA = (Path(engine.__file__).parent / "SCHEMA.md").read_text()
+SCHEMA = (Path(verdict.__file__).parents[1] / "SCHEMA.md").read_text()
 
 
 def _records() -> list[type]:
     """Every dataclass the classifiers declare for their facts, nested ones too."""
     out = []
-    for mod in (*CLASSIFIERS, healthy, engine, shared_facts, anomaly_facts):
+    for mod in (*CLASSIFIERS, healthy, verdict, shared_facts, anomaly_facts):
         out += [c for c in vars(mod).values() if isinstance(c, type)
                 and dataclasses.is_dataclass(c) and c.__module__ == mod.__name__]
     return out

@@ -21,14 +21,14 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from kvscope.diagnostics.bundle import from_dict, read_bundle  # noqa: E402
-from kvscope.diagnostics.engine import diagnose  # noqa: E402
-from kvscope.diagnostics.evidence import WANTED_SERIES, build_evidence  # noqa: E402
-from kvscope.diagnostics.limits import Deadline  # noqa: E402
+from kvscope.diagnostics.evidence.build import WANTED_SERIES, build_evidence  # noqa: E402
 from kvscope.diagnostics.model import DiagnoseError, RawWindow, Series  # noqa: E402
-from kvscope.diagnostics.prometheus import prometheus_window  # noqa: E402
-from kvscope.diagnostics.report import format_text  # noqa: E402
-from kvscope.diagnostics.scrape import parse_exposition  # noqa: E402
+from kvscope.diagnostics.report.diagnosis import format_text  # noqa: E402
+from kvscope.diagnostics.sources.bundle import from_dict, read_bundle  # noqa: E402
+from kvscope.diagnostics.sources.limits import Deadline  # noqa: E402
+from kvscope.diagnostics.sources.prometheus import prometheus_window  # noqa: E402
+from kvscope.diagnostics.sources.scrape import parse_exposition  # noqa: E402
+from kvscope.diagnostics.verdict.diagnose import diagnose  # noqa: E402
 from kvscope.sim.catalog import SCENARIOS  # noqa: E402
 
 from .test_partial import INCIDENTS as INCIDENT_FIXTURES  # noqa: E402

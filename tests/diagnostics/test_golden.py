@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.diagnostics.engine import diagnose
-from kvscope.diagnostics.report import format_text
+from kvscope.diagnostics.report.diagnosis import format_text
+from kvscope.diagnostics.verdict.diagnose import diagnose
 
 from . import test_classifiers as C
 from .support import L, base, evidence, info, on

@@ -19,8 +19,8 @@ import zlib
 import pytest
 
 from kvscope.diagnostics import cli
-from kvscope.diagnostics.bundle import read_bundle
 from kvscope.diagnostics.model import DiagnoseError
+from kvscope.diagnostics.sources.bundle import read_bundle
 from kvscope.exporters import signals as S
 
 from .support import contract_registry, declare, info_values, serve, serve_registry
@@ -270,8 +270,8 @@ def test_the_tty_renderer_escapes_too():
 
     from rich.console import Console
 
-    from kvscope.diagnostics.engine import diagnose
-    from kvscope.diagnostics.report import render
+    from kvscope.diagnostics.report.diagnosis import render
+    from kvscope.diagnostics.verdict.diagnose import diagnose
 
     from .support import evidence, info
 

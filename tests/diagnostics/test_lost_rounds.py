@@ -5,7 +5,7 @@ the re-ask restored fewer tokens than the tiers held) with the test fault
 ``lose_rounds`` on (kvscope/sim/faults.py): kvscope's judging of every lookup round
 raises, is counted in ``kvscope_telemetry_errors_total`` and leaves no trace in the
 round and coverage series. The classifiers then have nothing to find; before the
-telemetry check (diagnostics/telemetry_gaps.py) this window read "healthy" during
+telemetry check (diagnostics/verdict/telemetry_gaps.py) this window read "healthy" during
 the incident. Judged through a real Prometheus and from a live scrape.
 """
 
@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from kvscope.diagnostics import diagnose_prometheus, diagnose_scrape, format_text, telemetry_gaps
-from kvscope.diagnostics.report import EXIT_INCONCLUSIVE
+from kvscope.diagnostics import diagnose_prometheus, diagnose_scrape, format_text
+from kvscope.diagnostics.report.diagnosis import EXIT_INCONCLUSIVE
+from kvscope.diagnostics.verdict import telemetry_gaps
 from kvscope.exporters import signals as S
 from tests.support.reproduced import judged
 

@@ -39,7 +39,7 @@ def _facts(path: Path) -> dict:
 
 def _window(path: Path):
     """The capture as kv-diagnose's scrape source reads it (one scrape, lifetime totals)."""
-    from kvscope.diagnostics.scrape import scrape_window
+    from kvscope.diagnostics.sources.scrape import scrape_window
 
     with serving(path) as url:
         return scrape_window([url], interval=0.05)

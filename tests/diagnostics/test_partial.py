@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.diagnostics import partial
-from kvscope.diagnostics.bundle import read_bundle
-from kvscope.diagnostics.engine import diagnose
-from kvscope.diagnostics.evidence import build_evidence
+from kvscope.diagnostics.evidence import partial
+from kvscope.diagnostics.evidence.build import build_evidence
 from kvscope.diagnostics.model import ABSENT, DiagnoseError, RawWindow
+from kvscope.diagnostics.sources.bundle import read_bundle
+from kvscope.diagnostics.verdict.diagnose import diagnose
 from kvscope.exporters import signals as S
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.diagnostics.bundle import read_bundle, write_bundle
 from kvscope.diagnostics.cli import main
-from kvscope.diagnostics.evidence import build_evidence
+from kvscope.diagnostics.evidence.build import build_evidence
 from kvscope.diagnostics.model import DiagnoseError
-from kvscope.diagnostics.plan_inputs import Given, read_inputs
-from kvscope.diagnostics.plan_model import Fact, PlanInputs
-from kvscope.diagnostics.plan_report import format_plan, plan_to_dict
-from kvscope.diagnostics.planner import coverage_at, make_plan, rows_per_restore
+from kvscope.diagnostics.plan.coverage import coverage_at, make_plan, rows_per_restore
+from kvscope.diagnostics.plan.format import format_plan, plan_to_dict
+from kvscope.diagnostics.plan.inputs import Given, read_inputs
+from kvscope.diagnostics.plan.model import Fact, PlanInputs
+from kvscope.diagnostics.sources.bundle import read_bundle, write_bundle
 from kvscope.exporters import signals as S
 
 from .support import T0, L, base, info, window

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvscope.diagnostics import Thresholds, diagnose_bundle
-from kvscope.diagnostics.panels import panels_for
-from kvscope.diagnostics.plot import write_plot
+from kvscope.diagnostics.report.panels import panels_for
+from kvscope.diagnostics.report.plot import write_plot
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -15,10 +15,12 @@ import time
 
 import pytest
 
-from kvscope.diagnostics import cli, prometheus
+from kvscope.diagnostics import cli
+from kvscope.diagnostics.evidence.quantities import aggregate
 from kvscope.diagnostics.model import SourceInfo
-from kvscope.diagnostics.prometheus import MAX_POINTS, prometheus_window, step_for
-from kvscope.diagnostics.prometheus_long import (
+from kvscope.diagnostics.sources import prometheus
+from kvscope.diagnostics.sources.prometheus import MAX_POINTS, prometheus_window, step_for
+from kvscope.diagnostics.sources.prometheus_long import (
     MIN_POINTS,
     TAIL_S,
     UNREAD,
@@ -28,7 +30,6 @@ from kvscope.diagnostics.prometheus_long import (
     is_long,
     points_bound,
 )
-from kvscope.diagnostics.quantities import aggregate
 from kvscope.exporters import signals as S
 from tests.support.backfill import backfill
 from tests.support.fleet_history import EXPECTED, History, Shape, chunks, write_chunk

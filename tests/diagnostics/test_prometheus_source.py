@@ -8,7 +8,12 @@ import time
 import pytest
 
 from kvscope.diagnostics import cli
-from kvscope.diagnostics.prometheus import escaped_name, normalize_selector, query_for, step_for
+from kvscope.diagnostics.sources.prometheus import (
+    escaped_name,
+    normalize_selector,
+    query_for,
+    step_for,
+)
 from kvscope.exporters import signals as S
 
 from .support import contract_registry, info_values, serve

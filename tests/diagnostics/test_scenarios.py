@@ -22,10 +22,10 @@ from kvscope.diagnostics import (
     diagnose_scrape,
     format_text,
 )
-from kvscope.diagnostics.bundle import write_bundle
 from kvscope.diagnostics.classifiers.shared_facts import RowBytes
 from kvscope.diagnostics.classifiers.store_never_fits import JobSize
-from kvscope.diagnostics.scrape import parse_exposition, scrape_window
+from kvscope.diagnostics.sources.bundle import write_bundle
+from kvscope.diagnostics.sources.scrape import parse_exposition, scrape_window
 from kvscope.exporters import signals as S
 from kvscope.sim.catalog import SCENARIOS
 from tests.support.reproduced import judged

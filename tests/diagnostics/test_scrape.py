@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvscope.diagnostics.model import DiagnoseError
-from kvscope.diagnostics.scrape import parse_exposition, scrape_window
+from kvscope.diagnostics.sources.scrape import parse_exposition, scrape_window
 from kvscope.exporters import signals as S
 
 from .support import contract_registry, info_values, serve, serve_registry

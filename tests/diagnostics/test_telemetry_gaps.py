@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from kvscope.diagnostics import telemetry_gaps
-from kvscope.diagnostics.engine import diagnose
-from kvscope.diagnostics.report import EXIT_INCONCLUSIVE, format_text
+from kvscope.diagnostics.report.diagnosis import EXIT_INCONCLUSIVE, format_text
+from kvscope.diagnostics.verdict import telemetry_gaps
+from kvscope.diagnostics.verdict.diagnose import diagnose
 from kvscope.exporters import signals as S
 
 from . import test_classifiers as C

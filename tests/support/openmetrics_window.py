@@ -5,7 +5,7 @@ lookback, to its last one before ``end``; ``instance`` is the target).
 
 The recordings are OpenMetrics (seconds timestamps, ``# EOF``), read by prometheus_client's
 OpenMetrics parser. Only the sample lines of the series kv-diagnose reads reach it, as in
-``diagnostics/scrape.py``: a recording is tens of thousands of lines, and its metadata names
+``diagnostics/sources/scrape.py``: a recording is tens of thousands of lines, and its metadata names
 ``*_created`` families that clash with their counters' (the parser refuses the whole text)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from kvscope.diagnostics.model import RawWindow, Series, SourceInfo
-from kvscope.diagnostics.wanted import WANTED_SERIES
+from kvscope.diagnostics.sources.wanted import WANTED_SERIES
 
 _NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 LOOKBACK_S = 300.0  # Prometheus' default lookback delta

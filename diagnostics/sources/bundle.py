@@ -32,8 +32,8 @@ import sys
 import time
 import zlib
 
-from .atomic import write_atomically
-from .evidence import WANTED_SERIES
+from ..atomic import write_atomically
+from ..model import DiagnoseError, RawWindow, Series, SourceInfo
 from .limits import (
     MAX_BUNDLE_BYTES,
     MAX_BUNDLE_COMMAS,
@@ -42,7 +42,7 @@ from .limits import (
     MAX_SERIES,
     too_many,
 )
-from .model import DiagnoseError, RawWindow, Series, SourceInfo
+from .wanted import WANTED_SERIES
 
 FORMAT = "kvscope-bundle"
 VERSION = 1

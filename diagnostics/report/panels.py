@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from kvscope.exporters import signals as S
 
-from .evidence import Evidence
-from .model import Finding, Quantity, Samples
-from .thresholds import Thresholds
+from ..evidence.build import Evidence
+from ..model import Finding, Quantity, Samples
+from ..thresholds import Thresholds
 
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink",
            "tab:olive", "tab:cyan")

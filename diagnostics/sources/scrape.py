@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..model import DiagnoseError, RawWindow, Series, SourceInfo
 from . import http
-from .evidence import WANTED_SERIES
 from .limits import DEFAULT_TIMEOUT_S, MAX_SERIES, NO_DEADLINE, Deadline, parallel_map, too_many
-from .model import DiagnoseError, RawWindow, Series, SourceInfo
+from .wanted import WANTED_SERIES
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 

@@ -2,10 +2,10 @@
 
 Healthy means checked: a classifier whose series are missing or non-finite is
 not run and is reported as "could not check", as is one that read a label value
-the export lacks (:mod:`.partial`) or needs per-rank series of a rank no series
+the export lacks (:mod:`..evidence.partial`) or needs per-rank series of a rank no series
 names (:mod:`.ranks`); one that raises becomes an error finding. A rise of kvscope's
 own error counter leaves every check unproven (:mod:`.telemetry_gaps`), as do several
-engines summed into one window (:mod:`.engines`). The verdict is healthy only when
+engines summed into one window (:mod:`.one_engine`). The verdict is healthy only when
 every check ran on one engine's whole counters and none holds.
 """
 
@@ -14,19 +14,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from . import classifiers as C
-from . import engines, partial, ranks, telemetry_gaps
-from .checks import needs_of, unmet
-from .classifiers import healthy, stale_telemetry
-from .evidence import Evidence, build_evidence
-from .model import Facts, Finding, RawWindow, Unchecked
-from .report import Report
-from .thresholds import Thresholds
+from .. import classifiers as C
+from ..classifiers import healthy, stale_telemetry
+from ..classifiers.needs import needs_of, unmet
+from ..evidence import partial
+from ..evidence.build import Evidence, build_evidence
+from ..model import Facts, Finding, RawWindow, Unchecked
+from ..report.diagnosis import Report
+from ..thresholds import Thresholds
+from . import one_engine, ranks, telemetry_gaps
 
 CHECK_FAILED = "check_failed"
 # Checks of the whole window, run after the classifiers: each module has ID, CHECK,
 # unchecked(ev) (an Unchecked or None) and next_step(ev) (its own remedy).
-WINDOW_CHECKS = (engines, telemetry_gaps)
+WINDOW_CHECKS = (one_engine, telemetry_gaps)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The typed evidence model: what kv-diagnose knows about one incident window.
 
-:func:`kvscope.diagnostics.evidence.build_evidence` fills it from any source
-(what each field is read from: :mod:`.evidence_table`); classifiers read only
+:func:`kvscope.diagnostics.evidence.build.build_evidence` fills it from any source
+(what each field is read from: :mod:`.read_table`); classifiers read only
 :class:`Evidence`.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from kvscope.exporters import signals as S
 
-from .model import ABSENT, Quantity, SourceInfo
+from ..model import ABSENT, Quantity, SourceInfo
 from .targets import TargetInfo
 
 

@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import math
 
-from .classifiers._common import n, nbytes
-from .model import DiagnoseError
-from .plan_model import Fact, Plan, PlanInputs, Prediction, Step
+from ..classifiers._common import n, nbytes
+from ..model import DiagnoseError
+from .model import Fact, Plan, PlanInputs, Prediction, Step
 
 DEFAULT_TARGET = 0.99
 SHORT_BY = 0.10  # the plan is also predicted at this much fewer rows

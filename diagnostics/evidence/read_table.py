@@ -5,8 +5,8 @@ A :class:`Read` names the series, the label whose values key the field (a
 ``sum`` (counters and counts, summed over targets and ranks), ``max``
 (latest-value gauges and timestamps, where a sum would mean nothing) or ``min``
 (presence flags: absent on one target is absent).
-:func:`kvscope.diagnostics.evidence.build_evidence` applies the tables; a new
-evidence field is a new row here and a field in :mod:`.evidence_model`.
+:func:`kvscope.diagnostics.evidence.build.build_evidence` applies the tables; a new
+evidence field is a new row here and a field in :mod:`.model`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from .evidence_model import (
+from .model import (
     Freshness,
     GroupLookups,
     Pending,

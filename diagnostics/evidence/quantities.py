@@ -10,8 +10,8 @@ import bisect
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from .model import ABSENT, Quantity, Series, SourceInfo
-from .wanted import is_counter
+from ..model import ABSENT, Quantity, Series, SourceInfo
+from ..sources.wanted import is_counter
 
 
 def _step_values(samples, times: list[float]) -> list[float]:

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 
 from kvscope.exporters import signals as S
 
-from .checks import Need
-from .evidence import Evidence
-from .targets import TargetInfo
+from ..classifiers.needs import Need
+from ..evidence.build import Evidence
+from ..evidence.targets import TargetInfo
 
 # every series name a worker-side metric yields (all carry the rank label)
 WORKER_SERIES = frozenset(n for m in S.WORKER_METRICS for n in S.exposed_series(m))

@@ -36,8 +36,8 @@ from collections import defaultdict
 
 from kvscope.exporters import signals as S
 
+from ..model import DiagnoseError, Series
 from .limits import LimitExceeded, parallel_map
-from .model import DiagnoseError, Series
 from .wanted import is_counter
 
 RAW_STEP_MAX_S = 60.0  # up to 4 h (240 points at <= 60 s): raw points, every sample scraped once

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from .evidence import Evidence
-from .model import Unchecked
+from ..evidence.build import Evidence
+from ..model import Unchecked
 
 ID = "one_engine"
 CHECK = f"one engine in the window: one scheduler's {S.INFO.name}, so the sums are its own"

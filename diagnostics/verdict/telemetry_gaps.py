@@ -12,17 +12,17 @@ The counter is declared at 0 for every site from a process's first step on
 (``signals.PRESET_VALUES``): an input without it lost it (a relabel rule, an
 exporter older than the contract) and cannot say whether kvscope erred, so that
 too leaves the check unrun. One born inside the window (an older exporter) counts
-from zero (:mod:`.quantities`).
+from zero (:mod:`..evidence.quantities`).
 """
 
 from __future__ import annotations
 
 from kvscope.exporters import signals as S
 
-from .checks import need, unmet
-from .classifiers._common import n, window_word
-from .evidence import Evidence
-from .model import Unchecked
+from ..classifiers._common import n, window_word
+from ..classifiers.needs import need, unmet
+from ..evidence.build import Evidence
+from ..model import Unchecked
 
 ID = "telemetry"
 CHECK = f"kvscope recorded every event: {S.TELEMETRY_ERRORS.name} did not rise"

@@ -18,9 +18,9 @@ import re
 import threading
 import urllib.parse
 
+from ..model import DiagnoseError, RawWindow, Series, SourceInfo
 from . import http
 from . import prometheus_long as long_window
-from .evidence import WANTED_SERIES
 from .limits import (
     DEFAULT_TIMEOUT_S,
     MAX_SAMPLES,
@@ -31,7 +31,7 @@ from .limits import (
     parallel_map,
     too_many,
 )
-from .model import DiagnoseError, RawWindow, Series, SourceInfo
+from .wanted import WANTED_SERIES
 
 MAX_POINTS = 240  # per series over the window: enough for a timeline, cheap at 24 h
 # One query_range answer: one metric name, 240 points per series; a 64-rank

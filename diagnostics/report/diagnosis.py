@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from kvscope.exporters import signals as S
 
-from .evidence import Evidence, TargetInfo
-from .model import Finding, SourceInfo, Unchecked
-from .thresholds import Thresholds
+from ..evidence.build import Evidence, TargetInfo
+from ..model import Finding, SourceInfo, Unchecked
+from ..thresholds import Thresholds
 
 if TYPE_CHECKING:  # rich is imported where a report is rendered: --json never needs it
     from rich.console import Console

@@ -15,8 +15,8 @@ import threading
 import time
 import urllib.parse
 
+from ..model import DiagnoseError
 from .limits import MAX_BODY_BYTES, NO_DEADLINE, Deadline
-from .model import DiagnoseError
 
 USER_AGENT = "kv-diagnose (kvscope)"
 MAX_REDIRECTS = 3

@@ -1,8 +1,8 @@
-"""Build the typed evidence (:mod:`.evidence_model`) from any source's :class:`RawWindow`.
+"""Build the typed evidence (:mod:`.model`) from any source's :class:`RawWindow`.
 
 Three steps: keep the series kv-diagnose reads, clean and sorted
 (:func:`_clean`); refuse a window without kvscope in it (:func:`_refuse`); fill
-every field from the rows of :mod:`.evidence_table`. Classifiers read only
+every field from the rows of :mod:`.read_table`. Classifiers read only
 :class:`Evidence`; metric names come from :mod:`kvscope.exporters.signals`.
 """
 
@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 
 from kvscope.exporters import signals as S
 
-from . import evidence_table as T
+from ..model import DiagnoseError, Quantity, RawWindow, Series, SourceInfo
+from ..sources.limits import MAX_LABEL_CHARS
+from ..sources.wanted import WANTED_SERIES, is_counter
 from . import partial
-from .evidence_model import (
+from . import read_table as T
+from .model import (
     Evidence,
     Freshness,
     GroupLookups,
@@ -29,11 +32,8 @@ from .evidence_model import (
     Tiers,
     Vllm,
 )
-from .limits import MAX_LABEL_CHARS
-from .model import DiagnoseError, Quantity, RawWindow, Series, SourceInfo
 from .quantities import aggregate, by_label
 from .targets import TargetInfo, read_kv_group_drafters, read_kv_groups, read_targets, scope_key
-from .wanted import WANTED_SERIES, is_counter
 
 __all__ = [
     "WANTED_SERIES", "Evidence", "Freshness", "GroupLookups", "Pending", "RankTransfers",

@@ -20,7 +20,7 @@ from types import ModuleType
 
 from kvscope.exporters import signals as S
 
-from .evidence import Evidence
+from ..evidence.build import Evidence
 
 
 @dataclass(frozen=True)

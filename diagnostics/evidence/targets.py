@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from .model import Series
+from ..model import Series
 
 
 def scope_key(target: str, model_name: str = "", engine: str = "") -> str:

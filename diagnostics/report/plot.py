@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 from kvscope.exporters import signals as S
 
-from .atomic import write_atomically
-from .model import DiagnoseError
+from ..atomic import write_atomically
+from ..model import DiagnoseError
+from .diagnosis import Report, _iso, safe
 from .panels import Panel, panels_for
-from .report import Report, _iso, safe
 
 FORMATS = (".png", ".svg", ".pdf")
 

@@ -1,7 +1,7 @@
 """The parser of ``kv-diagnose plan``: a window's evidence (or the command line) to
-:class:`~.plan_model.PlanInputs`, each number with where it came from.
+:class:`~.model.PlanInputs`, each number with where it came from.
 
-Read from the series kvscope exports (through :func:`~.evidence.build_evidence`, as the
+Read from the series kvscope exports (through :func:`~..evidence.build.build_evidence`, as the
 diagnosis reads them):
 
 * restores and their held prefixes: ``kvscope_restore_coverage_ratio_count`` (ended rounds
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from .evidence_model import Evidence
-from .model import DiagnoseError, Quantity, RawWindow
-from .plan_model import Fact, PlanInputs
+from ..evidence.model import Evidence
+from ..model import DiagnoseError, Quantity, RawWindow
+from .model import Fact, PlanInputs
 
 ROW_LOSS = (S.ShortReason.ROW_CEILING, S.ShortReason.GROUP_VETO)  # what more rows fix
 OTHER_LOSS = (S.ShortReason.LOAD_CAP, S.ShortReason.OTHER)  # the tiers held it; rows do not help

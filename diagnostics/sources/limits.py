@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from .model import DiagnoseError
+from ..model import DiagnoseError
 
 # One /metrics body. A vLLM /metrics of a 64-rank engine is a few MB; eight
 # are fetched at once.

@@ -1,10 +1,10 @@
 """The typed model of ``kv-diagnose plan``: what a window says (:class:`PlanInputs`) and the
 sizing derived from it (:class:`Plan`).
 
-Four layers, as the diagnosis has them: a source's :class:`~.model.RawWindow` ->
-:func:`.plan_inputs.read_inputs` (the parser: the evidence's series to facts, each with
-where it came from) -> :func:`.planner.make_plan` (the coverage model) ->
-:mod:`.plan_report` (text and JSON). Coverage, here and everywhere in kvscope: tokens
+Four layers, as the diagnosis has them: a source's :class:`~..model.RawWindow` ->
+:func:`.inputs.read_inputs` (the parser: the evidence's series to facts, each with
+where it came from) -> :func:`.coverage.make_plan` (the coverage model) ->
+:mod:`.format` (text and JSON). Coverage, here and everywhere in kvscope: tokens
 restored from the offload tiers / tokens the tiers held for the re-asked prefixes
 (``kvscope_hit_tokens_total / kvscope_restore_held_tokens_total``); the rest was
 recomputed.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import SourceInfo
+from ..model import SourceInfo
 
 
 @dataclass(frozen=True)

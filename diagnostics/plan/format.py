@@ -1,4 +1,4 @@
-"""The formatter of ``kv-diagnose plan``: a :class:`~.plan_model.Plan` as text (ray-status
+"""The formatter of ``kv-diagnose plan``: a :class:`~.model.Plan` as text (ray-status
 style: fixed sections, an explicit ``(none)``) or JSON (``kind: "plan"``, schema_version 1:
 ``diagnostics/SCHEMA.md``). Deterministic for a given plan and clock."""
 
@@ -8,10 +8,10 @@ import json
 import textwrap
 import time
 
-from .classifiers._common import n, nbytes
-from .plan_model import Fact, Plan
-from .planner import pct
-from .report import SCHEMA_VERSION, _iso, _source_line, kvscope_version, safe
+from ..classifiers._common import n, nbytes
+from ..report.diagnosis import SCHEMA_VERSION, _iso, _source_line, kvscope_version, safe
+from .coverage import pct
+from .model import Fact, Plan
 
 COVERAGE = ("coverage = tokens restored from the offload tiers / tokens the tiers held for "
             "the re-asked prefixes (kvscope_hit_tokens_total / "

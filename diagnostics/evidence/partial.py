@@ -18,7 +18,7 @@ from contextvars import ContextVar
 
 from kvscope.exporters import signals as S
 
-from .model import Quantity
+from ..model import Quantity
 
 _PRESET: dict[str, S.Metric] = {m.name: m for m in S.PRESET_VALUES}
 _WITH_WORLD_SIZE = frozenset(m.name for m in S.PRESET_WITH_WORLD_SIZE)
@@ -78,7 +78,7 @@ def label_values(values: dict[str, Quantity], series: str, label: str,
                  world_size_known: bool = True) -> dict[str, Quantity]:
     """``values`` as :class:`LabelValues` when ``series`` presets ``label``'s values.
 
-    Empty ``values`` (the series absent: checks.py's "missing") are no partial export,
+    Empty ``values`` (the series absent: classifiers/needs.py's "missing") are no partial export,
     unless ``others_present``: the same series has values for another KV group. A series
     of ``signals.PRESET_WITH_WORLD_SIZE`` counts as preset only in an input whose
     kvscope_info carries world_size (``world_size_known``): an older kvscope did not preset it.

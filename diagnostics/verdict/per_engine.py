@@ -1,6 +1,6 @@
 """``--each-engine``: one verdict per engine of a window that holds several.
 
-A window over several engines is inconclusive as a whole (:mod:`.engines`): its sums hide
+A window over several engines is inconclusive as a whole (:mod:`.one_engine`): its sums hide
 one engine's incident behind another's work. Asked with ``--each-engine``, kv-diagnose
 cuts it into one window per engine and diagnoses each as if it had been asked alone (the
 same classifiers, thresholds and rules: a check that cannot run on an engine's window
@@ -28,11 +28,10 @@ from dataclasses import dataclass
 
 from kvscope.exporters import signals as S
 
-from . import engines
-from .engine import diagnose_raw
-from .evidence import build_evidence
-from .model import DiagnoseError, RawWindow
-from .report import (
+from ..evidence.build import build_evidence
+from ..evidence.targets import scope_key
+from ..model import DiagnoseError, RawWindow
+from ..report.diagnosis import (
     EXIT_CANNOT,
     EXIT_CODES,
     EXIT_HEALTHY,
@@ -44,8 +43,9 @@ from .report import (
     kvscope_version,
     safe,
 )
-from .targets import scope_key
-from .thresholds import Thresholds
+from ..thresholds import Thresholds
+from . import one_engine
+from .diagnose import diagnose_raw
 
 _SHOWN = 3  # unattributed scopes named in the reason
 CANNOT = "could not diagnose"  # an engine's status when its window could not be diagnosed
@@ -55,8 +55,8 @@ _STATUS_OF = {code: name for name, code in EXIT_CODES.items()}  # a report's exi
 def split(raw: RawWindow) -> tuple[list[tuple[str, RawWindow]], str]:
     """One (engine name, its window) per engine, in name order; or no windows and why the
     window cannot be cut ("" when it holds one engine or none). Raises DiagnoseError as
-    :func:`.evidence.build_evidence` does (no kvscope series)."""
-    names = set(engines.names(build_evidence(raw)))
+    :func:`..evidence.build.build_evidence` does (no kvscope series)."""
+    names = set(one_engine.names(build_evidence(raw)))
     if len(names) <= 1:
         return [], ""
     if raw.failures:
