@@ -121,6 +121,8 @@ BARE_MIN_KEYS = 64
 BARE_ROWS_PER_KEY = 8
 # Handing vLLM's scan the real manager saves ~25 ns a key, and costs two calls a scan
 DIRECT_MIN_KEYS = 16
+# Below this many keys the per-key tap (a frame a key) costs less than this tap's reading
+SCAN_MIN_KEYS = 16
 
 
 def place(evicted: Evictions, total: int) -> None:
@@ -176,7 +178,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     rows, may_promote, promotes = reader.rows, reader.may_promote, reader.promotes
 
     def scan(keys, req_context, *rest):
-        if quarantine or type(keys) is not list:  # rare: each lookup recorded by the proxy
+        # rare (a key quarantined), or a short scan (most): each lookup recorded by the proxy
+        if quarantine or type(keys) is not list or len(keys) < SCAN_MIN_KEYS:
             per_key(True)
             try:
                 return inner_scan(keys, req_context, *rest)

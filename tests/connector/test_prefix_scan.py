@@ -44,9 +44,11 @@ def _kind(results: list) -> str:
 @pytest.fixture
 def checked_scans(monkeypatch):
     """Every SchedulerObserver built meanwhile records per key, and its scans are checked
-    against the scan tap; yields a Counter of the scans checked, by kind. A bare rest is
-    taken wherever it may be (short scans too, where kvscope's own tap does not take it:
-    it does not pay there), so each scenario checks it."""
+    against the scan tap; yields a Counter of the scans checked, by kind. Every scan is read
+    and a bare rest taken wherever it may be (short scans too, which kvscope's own tap
+    leaves to the per-key tap and runs without a bare rest: neither pays there), so each
+    scenario checks them."""
+    monkeypatch.setattr(prefix_scan, "SCAN_MIN_KEYS", 0)
     monkeypatch.setattr(prefix_scan, "BARE_MIN_KEYS", 2)
     monkeypatch.setattr(prefix_scan, "BARE_ROWS_PER_KEY", 1 << 40)
     seen: Counter = Counter()
