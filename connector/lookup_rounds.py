@@ -128,14 +128,21 @@ class LookupCounts:
         one ``list.count`` per result value (every key carries its suffix); several: the
         suffix of each key, counted in C (``Counter`` over ``zip``/``map``)."""
         single = self._single
-        if single is not None:
-            count = results.count
-            return {pair: n for pair, v in single if (n := count(v))}
+        if single is not None:  # a loop, not a comprehension: no frame per round
+            count, out = results.count, {}
+            for pair, v in single:
+                if n := count(v):
+                    out[pair] = n
+            return out
         return Counter(zip(map(_SUFFIX, keys), map(id, results)))
 
     def tally_counted(self, counted: tuple) -> dict[tuple[bytes, int], int]:
         """:meth:`tally` of a scan left counted (``LookupLog.counted``: one KV group)."""
-        return {pair: n for pair, n in zip(self._counted_pairs, counted) if n}
+        out = {}
+        for pair, n in zip(self._counted_pairs, counted):
+            if n:
+                out[pair] = n
+        return out
 
     def add(self, counts: dict[tuple[bytes, int], int]) -> None:
         """Aggregator: one round's :meth:`tally`."""

@@ -114,6 +114,16 @@ def _nothing() -> None:
 
 _NO_EVICTIONS = Evictions()  # never added to
 
+# A bare rest saves ~0.4 us per promoted key after the first (the tap's frame) and costs a
+# fixed ~10 us (its decision, BareRest, the sweep) plus ~50 ns per primary row (the sweep's
+# copy and pass over the rows): on a short scan, most scans, it only added to vLLM's step
+BARE_MIN_KEYS = 64
+BARE_ROWS_PER_KEY = 8
+# Handing vLLM's scan the real manager saves ~25 ns a key, and costs two calls a scan
+DIRECT_MIN_KEYS = 16
+# Below this many keys the per-key tap (a frame a key) costs less than this tap's reading
+SCAN_MIN_KEYS = 16
+
 
 def place(evicted: Evictions, total: int) -> None:
     """Each eviction's length hint (the scan's keys not yet consumed as it happened) made
@@ -141,7 +151,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     ``direct(True)`` hands vLLM's scan the real manager for its lookups, ``direct(False)``
     puts the manager proxy back: the proxy's ``__getattr__`` keeps CPython from
     specializing ``self.manager.lookup`` in vLLM's loop (~25 ns a key, every key of every
-    scan), and with the per-key tap off the proxy adds nothing to a lookup.
+    scan), and with the per-key tap off the proxy adds nothing to a lookup: for a scan of
+    ``DIRECT_MIN_KEYS`` keys or more (on a shorter one the two calls cost more).
 
     With ``scans`` (scan_cache.py), a deferred scan of a plain round (``log.compact``) with
     no refused promotion or eviction is counted from the request's kept row states instead
@@ -150,29 +161,33 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     With ``bare`` (the primary tier's tap: tier_taps.TierTaps.bare), a scan likely to
     promote (its first key has no primary row and a secondary tier has it or has not
     answered yet) whose keys have no primary row at all, opening its round, runs its keys
-    after the first without the primary tier's tap (:class:`BareRest`)."""
+    after the first without the primary tier's tap (:class:`BareRest`), where it pays:
+    ``BARE_MIN_KEYS`` keys or more, and at least one per ``BARE_ROWS_PER_KEY`` primary rows."""
     keys_out, results_out = log.keys, log.results
     read, last_answer, promoted_retry = reader.read, reader.last_answer, reader.promoted_retry
     places_of = scans.places if scans is not None else None
     all_written = scans.written if scans is not None else None
     add_keys, add_results, add_result = keys_out.extend, results_out.extend, results_out.append
     refusals_out, evictions_out = log.refusals, log.evictions
+    evictions_at = evictions_out.at  # never rebound: len() and truth without a frame
     hit, miss = compat.HIT, compat.MISS
     # what a lookup that started a promotion answers (0.26 RETRY, 0.33 HIT_PENDING)
     promoted_answer = compat.RETRY if promoted_retry else compat.HIT_PENDING
     promoted, evicted, refused = cursor.promoted, cursor.evicted, cursor.refused
+    evicting = evicted.at  # never rebound: its truth is the evictions' (no __bool__ frame)
     rows, may_promote, promotes = reader.rows, reader.may_promote, reader.promotes
 
     def scan(keys, req_context, *rest):
-        if quarantine or type(keys) is not list:  # rare: each lookup recorded by the proxy
+        # rare (a key quarantined), or a short scan (most): each lookup recorded by the proxy
+        if quarantine or type(keys) is not list or len(keys) < SCAN_MIN_KEYS:
             per_key(True)
             try:
                 return inner_scan(keys, req_context, *rest)
             finally:
                 per_key(False)
         total = len(keys)
-        r0, e0 = len(refusals_out), len(evictions_out)
-        if promoted or evicted or refused:  # left by a scan vLLM's call raised out of
+        r0, e0 = len(refusals_out), len(evictions_at)
+        if promoted or evicting or refused:  # left by a scan vLLM's call raised out of
             promoted.clear()
             evicted.clear()
             refused.clear()
@@ -181,7 +196,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         arm = first = None
         feed = it
         try:  # never an exception into vLLM's scan: then its keys all run with the tap
-            if (bare is not None and total > 1 and len(results_out) == log.start
+            if (bare is not None and total >= BARE_MIN_KEYS and len(results_out) == log.start
+                    and total * BARE_ROWS_PER_KEY >= len(rows())
                     and may_promote(keys[0], req_context)
                     and rows().keys().isdisjoint(keys)):
                 # the first key with the tap (the step's poll of finished tier jobs happens
@@ -195,12 +211,13 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             arm = first = None
             it = cursor.it = iter(keys)
             feed = it
-        if direct is not None:
+        swap = direct is not None and total >= DIRECT_MIN_KEYS
+        if swap:
             direct(True)
         try:
             n = inner_scan(feed, req_context, *rest)
         finally:
-            if direct is not None:
+            if swap:
                 direct(False)
             cursor.it = None
             if arm is not None and arm.before is not None:
@@ -227,8 +244,8 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                 add_results([hit] * n)
                 if m > n:
                     add_result(miss)
-            elif (places_of is not None and log.compact and m and not (evicted or refused)
-                  and k0 == log.start and not (log.refusals or log.evictions)):
+            elif (places_of is not None and log.compact and m and not (evicting or refused)
+                  and k0 == log.start and not (refusals_out or evictions_at)):
                 last = keys[m - 1]
                 places, absent, writing = places_of(keys, req_context)
                 log.counted = (*count(places, m, len(promoted) if promoted_retry else 0,
@@ -258,7 +275,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                     unjudged = apart and k0 == log.start
                 add_keys(consumed)
                 add_results(results)
-            if refused or evicted:  # recorded at the scan's start: at their lookups instead
+            if refused or evicting:  # recorded at the scan's start: at their lookups instead
                 del refusals_out[r0:]
                 refusals_out.extend((k0 + i, c) for i, c in refused)
                 if log.start >= 0:
@@ -271,7 +288,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
             del keys_out[k0:], results_out[k0:]
             error(ErrorSite.LOOKUP, exc)
         finally:
-            if promoted or evicted or refused or cursor.swept:
+            if promoted or evicting or refused or cursor.swept:
                 promoted.clear()
                 evicted.clear()
                 refused.clear()

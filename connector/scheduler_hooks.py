@@ -63,7 +63,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     log, journal_extend, rec_error = obs.log, obs.journal.extend, obs.rec.error
     # the lookup slots (lists kept for the log's life: emptied in place, never replaced)
     keys, results = log.keys, log.results
-    quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions
+    # the evictions' list of places: its truth is theirs, without Evictions.__bool__'s frame
+    quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions.at
     judge_plain, capture = obs._judge_plain, obs._offload_prefix
     tally, several = obs.lookups.tally, obs.lookups.only_suffix is None
     tally_counted = obs.lookups.tally_counted
