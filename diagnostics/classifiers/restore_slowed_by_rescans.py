@@ -83,7 +83,7 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     return Finding(
         id=ID,
         title=TITLE,
-        confidence=0.7 if facts.share < 0.75 else 0.85,
+        confidence=0.6,  # medium: an incident of the same band or above ranks first
         facts=facts,
         next_step=(
             f"Each rescan looks up ~{n(facts.keys_per_rescan)} keys, and their number grows "

@@ -171,11 +171,12 @@ ADDED_AFTER_RECORDING = {
 }
 
 # Series every recording predates (stores per KV group, the group that stopped a short
-# restore): the panels and recording rule that
+# restore, where restores' time went): the panels and recording rule that
 # read them have no data over the campaign, and tier_flooded_by_group is not judged there.
 NEWER_THAN_EVERY_RECORDING = frozenset(m.name for m in (
     S.STORE_KEYS, S.STORE_BYTES, S.STORE_TOKENS, S.EVICTED_KEYS, S.PRIMARY_KEYS,
-    S.RESTORE_STOPPED_ROUNDS))
+    S.RESTORE_STOPPED_ROUNDS, S.RESTORE_PHASE_SECONDS, S.RESTORE_RESCANS,
+    S.RESTORE_RESCAN_KEYS)) | {S.RESTORE_DURATION.name + "_bucket"}
 
 
 def test_exemptions_name_exactly_the_runs_that_predate_them():
