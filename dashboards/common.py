@@ -135,6 +135,13 @@ def _with_queries(panel, queries: list[tuple[str, str]]):
     return panel
 
 
+def p50_p99(bucket: str, by: str) -> list[tuple[str, str]]:
+    """The median and 99th percentile of a histogram's ``bucket`` series, one line per value
+    of ``by``: (expr, legend) pairs for :func:`timeseries`."""
+    return [(f"histogram_quantile({q}, sum by ({by}, le) (rate({bucket}[{RATE_INTERVAL}])))",
+             f"p{name} {{{{{by}}}}}") for q, name in ((0.5, "50"), (0.99, "99"))]
+
+
 def timeseries(title: str, description: str, queries: list[tuple[str, str]], *,
                unit: str = "short", width: int = 12, height: int = 8, min0: bool = True,
                stack: bool = False) -> tsb.Panel:

@@ -169,12 +169,7 @@ def transfer_latency(cfg: Config):
         "Duration of finished transfer jobs by direction. CPU<->GPU jobs take milliseconds; a "
         "p99 in seconds means PCIe contention or pinned-memory trouble. disk_to_cpu p99 rising "
         "while its bandwidth stays flat: the disk is the bottleneck.",
-        [
-            (f"histogram_quantile(0.5, sum by ({s.L_DIRECTION}, le) (rate({b}[{R}])))",
-             f"p50 {{{{{s.L_DIRECTION}}}}}"),
-            (f"histogram_quantile(0.99, sum by ({s.L_DIRECTION}, le) (rate({b}[{R}])))",
-             f"p99 {{{{{s.L_DIRECTION}}}}}"),
-        ],
+        c.p50_p99(b, s.L_DIRECTION),
         unit="s",
     )
 
@@ -254,12 +249,7 @@ def restore_time_by_prefix(cfg: Config):
         "KV loaded, by the restored prefix's length (le_16k .. gt_1m tokens). Time that grows "
         "faster than the prefix (a 1M-token restore far above 8x a 131k one) is the "
         "scheduler's deferred rescans: see the phase panel beside it.",
-        [
-            (f"histogram_quantile(0.5, sum by ({s.L_PREFIX}, le) (rate({b}[{R}])))",
-             f"p50 {{{{{s.L_PREFIX}}}}}"),
-            (f"histogram_quantile(0.99, sum by ({s.L_PREFIX}, le) (rate({b}[{R}])))",
-             f"p99 {{{{{s.L_PREFIX}}}}}"),
-        ],
+        c.p50_p99(b, s.L_PREFIX),
         unit="s",
     )
 
