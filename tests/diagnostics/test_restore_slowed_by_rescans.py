@@ -1,5 +1,5 @@
 """restore_slowed_by_rescans on synthetic windows shaped as the 1M-token H100 restores
-(benchmarks/results/gpu_scale/h100_1m_restore_9f632a1_b.json, first on iteration: 18.8 s, of
+(gpu_scale.py's h100_1m_restore_9f632a1_b.json, first on iteration: 18.8 s, of
 which 15.5 s in 182 deferred rescans of 62,500 keys, 1.46 s of tier reads, 0.28 s of GPU load)
 and as a 131k-token one (0.9 s), and what ranks above it."""
 
