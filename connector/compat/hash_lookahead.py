@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvscope.exporters.signals import DrafterKeys
+
 
 def lookahead_tokens(vllm_config: Any) -> int:
     """Tokens after each block its hash covers (0: legacy hashes, every release < 0.34)."""
@@ -27,13 +29,13 @@ def lookahead_tokens(vllm_config: Any) -> int:
 
 
 def drafter_keys(connector_scheduler: Any, vllm_config: Any) -> dict[int, str]:
-    """How vLLM keys each KV group for speculative decoding, by group index: "tail_dropped"
-    for a group the connector flags as an EAGLE/MTP drafter's (``GroupOffloadConfig.
-    is_eagle_group``, every release) under legacy hashes, "lookahead" for one under 0.34's
-    lookahead hashes, "none" for the others. Read once, at the first refresh."""
+    """How vLLM keys each KV group for speculative decoding, by group index (DrafterKeys
+    values): tail_dropped for a group the connector flags as an EAGLE/MTP drafter's
+    (``GroupOffloadConfig.is_eagle_group``, every release) under legacy hashes, lookahead
+    under 0.34's lookahead hashes, none for the others. Read once, at the first refresh."""
     configs = getattr(getattr(connector_scheduler, "config", None), "kv_group_configs", ())
-    lookahead = lookahead_tokens(vllm_config) > 0
-    return {int(getattr(c, "group_idx", i)): (
-        ("lookahead" if lookahead else "tail_dropped")
-        if getattr(c, "is_eagle_group", False) else "none")
-        for i, c in enumerate(configs or ())}
+    drafter = (DrafterKeys.LOOKAHEAD if lookahead_tokens(vllm_config) > 0
+               else DrafterKeys.TAIL_DROPPED).value
+    return {int(getattr(c, "group_idx", i)):
+            drafter if getattr(c, "is_eagle_group", False) else DrafterKeys.NONE.value
+            for i, c in enumerate(configs or ())}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscope.connector.compat import renames
+from kvscope.connector.compat import hash_lookahead, renames
 
 
 def kv_cache_tensors(layers: list[str], num_blocks: int, page_bytes: int) -> list[Any]:
@@ -117,12 +117,8 @@ def request_block_hasher(hash_block: int, hash_fn: Any, vllm_config: Any) -> Any
     its trailing block), earlier releases the block alone."""
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 
-    lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", 0)
+    lookahead = hash_lookahead.lookahead_tokens(vllm_config)
     if lookahead:
         return get_request_block_hasher(hash_block, hash_fn, lookahead)
     return get_request_block_hasher(hash_block, hash_fn)
 
-
-def lookahead_tokens(engine: Any) -> int:
-    """Tokens after each block its hash covers on this engine (0: legacy hashes)."""
-    return int(getattr(engine.vllm_config, "num_hash_lookahead_tokens", 0) or 0)

@@ -19,7 +19,7 @@ import tempfile
 from collections import Counter
 from dataclasses import replace
 
-from kvscope.sim import harness_compat
+from kvscope.connector.compat import hash_lookahead
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
 from kvscope.sim.scenario_run import (
     ScenarioRun,
@@ -353,4 +353,4 @@ def drafter_group(run: ScenarioRun, cfg: EngineConfig, drafter: bool = True) -> 
                           max_num_batched_tokens=512))
     run.engines.append(e)
     _ask_flood_ask(e, run, prompt(1, DRAFTER_PROMPT_TOKENS))
-    run.facts.update(group_truth(e), lookahead_hashes=harness_compat.lookahead_tokens(e) > 0)
+    run.facts.update(group_truth(e), lookahead_hashes=hash_lookahead.lookahead_tokens(e.vllm_config) > 0)
