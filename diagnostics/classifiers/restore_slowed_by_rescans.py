@@ -69,6 +69,8 @@ def classify(ev: Evidence, th: Thresholds) -> Finding | None:
     t = ev.restore_time
     if not (t.seconds.present and t.rescans.present) or t.restores.increase <= 0:
         return None
+    if ev.idle:  # nothing runs or waits: an idle engine reads idle, whatever its past restores
+        return None
     phases = {p.value: t.phase(p).increase for p in S.RestorePhase if t.phase(p).present}
     facts = RescanFacts(
         lifetime=ev.source.lifetime,

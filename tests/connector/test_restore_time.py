@@ -105,13 +105,7 @@ def test_the_split_follows_the_scheduler(step_time_s):
     # the phases split the restore: together no longer than first call -> the step that ran it
     assert sum(phases.values()) <= r["truth_span_s"], r
     assert phases["waiting_for_rows"] == 0, r  # 1,100 rows: every promotion found one
-    # kv-diagnose names the rescans where they took most of the restore, by vLLM's calls. On
-    # this harness they never do (its steps cost more per promoted key than the GPU engine's:
-    # 20-45 % here, 85 % at 1M tokens on an H100, docs/measured-facts.md): a false alarm is what
-    # this checks; test_restore_slowed_by_rescans.py checks the named case on the GPU's shape.
+    # judged after the re-ask finished: an idle engine reads idle, whatever its restores cost
     truth_share = r["truth_rescan_s"] / r["truth_span_s"]
-    ids = {v.id for v in r["report"].verdicts}
-    if truth_share >= 0.6:
-        assert "restore_slowed_by_rescans" in ids, (truth_share, r)
-    elif truth_share <= 0.4:
-        assert "restore_slowed_by_rescans" not in ids, (truth_share, r)
+    assert "restore_slowed_by_rescans" not in {v.id for v in r["report"].verdicts}, (
+        truth_share, r)

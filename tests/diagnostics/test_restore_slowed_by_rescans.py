@@ -28,8 +28,14 @@ def restores(rescans_s: float, reads_s: float, load_s: float, rescans: int, keys
     return d
 
 
+def busy() -> dict:
+    """An engine restoring: one request deferred (the next long re-ask waits on its tier)."""
+    return base() | {L(S.REQUESTS.name, state=S.RequestState.DEFERRED.value): [1, 1],
+                     S.REQUESTS_IN_FLIGHT.name: [1, 1]}
+
+
 def test_a_million_token_restore_is_named_with_its_rescans():
-    ev = evidence(base() | restores(15.5246, 1.4612, 0.2762, 182, 62_500))
+    ev = evidence(busy() | restores(15.5246, 1.4612, 0.2762, 182, 62_500))
     f = rs.classify(ev, TH)
     assert f is not None and f.id == rs.ID
     assert f.facts.rescans == 182 and f.facts.keys_per_rescan == 62_500
@@ -40,15 +46,21 @@ def test_a_million_token_restore_is_named_with_its_rescans():
 
 def test_a_short_restore_or_one_the_tier_reads_dominate_is_not():
     # a 131k restore: under slow_restore_s however it splits
-    assert rs.classify(evidence(base() | restores(0.6, 0.2, 0.1, 20, 8_190)), TH) is None
+    assert rs.classify(evidence(busy() | restores(0.6, 0.2, 0.1, 20, 8_190)), TH) is None
     # long, but the tier's reads took most of it (a slow disk: not the rescans)
-    assert rs.classify(evidence(base() | restores(4.0, 30.0, 0.5, 50, 8_190)), TH) is None
+    assert rs.classify(evidence(busy() | restores(4.0, 30.0, 0.5, 50, 8_190)), TH) is None
     # an engine without the split (an older kvscope) is not judged
-    assert rs.classify(evidence(base()), TH) is None
+    assert rs.classify(evidence(busy()), TH) is None
+
+
+def test_an_idle_engine_reads_idle_after_slow_restores():
+    """Every request finished, nothing in flight: the past restores name nothing."""
+    report = diagnose(evidence(base() | restores(15.5246, 1.4612, 0.2762, 182, 62_500)), TH)
+    assert report.top.id == "healthy" and report.exit_code == 0
 
 
 def test_the_slow_restore_ranks_below_the_incidents_and_does_not_make_an_anomaly():
-    report = diagnose(evidence(base() | restores(15.5246, 1.4612, 0.2762, 182, 62_500)), TH)
+    report = diagnose(evidence(busy() | restores(15.5246, 1.4612, 0.2762, 182, 62_500)), TH)
     assert report.top.id == rs.ID
     assert "unclassified_anomaly" not in {v.id for v in report.verdicts}
     assert rs.SEVERITY < min(m.SEVERITY for m in _incident_modules())
