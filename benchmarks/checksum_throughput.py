@@ -23,7 +23,7 @@ import os
 import platform
 import time
 
-from kvscope.connector.checksums import ALGORITHMS, Digester
+from kvscope.connector.integrity.checksums import ALGORITHMS, Digester
 
 
 def measure(fn, size: int, budget_s: float = 0.5) -> float:

@@ -108,7 +108,7 @@ def run_case(mode: str, pairs: int, warmup: int, pin: str, cpu_bytes: int,
         res["pin_main"] = gsb.pin_main_thread()
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     switch = KvscopeSwitch(scheduler, [get_kv_transfer_group()])
-    # whether the round's lookups come from the prefix scan (connector/prefix_scan.py)
+    # whether the round's lookups come from the prefix scan (connector/lookup/prefix_scan.py)
     res["lookups_from_scan"] = switch.observer.lookups_from_scan
     # The engine thread's CPU inside schedule() + update_from_output() (every scheduler-side
     # connector call): the scheduler's share of an iteration, which bounds what the

@@ -4,6 +4,8 @@
         [--flush-interval S]
     python benchmarks/scheduler_overhead.py --profile F [--profile-connector NAME]
     python benchmarks/scheduler_overhead.py --profile-aggregator F [--no-tiering]
+    valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
+        python benchmarks/scheduler_overhead.py --lookup-path P --callgrind [--tokens 16384] [--no-tiering]
 
 Runs the same workload on vLLM's real Scheduler on CPU (kvscope.sim.cpu_engine)
 with each connector, two engines in lockstep (step by step, alternating which goes
@@ -20,14 +22,38 @@ caches are warmer than in a lockstep pair, so the times are lower). Results:
 benchmarks/results/scheduler_overhead_*.jsonl and scheduler_profile_*.txt.
 ``--flush-interval S`` sets the observed engine's ``flush_interval_s`` (kvscope's cadence:
 aggregator thread and rank tally; default: kvscope's own); the last JSON line names it.
+
+``--lookup-path P``: what each path of the lookup hot path (docs/architecture.md) costs on one
+long restore, counted. One engine on vLLM's real scheduler on CPU (kvscope.sim.scale_workload): a ``--tokens`` prompt
+asked, flooded out of the GPU blocks (and, with tiering, out of the primary tier), asked
+again. Counted over the re-ask only (its scheduler calls: ``Scheduler.schedule`` +
+``update_from_output``): with tiering, a restore from the fs tier whose promotions are held
+``--delay`` steps, so its lookup round is deferred and re-scans the whole prompt every step
+(the case the scan taps exist for); ``--no-tiering``, a restore from the CPU tier alone, one
+scan. ``--path``: ``stock`` (vLLM's OffloadingConnector), ``per_key`` (1: the per-key tap,
+``per_key_lookups``), ``scan`` (the default without a secondary tier: 2, the scan tap),
+``tiered`` (3 alone: no deferred-scan cache, no bare rest), ``tiered_cache`` (3 and 4),
+``tiered_all`` (3, 4 and 5: the default with tiering).
+
+Deterministic counts (the host's load does not move them): the Python calls and bytecodes
+the scheduler thread ran in those calls (``sys.setprofile`` / ``sys.settrace``, slow), or,
+with ``--callgrind`` under valgrind, its machine instructions (callgrind's client requests,
+through a small library compiled here with ``cc``: valgrind's headers needed). Also the
+prefix scans vLLM ran and the keys they looked up (where kvscope leaves the scan untapped:
+stock and per_key), and what the re-ask restored. One JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -89,15 +115,15 @@ def run(connector: str, n_requests: int, tiering: bool, profile: str | None = No
         if profile:
             write_profile(e.scheduler, profile)
         if profile_aggregator:
-            write_stats(prof, profile_aggregator, "scheduler_side|aggregator|round_verdicts|"
-                         "coverage|request_states|step_gauges|recorder|lookup_rounds|observed|"
-                         "store_refusals|tier_taps|vllm_stats|round_spans")
+            write_stats(prof, profile_aggregator, "observer.py|aggregator|round_verdicts|"
+                         "coverage|request_states|step_gauges|recorder|rounds.py|observed|"
+                         "store_refusals|taps.py|vllm_stats|round_spans")
         return _result(connector, e, wall, kvscope_threads_cpu(e))
 
 
 def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
     """Time RoundVerdicts._coverage (once per ended lookup round) inside observed runs."""
-    from kvscope.connector import round_verdicts as rv
+    from kvscope.connector.lookup import round_verdicts as rv
 
     judge, spent = rv.RoundVerdicts._coverage, [0, 0.0]
 
@@ -126,6 +152,130 @@ def _effective_interval(flush_interval_s: float | None) -> float:
     return INTERVAL_S if flush_interval_s is None else flush_interval_s
 
 
+# ---- --lookup-path: what each path of the lookup hot path costs, counted ---------------
+PATHS = ("stock", "per_key", "scan", "tiered", "tiered_cache", "tiered_all")
+_CG_SOURCE = """#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+void cg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+"""
+
+
+def _callgrind() -> ctypes.CDLL:
+    """The client requests, compiled into a temporary library."""
+    d = tempfile.mkdtemp(prefix="kvscope-cg-")
+    src, lib = os.path.join(d, "cg.c"), os.path.join(d, "libcg.so")
+    with open(src, "w") as f:
+        f.write(_CG_SOURCE)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", lib, src], check=True)
+    return ctypes.CDLL(lib)
+
+
+def _configure(path: str) -> dict:
+    """kvscope's options for ``path``; the tiered paths' parts switched off where asked."""
+    from kvscope.connector.lookup import prefix_scan
+    from kvscope.connector.scheduler import observer
+
+    if path == "tiered":  # no deferred-scan cache (4)
+        observer.DeferredScans = lambda *a, **k: None
+    if path in ("tiered", "tiered_cache"):  # no bare rest (5)
+        prefix_scan.BARE_MIN_KEYS = 1 << 62
+    return {"per_key_lookups": True} if path == "per_key" else {}
+
+
+def _engine(path: str, tokens: int, delay: int, tiering: bool):
+    from kvscope.sim import scale_workload as w
+    from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
+    from kvscope.sim.lockstep import OBSERVED, STOCK
+
+    connector = STOCK if path == "stock" else OBSERVED
+    options = _configure(path)
+    s = w.sizes(tokens, min_rows=48)
+    if tiering:
+        return w.engine(connector, s, 2048, delay, options), s.flood
+    # the CPU tier alone keeps the prompt while the flood evicts it from the GPU blocks
+    flood_keys = s.gpu_blocks + w.MARGIN
+    rows = s.keys + flood_keys + 2 * w.MARGIN
+    n = -(-flood_keys * w.BLOCK // tokens)
+    flood = (-(-flood_keys // n) * w.BLOCK,) * n
+    return CPUEngine(EngineConfig(
+        rows=rows, tiering=False, world_size=1, kv_groups=1, num_gpu_blocks=s.gpu_blocks,
+        max_num_batched_tokens=2048, max_num_seqs=4, max_model_len=tokens + 4 * w.BLOCK,
+        connector=connector, step_time_s=0.0, kvscope_options=options)), flood
+
+
+def _count(scheduler, cg: ctypes.CDLL | None, calls: collections.Counter,
+           ops: collections.Counter, bytecodes: bool) -> None:
+    """Count inside the scheduler's two calls from now on."""
+    def tracer(frame, event, arg):
+        if event == "call":
+            frame.f_trace_opcodes, frame.f_trace_lines = True, False
+            calls[_where(frame.f_code)] += 1
+        elif event == "opcode":
+            ops[_where(frame.f_code)] += 1
+        return tracer
+
+    for name in ("schedule", "update_from_output"):
+        inner = getattr(scheduler, name)
+
+        def counted(*a, _inner=inner, **kw):
+            if cg is not None:
+                cg.cg_toggle()
+            elif bytecodes:
+                sys.settrace(tracer)
+            try:
+                return _inner(*a, **kw)
+            finally:
+                if cg is not None:
+                    cg.cg_toggle()
+                else:
+                    sys.settrace(None)
+
+        setattr(scheduler, name, counted)
+
+
+def _where(code) -> str:
+    f = code.co_filename
+    return "kvscope" if "/connector/" in f or "/exporters/" in f else "other"
+
+
+def lookup_path_cost(a) -> None:
+    """``--lookup-path``: one engine's re-ask counted (see the module docstring)."""
+    from kvscope.sim import scale_workload as w
+    from kvscope.sim.cpu_engine import prompt
+    from kvscope.sim.scale_pair import Pair
+
+    cg = _callgrind() if a.callgrind else None
+    engine, flood = _engine(a.lookup_path, a.tokens, a.delay, not a.no_tiering)
+    with engine as e:
+        pair = Pair([e])  # steps to completion, drains, counts the scans' keys
+        target = prompt(1, a.tokens)
+        pair.ask([target])
+        for i, n in enumerate(flood):
+            pair.ask([prompt(100 + i, n)])
+        again = [[e.add_request(target, w.OUT)]]
+        calls, ops = collections.Counter(), collections.Counter()
+        _count(e.scheduler, cg, calls, ops, bytecodes=cg is None)
+        scans0, keys0, steps0 = pair.keys[0].scans, pair.keys[0].keys, e.steps
+        if cg is not None:
+            cg.cg_start()
+        pair.step(again)
+        if cg is not None:
+            cg.cg_stop()
+        done = e.finished[again[0][0]]
+        untapped = keys0 is not None
+        print(json.dumps({
+            "path": a.lookup_path, "tokens": a.tokens, "tiering": not a.no_tiering,
+            "delay": a.delay, "steps": e.steps - steps0,
+            "scans": pair.keys[0].scans - scans0 if untapped else None,
+            "keys_looked_up": pair.keys[0].keys - keys0 if untapped else None,
+            "restored_tokens": done.num_external_tokens,
+            "calls": dict(calls), "bytecodes": dict(ops),
+            "counted": "callgrind instructions (see its output)" if cg else "python"}),
+            flush=True)
+
+
+
 def main() -> None:
     p = workload_args(argparse.ArgumentParser())
     p.add_argument("--profile", help="cProfile one run's scheduler calls into this file (+ .txt)")
@@ -140,7 +290,17 @@ def main() -> None:
     p.add_argument("--per-key-lookups", action="store_true",
                    help="the observed engine records each key looked up (kvscope's setting "
                         "per_key_lookups), also where the prefix scan tells the lookups")
+    p.add_argument("--lookup-path", choices=PATHS,
+                   help="count one long re-ask's scheduler calls on this lookup path instead")
+    p.add_argument("--tokens", type=int, default=16384, help="--lookup-path: prompt tokens")
+    p.add_argument("--delay", type=int, default=8,
+                   help="--lookup-path: steps each promotion is held (tiering): deferred re-scans")
+    p.add_argument("--callgrind", action="store_true",
+                   help="--lookup-path under valgrind's callgrind: count instructions")
     args = p.parse_args()
+    if args.lookup_path:
+        lookup_path_cost(args)
+        return
     if args.coverage_cost:
         coverage_cost(args.requests, not args.no_tiering, args.rounds)
         return

@@ -4,7 +4,7 @@
 (the module path may be left out: kvscope's vLLM plugin, :mod:`kvscope.connector.plugin`,
 registers the name).
 vLLM is imported on first use of the connector class, so vLLM-free submodules
-(``kvscope.connector.checksums``) stay importable without it.
+(``kvscope.connector.integrity.checksums``) stay importable without it.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ logger = logging.getLogger("kvscope")
 INTERVAL_S = 1.0
 # Journal items (references, 8 bytes each) waiting past which the scheduler thread drains
 # itself: 8 MiB. An event holds O(1) items whatever the prefix's length: a round its
-# summary (lookup_rounds.summarize), a store job one tuple of its keys, a step its
+# summary (lookup.rounds.summarize), a store job one tuple of its keys, a step its
 # scheduled ids (at most max_num_seqs), so only a dead or starved thread gets here.
 JOURNAL_LIMIT = 1_000_000
 # Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine
@@ -70,7 +70,7 @@ MAX_DEFER_S = 10.0
 class HoldBack:
     """A periodic thread's work held back while ``busy()`` (vLLM's tier I/O in flight), for
     at most ``max_s`` at a time: under sustained traffic it runs anyway. The aggregator's
-    and the tier probe's (tier_probe.py)."""
+    and the tier probe's (tiers/probe.py)."""
 
     def __init__(self, busy: Callable[[], bool] | None, max_s: float) -> None:
         self.busy = busy  # None: never held back

@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import logging
 
-from kvscope.connector import compat, scheduler_hooks
-from kvscope.connector.checksums import Digester
+from kvscope.connector import compat
 from kvscope.connector.compat import load_failures
 from kvscope.connector.compat.vllm_api import (
     KVConnectorRole,
     OffloadingConnector,
     bound_load_jobs,
 )
-from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.connector.export.vllm_stats import KvscopePromMetrics, stats_from_delta
+from kvscope.connector.integrity.checksums import Digester
+from kvscope.connector.scheduler import hooks
+from kvscope.connector.scheduler.observer import SchedulerObserver
 from kvscope.connector.settings import Settings, effective_policy
-from kvscope.connector.vllm_stats import KvscopePromMetrics, stats_from_delta
-from kvscope.connector.worker_side import WorkerProxy
+from kvscope.connector.worker.proxy import WorkerProxy
 from kvscope.exporters.otel import get_tracer
 from kvscope.exporters.prometheus import Exporter, start_exporter
 from kvscope.exporters.recorder import Recorder
@@ -85,7 +86,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
                     per_key_lookups=self.kvscope_settings.per_key_lookups,
                     contain_vllm_faults=self.kvscope_settings.contain_vllm_faults,
                     checksum_scope=self.kvscope_settings.checksum_scope)
-                scheduler_hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)
+                hooks.install(self, self._kvscope_observer, ObservedOffloadingConnector)
                 self._maybe_start_exporter(0)
         rec.flush()
 
@@ -178,7 +179,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
     # on_new_request, get_num_new_matched_tokens, update_state_after_alloc,
     # build_connector_meta, update_connector_output, request_finished(_all_groups) and
     # the scheduler side's get_kv_connector_stats: closures set on the instance once the
-    # observer exists (scheduler_hooks.py: one Python frame of kvscope per vLLM call).
+    # observer exists (scheduler/hooks.py: one Python frame of kvscope per vLLM call).
     # bind_gpu_block_pool: a method (once, when the scheduler is built).
 
     def bind_gpu_block_pool(self, gpu_block_pool):
@@ -197,7 +198,7 @@ class ObservedOffloadingConnector(OffloadingConnector):
         stats = OffloadingConnector.get_kv_connector_stats(self)
         observer = self._kvscope_observer
         try:
-            if observer is not None:  # scheduler side (its hook, scheduler_hooks.py, first)
+            if observer is not None:  # scheduler side (its hook, scheduler/hooks.py, first)
                 ours = observer.take_stats()
             else:  # worker side: flushed at most every flush_interval_s while busy (WorkerProxy.step)
                 rec = self.kvscope_recorder

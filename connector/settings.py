@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.connector.aggregator import INTERVAL_S as FLUSH_INTERVAL_S
-from kvscope.connector.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
 from kvscope.connector.compat import load_failures
-from kvscope.connector.shared_region import ChecksumScope
-from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S
+from kvscope.connector.integrity.checksums import ALGORITHMS, DEFAULT_ALGORITHM, ChecksumPolicy
+from kvscope.connector.integrity.shared_region import ChecksumScope
+from kvscope.connector.tiers.probe import DEFAULT_INTERVAL_S
 from kvscope.exporters.prometheus import DEFAULT_ADDR
 
 SETTINGS_KEY = "kvscope"
@@ -47,7 +47,7 @@ class Settings:
     # OTLP/HTTP exporter itself (needs kvscope[otlp]; OTEL_EXPORTER_OTLP_* env).
     otlp_traces: bool = False
     # Seconds between two checks, off the scheduler thread, that the data the secondary
-    # tiers confirmed written is still there (tier_probe.py); 0: no probe.
+    # tiers confirmed written is still there (tiers/probe.py); 0: no probe.
     tier_probe_interval_s: float = DEFAULT_INTERVAL_S
     # Seconds between two flushes while the engine is busy, on the scheduler side (the
     # aggregator thread: journal applied, rooms, gauges, vLLM's stats object) and on each

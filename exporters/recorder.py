@@ -1,6 +1,6 @@
 """In-process telemetry state: pending counters, flushed every ``flush_interval_s``
 (kvscope's setting, default 1 s) on the scheduler side (``connector/aggregator.py``)
-and on a worker rank (``connector/worker_tally.py``); at once for a reader.
+and on a worker rank (``connector/worker/tally.py``); at once for a reader.
 
 The connector calls :meth:`Recorder.inc` / :meth:`Recorder.observe` /
 :meth:`Recorder.set` from vLLM's scheduler or worker thread and from kvscope's
@@ -172,7 +172,7 @@ class Recorder:
             g = self._guards[where] = _Guard(self, where)
         return g
 
-    # ---- every flush_interval_s or a synchronous drain (scheduler: aggregator.py; worker: worker_tally.py)
+    # ---- every flush_interval_s or a synchronous drain (scheduler: aggregator.py; worker: worker/tally.py)
     def flush(self) -> None:
         with self._wlock:
             counts, self._pending_counts = self._pending_counts, defaultdict(float)

@@ -177,7 +177,7 @@ class ChecksumOutcome(str, Enum):
 
 
 class RankCheck(str, Enum):
-    """How a rank's copy of promoted rows is checked (connector/shared_region.py)."""
+    """How a rank's copy of promoted rows is checked (connector/integrity/shared_region.py)."""
 
     DIGESTED = "digested"  # compared with the scheduler's digests before each load
     SHARED_REGION = "shared_region"  # maps the scheduler's own file: reads the very bytes
@@ -282,7 +282,7 @@ class ErrorSite(str, Enum):
     OTEL = "otel"
     WORKER = "worker"
     CHECKSUM = "checksum"
-    TIER_PROBE = "tier_probe"  # the secondary-tier probe's own thread (tier_probe.py)
+    TIER_PROBE = "tier_probe"  # the secondary-tier probe's own thread (tiers/probe.py)
     AGGREGATOR = "aggregator"  # kvscope's aggregator thread failed or fell behind (aggregator.py)
 
 
@@ -568,7 +568,7 @@ KV_GROUP_INFO = Metric(
     (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK, L_DRAFTER),
     label_values={L_DRAFTER: _values(DrafterKeys)},
 )
-# ---- secondary-tier probe (its own thread, every few seconds; tier_probe.py) ------------
+# ---- secondary-tier probe (its own thread, every few seconds; tiers/probe.py) ------------
 TIER_LOST_KEYS = Metric(
     "kvscope_tier_lost_keys_total", Kind.COUNTER,
     "Keys a secondary tier had confirmed written (a completed cascade) whose data is gone: the "

@@ -333,7 +333,7 @@ def group_of_suffix(suffix: bytes) -> int:
 # True on a request that asked not to read cached KV (on by default with
 # ``prompt_logprobs``): vLLM's GPU prefix cache and the offloading connector's lookup
 # both answer it with no hit, without looking. Read with getattr(request, ..., False)
-# (once per lookup round: scheduler_hooks.py, no function call around it); its name moved
+# (once per lookup round: scheduler/hooks.py, no function call around it); its name moved
 # in 0.34 (``skip_reading``).
 SKIP_PREFIX_CACHE_ATTR = skip_reading.attribute()
 

@@ -7,7 +7,7 @@ O(keys) each and their number grows with the promotion time, itself O(keys), so 
 prefix restores in time quadratic in its length (a 1M-token restore: ~1,500 rescans of
 62,500 keys), and the rescans hold the scheduler thread (and the GIL the tier's read
 threads need). kvscope splits each restore's time (``kvscope_restore_phase_seconds_total``,
-connector/restore_clock.py); this class names the windows where the rescans dominate.
+connector/lookup/restore_clock.py); this class names the windows where the rescans dominate.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 vLLM's fs tier never deletes what it wrote (no eviction) and recreates its folders on
 each write, so a directory removed, a volume unmounted or wiped mid-run fails nothing:
 later writes succeed, earlier keys silently miss and are recomputed. kvscope's tier
-probe (``connector/tier_probe.py``) checks that the latest keys written still have
+probe (``connector/tiers/probe.py``) checks that the latest keys written still have
 their files and counts each one gone (``kvscope_tier_lost_keys_total{tier}``).
 
 The series is optional: a kvscope with the probe off exports none of the probe's

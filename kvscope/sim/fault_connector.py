@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvscope.connector.observed import ObservedOffloadingConnector
-from kvscope.connector.scheduler_side import SchedulerObserver
-from kvscope.connector.worker_side import WorkerProxy
+from kvscope.connector.scheduler.observer import SchedulerObserver
+from kvscope.connector.worker.proxy import WorkerProxy
 from kvscope.exporters.signals import ErrorSite
 from kvscope.sim import faults
 

@@ -94,8 +94,8 @@ class DigestClock:
     classes, not vLLM's; a subprocess engine leaves both lists empty."""
 
     def __init__(self) -> None:
-        from kvscope.connector.integrity import PromotedRows
-        from kvscope.connector.worker_side import WorkerProxy
+        from kvscope.connector.integrity.promoted_rows import PromotedRows
+        from kvscope.connector.worker.proxy import WorkerProxy
 
         self.scheduler: list[float] = []
         self.rank: list[float] = []
@@ -123,7 +123,7 @@ class DigestClock:
 
 def digest_seconds_per_byte(row_bytes: int, rows: int = 64) -> float:
     """kvscope's digest of one rank slot (checksums.digest_slots), timed over real-size rows."""
-    from kvscope.connector.checksums import digest_slots
+    from kvscope.connector.integrity.checksums import digest_slots
 
     bufs = [memoryview(os.urandom(row_bytes)) for _ in range(8)]
     digest_slots(bufs[0], row_bytes, 1)

@@ -10,9 +10,9 @@ between-process spread drops out of each pair.
 Off means vLLM's stock code path: every connector instance (the scheduler's and each
 worker's) is of class ``OffloadingConnector`` again (``__class__`` assigned: vLLM calls
 its own methods, no frame of kvscope's), without an observer and without the scheduler
-role's hooks (instance attributes: connector/scheduler_hooks.py); the connector scheduler
+role's hooks (instance attributes: connector/scheduler/hooks.py); the connector scheduler
 talks to vLLM's own manager instead of kvscope's proxy and scans with its own method (the
-prefix scan's tap removed: connector/prefix_scan.py), every worker-role connector to
+prefix scan's tap removed: connector/lookup/prefix_scan.py), every worker-role connector to
 vLLM's own worker instead of kvscope's proxy, and the tiers' methods are their classes'
 again (the tier taps removed). What stays while off: kvscope's threads, idle (the
 aggregator wakes every flush_interval_s to an empty journal and samples the host's memory
@@ -43,7 +43,7 @@ from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-# What kvscope's tier taps set on a tier instance (connector/tier_taps.py)
+# What kvscope's tier taps set on a tier instance (connector/tiers/taps.py)
 TAPPED = ("submit_load", "submit_store", "get_finished_jobs", "prepare_write", "prepare_store",
           "complete_store", "complete_write", "reset_cache")
 
@@ -89,10 +89,10 @@ class KvscopeSwitch:
         self.cs = self.connector.connector_scheduler
         self.manager_proxy = self.cs.manager
         self.manager = self.manager_proxy._inner
-        from kvscope.connector.scheduler_hooks import HOOKED
+        from kvscope.connector.scheduler.hooks import HOOKED
 
         self.hooks = own_functions(self.connector, HOOKED)
-        # the prefix scan's tap on the connector scheduler (connector/prefix_scan.py), if set
+        # the prefix scan's tap on the connector scheduler (connector/lookup/prefix_scan.py), if set
         from kvscope.connector.compat import SCAN_METHOD
 
         self.cs_taps = own_functions(self.cs, (SCAN_METHOD,))

@@ -122,9 +122,9 @@ def profile_scheduler_calls(scheduler, path: str) -> None:
 
 def write_profile(scheduler, path: str) -> None:
     write_stats(scheduler._bench_profile, path,
-                 "observed|scheduler_side|scheduler_hooks|manager_proxy|prefix_scan|recorder|"
+                 "observed|observer.py|hooks.py|manager_proxy|prefix_scan|recorder|"
                  "coverage|"
-                 "compat|offloading|lookup_rounds|round_verdicts|tier_taps|integrity|"
+                 "compat|offloading|rounds.py|round_verdicts|taps.py|promoted_rows.py|"
                  "request_states|step_gauges")
 
 

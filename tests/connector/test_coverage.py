@@ -94,8 +94,8 @@ def test_a_prefix_ending_at_a_refused_store_is_told_from_one_never_stored():
     """judge() on one full-attention group of 3 chunks, the second absent: store_refused
     when that chunk's store job was refused for lack of space, not_stored otherwise."""
     from kvscope.connector import compat
-    from kvscope.connector.coverage import MissCause, group_suffixes, judge
-    from kvscope.connector.store_refusals import RefusedStores
+    from kvscope.connector.lookup.coverage import MissCause, group_suffixes, judge
+    from kvscope.connector.tiers.store_refusals import RefusedStores
 
     groups = group_suffixes([(16, False)])
     suffix = groups[0][0]
@@ -121,8 +121,8 @@ def test_the_group_that_stopped_the_offer_is_named():
     """judge() on two KV groups of 3 chunks: the group whose stored prefix ends first
     (here group 1, its second chunk's store refused), and a sliding-window group whose
     missing window vetoed the round."""
-    from kvscope.connector.coverage import MissCause, group_suffixes, judge
-    from kvscope.connector.store_refusals import RefusedStores
+    from kvscope.connector.lookup.coverage import MissCause, group_suffixes, judge
+    from kvscope.connector.tiers.store_refusals import RefusedStores
 
     def keys_of(groups):
         return [[bytes([i]) * 8 + sfx for i in range(3)] for sfx, _, _ in groups]

@@ -84,7 +84,7 @@ def stored_files(e: CPUEngine) -> int:
 
 # Both ranks map the scheduler's own region file here, and these faults change a rank's slot
 # in that file in place: only checksum_scope "all" digests ranks that share the file
-# (connector/shared_region.py).
+# (connector/integrity/shared_region.py).
 ALL_RANKS = {"checksum_scope": "all"}
 
 
@@ -119,9 +119,9 @@ def test_the_served_connector_ignores_a_switched_on_fault(switch):
     """kvscope's own connector, built while the switch names a fault: no hook is installed
     (kvscope.sim.fault_connector's subclass installs them), so the flipped slot is never
     flipped, a finish is never lost and the restore is whole."""
+    from kvscope.connector.lookup.round_verdicts import RoundVerdicts
     from kvscope.connector.observed import ObservedOffloadingConnector
-    from kvscope.connector.round_verdicts import RoundVerdicts
-    from kvscope.connector.worker_side import WorkerProxy
+    from kvscope.connector.worker.proxy import WorkerProxy
 
     set_fault(switch, faults.FLIP_PROMOTED, rank=1)
     with engine(fault_hooks=False, checksum_policy="refuse",
@@ -268,7 +268,7 @@ def test_fs_tier_disk_full(switch):
 def test_checksum_options_still_catch_a_flipped_slot(switch, monkeypatch, options, fault):
     """Digests split over threads (every batch, however small) or another algorithm: an
     intact promotion is served, a flipped slot is refused on its rank only."""
-    from kvscope.connector import checksums
+    from kvscope.connector.integrity import checksums
 
     monkeypatch.setattr(checksums, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(checksums, "PARALLEL_MIN_ROW_BYTES", 0)

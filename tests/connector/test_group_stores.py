@@ -1,4 +1,4 @@
-"""Stores per KV group (``connector/group_stores.py``) against what the tiers really hold.
+"""Stores per KV group (``connector/tiers/group_stores.py``) against what the tiers really hold.
 
 vLLM's real scheduler on CPU with KV groups of 128, 128 and 16 tokens per block
 (``kvscope.sim.scenarios.HYBRID_BLOCKS``): the sub-block group stores 8x the keys of each

@@ -129,8 +129,8 @@ def test_a_scrape_before_the_wake_up_leaves_the_gauges_to_it():
     """A further subclass that overrides ``request_finished`` hides the end of vLLM's last
     request from kvscope (no live set is kept): the step cannot settle, the aggregator's next
     wake-up does, though a scrape's drain applied the ends before it."""
-    from kvscope.connector import scheduler_hooks
     from kvscope.connector.observed import ObservedOffloadingConnector
+    from kvscope.connector.scheduler import hooks
 
     class Finishing(ObservedOffloadingConnector):
         def request_finished(self, request, block_ids):
@@ -143,9 +143,9 @@ def test_a_scrape_before_the_wake_up_leaves_the_gauges_to_it():
         flood(e, work, 0)
         conn, observer = e.connector, e.connector._kvscope_observer
         conn.__class__ = Finishing  # as if built so: the hooks installed again
-        for name in scheduler_hooks.HOOKED:
+        for name in hooks.HOOKED:
             vars(conn).pop(name, None)
-        scheduler_hooks.install(conn, observer, ObservedOffloadingConnector)
+        hooks.install(conn, observer, ObservedOffloadingConnector)
         assert observer._live is None
         rids = [e.add_request(p, 2) for p in work.prompts()]
         _generate_as_vllm(e, rids, work.step_budget())

@@ -92,8 +92,8 @@ def test_with_a_finish_hook_overridden_no_request_is_kept_and_every_empty_step_i
     a kept request would then never leave (memory, and no idle step ever again). kvscope
     keeps none, and every step that schedules nothing refreshes at once, as before it
     kept them."""
-    from kvscope.connector import scheduler_hooks
     from kvscope.connector.observed import ObservedOffloadingConnector
+    from kvscope.connector.scheduler import hooks
 
     class Finishing(ObservedOffloadingConnector):
         def request_finished(self, request, block_ids):
@@ -106,9 +106,9 @@ def test_with_a_finish_hook_overridden_no_request_is_kept_and_every_empty_step_i
         assert e.scheduler.reset_prefix_cache()
         conn, observer = e.connector, e.connector._kvscope_observer
         conn.__class__ = Finishing  # as if built so: the hooks installed again
-        for name in scheduler_hooks.HOOKED:
+        for name in hooks.HOOKED:
             vars(conn).pop(name, None)
-        scheduler_hooks.install(conn, observer, ObservedOffloadingConnector)
+        hooks.install(conn, observer, ObservedOffloadingConnector)
         assert observer._live is None and "request_finished" not in vars(conn)
         refreshes, schedules = _refreshes(observer), _schedules(e)
         rid = e.add_request(target, 4)

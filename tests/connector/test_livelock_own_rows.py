@@ -1,8 +1,8 @@
 """The livelock kv-diagnose must name when a deferred request that fits the primary tier
 evicts its own rows: judged against what vLLM's real scheduler did on the CPU harness.
 
-The workload is the CI plan check's at 10 % fewer rows than planned: 24 prompts of 1,024
-tokens re-asked at once through 1,396 primary rows (64 per restore; 21 fit whole at once).
+The workload is the CI plan check's (tests/connector/test_plan_verify.py) short of its plan:
+24 prompts of 1,024 tokens re-asked at once through 1,396 primary rows (64 per restore; 21 fit whole at once).
 On vLLM 0.33 the first re-ask stays deferred for good: each step it promotes two of its last
 three chunks, and the allocation evicts the third, its own (the primary tier's lookup does
 not refresh a hit's place in the LRU order; docs/measured-facts.md names the recorded cycle),
@@ -36,7 +36,7 @@ from kvscope.sim.plan_workload import ASK_TOKENS, Workload, ask_each, flood  # n
 
 LIVELOCK = "capacity_ceiling_livelock"
 CASES = {
-    # the CI plan check at 10 % fewer rows: the first re-ask evicts its own rows (0.33)
+    # the CI plan check's workload short of its plan: the first re-ask evicts its own rows (0.33)
     # (work, rows, the livelock's tell, most re-asks that may be left unfinished)
     "one-group-24": (Workload(concurrency=24, prompt_tokens=1024), 1396,
                      lambda x: isinstance(x, OwnRowsFacts) and x.primary_rows == 1396

@@ -1,7 +1,7 @@
 """The step-by-step trace the plan check's ``--trace`` writes (``kvscope.sim.lookup_trace``),
 checked against the engine it traced: vLLM's real scheduler and tiering manager on the CPU
 harness, 24 prompts of 1,024 tokens re-asked at once through 1,396 primary rows (the CI
-plan check's 10 % fewer rows: 21 restores fit whole, the rest are cut or wait).
+plan check's workload short of its plan: 21 restores fit whole, the rest are cut or wait).
 
 The trace is what the GPU runs' late restores are read from, so each of its parts must say
 what the engine did: every finished re-ask's last lookup answer is the tokens vLLM loaded for

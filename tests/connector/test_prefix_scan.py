@@ -17,10 +17,11 @@ from dataclasses import replace
 
 import pytest
 
-from kvscope.connector import compat, prefix_scan
-from kvscope.connector.lookup_rounds import LookupLog
-from kvscope.connector.scan_cache import DeferredScans
-from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.connector import compat
+from kvscope.connector.lookup import prefix_scan
+from kvscope.connector.lookup.rounds import LookupLog
+from kvscope.connector.lookup.scan_cache import DeferredScans
+from kvscope.connector.scheduler.observer import SchedulerObserver
 from kvscope.exporters import signals as S
 from kvscope.sim.catalog import CATALOG
 from kvscope.sim.cpu_engine import CPUEngine, EngineConfig, prompt
@@ -31,6 +32,10 @@ pytestmark = pytest.mark.vllm
 
 # The CPU tier alone, one full-attention KV group: where kvscope reads the scan
 ONE_GROUP_CPU = {"tiering": False, "kv_groups": 1}
+
+
+def _no_switch() -> None:
+    """The per-key tap's switch in the reference's tapped scan: it stays in place."""
 
 
 def _kind(results: list) -> str:
@@ -102,8 +107,9 @@ def checked_scans(monkeypatch):
             assert self.taps.changes_logged
             scans = DeferredScans(self.taps.changes, read.places)
             tapped = prefix_scan.tiered_scan_tap(scan, shadow, read, self.taps.cursor,
-                                                 self.rows.quarantine, lambda on: None, error,
-                                                 scans, None, bare_counted(self.taps.bare)
+                                                 self.rows.quarantine,
+                                                 (_no_switch, _no_switch), error, scans,
+                                                 None, bare_counted(self.taps.bare)
                                                  if read.bare_ok else None)
             noted[:] = [self.log, self.taps.cursor]
         else:

@@ -1,4 +1,4 @@
-"""The secondary-tier probe (connector/tier_probe.py) on vLLM's real scheduler on CPU.
+"""The secondary-tier probe (connector/tiers/probe.py) on vLLM's real scheduler on CPU.
 
 The fs tier's directory removed mid-run: every later write succeeds (vLLM recreates
 the folders) and every earlier key silently misses. Judged by engine truth first (the
@@ -173,7 +173,7 @@ def test_a_busy_tier_defers_the_probe_at_most_max_defer_s():
     it. A second probe on the same real tier, told the tier is always busy."""
     from collections import deque
 
-    from kvscope.connector.tier_probe import TierProbe
+    from kvscope.connector.tiers.probe import TierProbe
 
     with engine() as (e, _):
         p = probe(e)

@@ -189,8 +189,8 @@ def test_group_suffix_matches_vllm_key_encoding():
 
 def test_wrapping_is_idempotent():
     """A second observer on the same connector neither re-wraps the manager nor re-taps tiers."""
-    from kvscope.connector.manager_proxy import ManagerProxy
-    from kvscope.connector.scheduler_side import SchedulerObserver
+    from kvscope.connector.lookup.manager_proxy import ManagerProxy
+    from kvscope.connector.scheduler.observer import SchedulerObserver
 
     with CPUEngine(EngineConfig(rows=16)) as e:
         cs = e.connector.connector_scheduler

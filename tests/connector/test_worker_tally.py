@@ -1,4 +1,4 @@
-"""A rank's transfer tally (connector/worker_tally.py): what it pushes into the recorder,
+"""A rank's transfer tally (connector/worker/tally.py): what it pushes into the recorder,
 and so into vLLM's stats delta, is what the per-job recording did: bytes and durations of
 the successful jobs per direction, the jobs in flight, sizes vLLM did not report from the
 job's blocks. vLLM's own TransferResult; a real Recorder."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvscope.connector.compat.vllm_api import TransferResult
-from kvscope.connector.worker_tally import TransferTally
+from kvscope.connector.worker.tally import TransferTally
 from kvscope.exporters import signals as S
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import Direction
@@ -63,7 +63,7 @@ def test_the_stats_object_is_vllms_own_build_value_by_value():
     one list per label values) equals vLLM's OffloadingConnectorStats filled one
     observe_histogram call per observation, and leaves the delta as it was."""
     from kvscope.connector.compat.vllm_api import OffloadingConnectorStats
-    from kvscope.connector.vllm_stats import stats_from_delta
+    from kvscope.connector.export.vllm_stats import stats_from_delta
 
     rec = Recorder()
     rec.inc(S.TRANSFER_BYTES, STORE, 100)

@@ -113,7 +113,7 @@ def base(rows: int = 8, steps=(100, 110), last_step=None, seed="a1b2c3") -> dict
 
 def declared(rank: str = "0", group: str = "0") -> dict:
     """The counter series the connector declares at 0 before their first event
-    (scheduler_side/worker_side ``declare``): present, so every check can run."""
+    (scheduler.observer/worker.proxy ``declare``): present, so every check can run."""
     d = {S.HIT_TOKENS.name: [0, 0]}
     for v in S.Verdict:
         d[L(S.LOOKUP_ROUNDS.name, verdict=v.value)] = [0, 0]

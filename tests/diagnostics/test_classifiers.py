@@ -199,7 +199,7 @@ def test_livelock_still_happening_between_scrapes():
 
 
 # the self-evicting form: a deferred request that fits the tier promotes its own keys over
-# and over (vLLM 0.33, the plan check's 10 % fewer rows: 2 a step, its 64 keys of 1,396 rows)
+# and over (vLLM 0.33, the plan check's workload at 1,396 rows: 2 a step, its 64 keys)
 def self_evicting_case():
     d = base(rows=1396, steps=[0, 133])
     d |= rounds(deferred=[0, 133], hit=[0, 0])

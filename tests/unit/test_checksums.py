@@ -8,8 +8,8 @@ import threading
 import pytest
 import xxhash
 
-from kvscope.connector import checksums
-from kvscope.connector.checksums import ALGORITHMS, Digester
+from kvscope.connector.integrity import checksums
+from kvscope.connector.integrity.checksums import ALGORITHMS, Digester
 
 
 def test_xxh3_is_the_one_shot_value():

@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from kvscope.connector import compat
-from kvscope.connector.coverage import MissCause, group_suffixes, judge, judge_plain_single
+from kvscope.connector.lookup.coverage import MissCause, group_suffixes, judge, judge_plain_single
 from kvscope.exporters.signals import ShortReason, Verdict
 
 SUFFIX = group_suffixes([(16, False)])[0][0]

@@ -1,11 +1,11 @@
-"""The flat record of a round's evictions (connector/evictions.py) against its definition: a
+"""The flat record of a round's evictions (connector/lookup/evictions.py) against its definition: a
 list of (index of the lookup in progress, keys evicted) pairs, in the order noted."""
 
 from __future__ import annotations
 
 import random
 
-from kvscope.connector.evictions import Evictions
+from kvscope.connector.lookup.evictions import Evictions
 
 
 def _noted(rng: random.Random, n: int) -> tuple[Evictions, list[tuple[int, list[bytes]]]]:

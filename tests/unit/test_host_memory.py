@@ -1,4 +1,4 @@
-"""The host's memory from /proc (connector/host_memory.py): this machine's own /proc, no vLLM."""
+"""The host's memory from /proc (connector/export/host_memory.py): this machine's own /proc, no vLLM."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvscope.connector import host_memory as hm
+from kvscope.connector.export import host_memory as hm
 from kvscope.exporters import signals as S
 
 pytestmark = pytest.mark.skipif(not os.path.exists(hm.MEMINFO), reason="no /proc/meminfo")

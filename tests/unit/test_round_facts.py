@@ -1,4 +1,4 @@
-"""A plain round's summary (lookup_rounds.summarize, taken on the scheduler thread so the
+"""A plain round's summary (lookup.rounds.summarize, taken on the scheduler thread so the
 journal carries O(groups) objects per round, not the lookups) tells judging what the whole
 round (Round) tells: verdict, pending keys, where each group's scan stopped, the lookup
 counts per group and result; on random rounds of one and of three KV groups, with lookups
@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from kvscope.connector import compat
-from kvscope.connector.lookup_rounds import _SUFFIX, LookupCounts, LookupLog, Round, summarize
+from kvscope.connector.lookup.rounds import _SUFFIX, LookupCounts, LookupLog, Round, summarize
 
 pytest.importorskip("vllm")
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvscope.connector.shared_region import (
+from kvscope.connector.integrity.shared_region import (
     ChecksumScope,
     SharedRanks,
     marker_path,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.connector.store_refusals import RefusedStores
+from kvscope.connector.tiers.store_refusals import RefusedStores
 
 
 def test_a_refused_key_is_remembered_until_a_job_holding_it_is_prepared():

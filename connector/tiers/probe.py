@@ -6,7 +6,7 @@ the tier's directory is removed (or its volume unmounted or wiped) mid-run, ever
 later write succeeds and every earlier key silently misses: the data is lost, the
 restores are recomputed, and nothing fails or is counted anywhere.
 
-The tier taps (``tier_taps.py``) append the keys of each completed cascade to a
+The tier taps (``tiers/taps.py``) append the keys of each completed cascade to a
 bounded deque on the aggregator thread (aggregator.py; one append per job). This
 module's daemon thread, every ``interval_s`` seconds, moves them into a bounded
 sample of the latest keys written with their file's identity (device, inode, mtime:

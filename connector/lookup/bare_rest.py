@@ -3,7 +3,7 @@
 A restore from disk's promoting scan looks up each of its keys and, for each, vLLM's tiering
 manager asks the primary tier for a row (``prepare_write``): ~8,190 calls in a 131k-token
 restore, ~25,000 at 400k, each evicting a row of a full tier. kvscope's tap there is a
-Python frame per call (tier_taps.py). Where no key of the request has a primary row when
+Python frame per call (tiers/taps.py). Where no key of the request has a primary row when
 the scan starts, what those calls did can be read from the primary rows once the scan
 returns instead: a promotion inserts its key's row at the end of the cache policy's dict
 (the only insert during a scan), an eviction deletes a row, and a refused promotion stops

@@ -5,10 +5,14 @@ appends made by the manager proxy, or, where vLLM's prefix scan tells a round's
 lookups (prefix_scan.py), two list extends per scan. No hashing, no labels, no
 recorder calls, nothing that grows with the number of requests. When a plain round (one
 ``get_num_new_matched_tokens`` call, no rare event) ends, its lookups are summarized at
-once on the scheduler thread into what judging reads (:func:`summarize`: the counts per
-group and result, and a :class:`RoundFacts`: how many keys, misses and pending keys,
-where each group's scan stopped) in C-level passes over the two lists (``list.count``,
-``list.index``; no Python frame per key), and the slots are emptied: the journal carries
+once on the scheduler thread in C-level passes over the two lists (``list.count``,
+``list.index``; no Python frame per key): with one KV group into counts per result, keys
+consumed and the first MISS's key (``LookupLog.counted``'s shape), from which the
+aggregator thread judges it (round_verdicts.RoundVerdicts.judge_counted:
+:meth:`LookupCounts.add_counted`, and :func:`summarize_counted` where judging needs the
+round's facts); with several into what judging reads (:func:`summarize`: the counts
+per group and result, and a :class:`RoundFacts`: how many keys, misses and pending keys,
+where each group's scan stopped). The slots are emptied: the journal carries
 O(groups) objects per round, never the lookups, so its size and the aggregator thread's
 work (aggregator.py) are bounded per round whatever the prefix's length (a 131k-token
 prompt is ~8,200 keys, looked up again on every step its restore is deferred). Rounds with
@@ -23,8 +27,8 @@ from collections import Counter
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.coverage import MissCause
-from kvscope.connector.evictions import Evictions
+from kvscope.connector.lookup.coverage import MissCause
+from kvscope.connector.lookup.evictions import Evictions
 from kvscope.exporters import signals
 from kvscope.exporters.signals import Verdict
 
@@ -58,7 +62,7 @@ class LookupLog:
         self.evictions = Evictions()
         self.start = -1  # index where the open round began; -1: no round open
         self._started_ns = 0
-        # True while a plain round's call runs (scheduler_hooks.py): a deferred scan may then
+        # True while a plain round's call runs (scheduler/hooks.py): a deferred scan may then
         # leave its lookups counted (``counted``: HIT, HIT_PENDING, RETRY, MISS counts, the
         # keys consumed, the last key), not written key by key (prefix_scan.py)
         self.compact = False
@@ -143,6 +147,13 @@ class LookupCounts:
             if n:
                 out[pair] = n
         return out
+
+    def add_counted(self, counted: tuple) -> None:
+        """Aggregator: :meth:`add` of :meth:`tally_counted` (one KV group), no dict between."""
+        own = self.counts
+        for pair, n in zip(self._counted_pairs, counted):
+            if n:
+                own[pair] += n
 
     def add(self, counts: dict[tuple[bytes, int], int]) -> None:
         """Aggregator: one round's :meth:`tally`."""

@@ -30,13 +30,13 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
-from kvscope.connector.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
 from kvscope.connector.compat.device_pointers import gpu_block_count
-from kvscope.connector.integrity import mismatched_rows
-from kvscope.connector.scheduler_side import FLUSH_INTERVAL_S, TIMESTAMP_RESOLUTION_S
-from kvscope.connector.shared_region import remove_marker, write_marker
-from kvscope.connector.worker_tally import TransferTally
+from kvscope.connector.integrity.checksums import DEFAULT_ALGORITHM, ChecksumPolicy, Digester
+from kvscope.connector.integrity.promoted_rows import mismatched_rows
+from kvscope.connector.integrity.shared_region import remove_marker, write_marker
+from kvscope.connector.scheduler.observer import FLUSH_INTERVAL_S, TIMESTAMP_RESOLUTION_S
+from kvscope.connector.worker.tally import TransferTally
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
@@ -74,7 +74,7 @@ class WorkerProxy:
                                "promoted rows stay digested", self.rank, exc)
         # in flight and finished, into the recorder at most every flush_interval_s (kvscope's
         # setting) while transfers keep coming, at once on a quiet step or for a reader
-        # (worker_tally.py)
+        # (worker/tally.py)
         self.flush_interval_s = flush_interval_s
         self._tally = tally = TransferTally(recorder, self._rank_label)
         self._start_store, self._start_load = tally.start_store, tally.start_load  # per job

@@ -10,7 +10,7 @@ What a deferred scan's lookups answer is decided by each key's primary row: abse
 written, or ready (compat/prefix_scan.py). Between two scans those change only where the
 primary tier allocated or evicted rows (``prepare_store`` / ``prepare_write``), finished
 writing them (``complete_store`` / ``complete_write``: ready, or removed on failure) or
-was reset; the primary tier's taps (tier_taps.py) append the keys of each such call to
+was reset; the primary tier's taps (tiers/taps.py) append the keys of each such call to
 :class:`PrimaryChanges`. So a request's row states are kept from its last deferred scan
 (:class:`DeferredScans`) and only the keys changed since are read again; the round's counts
 are then two ``list.count`` over the kept states, and nothing per key is written to the
@@ -30,7 +30,9 @@ _ABSENT, _WRITING = -2, -1  # a row's place (compat.prefix_scan): else ref_cnt >
 class PrimaryChanges:
     """Keys whose primary row may have changed place, in order (scheduler thread: every
     primary-tier call that changes rows runs there). ``epoch`` counts resets: a reset
-    tier, or a log that passed ``limit`` keys, invalidates every kept scan."""
+    tier, or a log that passed ``limit`` keys, invalidates every kept scan. The per-job taps
+    (tiers/taps.py) extend ``keys`` themselves (a C-level extend, no frame) and reset past
+    ``limit``."""
 
     __slots__ = ("keys", "epoch", "limit")
 
@@ -38,13 +40,6 @@ class PrimaryChanges:
         self.keys: list[bytes] = []
         self.epoch = 0
         self.limit = limit
-
-    def add(self, keys: Any) -> None:
-        """Once per primary-tier job (a C-level extend)."""
-        log = self.keys
-        log.extend(keys)
-        if len(log) > self.limit:
-            self.reset()
 
     def reset(self) -> None:
         self.keys.clear()

@@ -4,7 +4,7 @@ Once per ``get_num_new_matched_tokens`` call (never per key). A plain round (no
 quarantined key, refused promotion or eviction in it; no span) is judged on the
 aggregator thread (:meth:`RoundVerdicts.judge_plain`, aggregator.py) from what the
 scheduler thread captured when it ended: its lookups summarized (counts, misses, pending
-keys, where each group's scan stopped: lookup_rounds.summarize), the request's token
+keys, where each group's scan stopped: lookup.rounds.summarize), the request's token
 count and the lengths of its offload-key lists (vLLM only appends to them), in
 journal order with the step's store jobs (the refused keys coverage reads). Rounds
 with rare events are judged as they end, on the scheduler thread after a
@@ -24,10 +24,10 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
-from kvscope.connector.coverage import Coverage, group_suffixes, judge, judge_plain_single
-from kvscope.connector.lookup_rounds import Round, RoundFacts
-from kvscope.connector.request_states import RequestStates
-from kvscope.connector.round_spans import lookup_round_span
+from kvscope.connector.lookup.coverage import Coverage, group_suffixes, judge, judge_plain_single
+from kvscope.connector.lookup.request_states import RequestStates
+from kvscope.connector.lookup.round_spans import lookup_round_span
+from kvscope.connector.lookup.rounds import Round, RoundFacts, summarize_counted
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CeilingForm, ErrorSite, ShortReason, Verdict
@@ -65,10 +65,13 @@ class RoundVerdicts:
     def __init__(self, *, recorder: Recorder, tracer: Tracer, connector_scheduler: Any,
                  primary: Any, requests: RequestStates,
                  refused_stores: Container[bytes] = (),
-                 count_lookups: Callable[[dict], None] = _ignore) -> None:
-        """``count_lookups``: told a plain round's lookup counts (LookupCounts.add)."""
+                 count_lookups: Callable[[dict], None] = _ignore,
+                 count_counted: Callable[[tuple], None] = _ignore) -> None:
+        """``count_lookups``: told a plain round's lookup counts (LookupCounts.add);
+        ``count_counted``: those of a round handed over counted (LookupCounts.add_counted)."""
         self.rec = recorder
         self.count_lookups = count_lookups
+        self.count_counted = count_counted
         self.tracer = tracer
         self.tracing = False  # set by the coordinator (re-checked periodically)
         self.cs = connector_scheduler
@@ -131,17 +134,41 @@ class RoundVerdicts:
         """A plain round (no rare events, no span): the journal's handler, on the
         aggregator thread, from what the scheduler thread captured (``offload``,
         ``lengths``: :func:`offload_of`) and summarized (``counts``: the lookups since the
-        last hand-over per group and result, ``facts``: the round's, lookup_rounds.
+        last hand-over per group and result, ``facts``: the round's, lookup.rounds.
         summarize). A hit or a miss on one full-attention group (most rounds) is judged
         here as :meth:`_judge` and :meth:`_coverage` would (the same sums; no per-group
         lists, no frames between): per round, calls are what the aggregator's CPU time is
         made of."""
         self.count_lookups(counts)
+        self._plain(rid, req_tokens, offload, lengths, num_tokens, num_computed, facts.misses,
+                    facts.n, facts.miss_key, facts, started, took)
+
+    def judge_counted(self, rid: str, req_tokens: int, offload: Any,
+                      lengths: int | tuple[int, ...] | None, num_tokens: int | None,
+                      num_computed: int, counted: tuple, started: float = 0.0,
+                      took: float = 0.0) -> None:
+        """:meth:`judge_plain` of a round of one KV group handed over as its counts
+        (``LookupLog.counted``'s shape: HIT, HIT_PENDING, RETRY, MISS, keys consumed, the
+        key of its MISS; the connector's hook, scheduler/hooks.py): the same sums, without
+        building the count dict or the round's facts for a hit or a miss (they are built only
+        for the general path: lookup.rounds.summarize_counted). Per round, on the aggregator
+        thread, or on vLLM's at the step that settles the engine (scheduler.observer.settle)."""
+        self.count_counted(counted)
+        misses, n = counted[3], counted[4]
+        self._plain(rid, req_tokens, offload, lengths, num_tokens, num_computed, misses, n,
+                    counted[5] if misses else None, counted, started, took)
+
+    def _plain(self, rid: str, req_tokens: int, offload: Any,
+               lengths: int | tuple[int, ...] | None, num_tokens: int | None,
+               num_computed: int, misses: int, n: int, miss_key: bytes | None,
+               facts: RoundFacts | tuple, started: float, took: float) -> None:
+        """:meth:`judge_plain` less the counting: ``facts`` a RoundFacts, or a round's counts
+        (:meth:`judge_counted`), made its RoundFacts where the general path needs them."""
         tpc = self._single_tpc
         try:
             # a hit, or a miss (nothing found: else vetoed), of one full-attention group
             if (tpc and num_tokens is not None and type(lengths) is int
-                    and (num_tokens > 0 or facts.misses == facts.n)):
+                    and (num_tokens > 0 or misses == n)):
                 try:  # its own guard: the verdict still counts
                     group_keys, n = offload, lengths
                     if len(group_keys) != n:
@@ -151,7 +178,7 @@ class RoundVerdicts:
                         self._coverages.append(1.0)
                     else:
                         self._count_coverage(judge_plain_single(
-                            group_keys, tpc, facts.miss_key,
+                            group_keys, tpc, miss_key,
                             _HIT if num_tokens > 0 else _MISS_VERDICT, num_tokens,
                             num_computed, self.refused_stores))
                 except Exception as exc:
@@ -161,13 +188,15 @@ class RoundVerdicts:
                 if num_tokens > 0:
                     self._hit_tokens += num_tokens
             else:
+                if type(facts) is tuple:
+                    facts = summarize_counted(facts)
                 self._judge(facts, rid, req_tokens, offload_of(offload, lengths), num_tokens,
                             num_computed)
         except Exception as exc:
             self.rec.error(ErrorSite.ROUND, exc)
         self.requests.on_round(rid, req_tokens, num_tokens is None)
         if started:
-            self.requests.clock.on_round(rid, num_tokens, started, took, facts.n)
+            self.requests.clock.on_round(rid, num_tokens, started, took, n)
 
     def _judge(self, rnd: Round | RoundFacts, rid: str, req_tokens: int, offload: Offload | None,
                num_tokens: int | None, num_computed: int

@@ -20,7 +20,7 @@ class Evictions:
 
     def __init__(self, at: list[int] | None = None, n: list[int] | None = None,
                  keys: list[bytes] | None = None) -> None:
-        # never rebound: the primary tier's tap holds their bound appends (tier_taps.py)
+        # never rebound: the primary tier's tap holds their bound appends (tiers/taps.py)
         self.at: list[int] = [] if at is None else at
         self.n: list[int] = [] if n is None else n
         self.keys: list[bytes] = [] if keys is None else keys

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from kvscope.connector.restore_clock import RestoreClock
+from kvscope.connector.lookup.restore_clock import RestoreClock
 from kvscope.exporters.signals import RequestState
 
 QUEUED, DEFERRED, LOADING, RUNNING = range(4)

@@ -3,7 +3,7 @@
 Where compat.prefix_scan allows it (vLLM's CPU manager alone, one full-attention KV
 group), the manager proxy leaves ``lookup`` untapped and this tap on the connector
 scheduler's scan writes, after each scan, what its per-key lookups were into the same
-slots the per-key tap fills (lookup_rounds.LookupLog): everything after that (the
+slots the per-key tap fills (lookup.rounds.LookupLog): everything after that (the
 round's hand-over, its verdict, coverage and counts) is unchanged. An answer of ``n``
 is n HITs and a MISS (unless the scan reached the end): two list extends in C. A
 deferred answer (None: some key was pending) reads each key's result from the CPU tier's cache
@@ -34,11 +34,11 @@ from itertools import chain
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.bare_rest import BareRest
 from kvscope.connector.compat.prefix_scan import SCAN_METHOD
-from kvscope.connector.evictions import Evictions
-from kvscope.connector.lookup_rounds import LookupLog
-from kvscope.connector.scan_cache import DeferredScans, count
+from kvscope.connector.lookup.bare_rest import BareRest
+from kvscope.connector.lookup.evictions import Evictions
+from kvscope.connector.lookup.rounds import LookupLog
+from kvscope.connector.lookup.scan_cache import DeferredScans, count
 from kvscope.exporters.signals import ErrorSite
 
 
@@ -83,7 +83,7 @@ def scan_tap(inner_scan: Callable[..., Any], log: LookupLog, result_of: Callable
 class ScanCursor:
     """Where a tapped tiering scan is (scheduler thread): open (``it``: the iterator vLLM's
     scan consumes) only while :func:`tiered_scan_tap` runs one. The primary tier's
-    ``prepare_write`` tap (tier_taps.py) notes here what the lookup in progress did: the
+    ``prepare_write`` tap (tiers/taps.py) notes here what the lookup in progress did: the
     keys its promotion wrote rows for, the keys it evicted, a refused promotion.
 
     While the scan runs the tap copies each of vLLM's answers out flat (its keys into
@@ -91,7 +91,7 @@ class ScanCursor:
     index) or notes a refusal (the hint and the keys' count) in ``refusals``: nothing kept
     per promotion that the collector tracks (evictions.py). ``settle`` (set by the tap's
     owner) counts them and turns hints into indexes as the scan returns
-    (tier_taps.TierTaps._settle_scan)."""
+    (tiers.taps.TierTaps._settle_scan)."""
 
     __slots__ = ("it", "n", "promoted", "evicted", "refused", "refusals", "swept", "settle")
 
@@ -133,7 +133,8 @@ def place(evicted: Evictions, total: int) -> None:
 
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                     reader: compat.TieredReader, cursor: ScanCursor,
-                    quarantine: dict[bytes, None], per_key: Callable[[bool], None],
+                    quarantine: dict[bytes, None],
+                    per_key: tuple[Callable[[], None], Callable[[], None]],
                     error: Callable[[ErrorSite, BaseException], None],
                     scans: DeferredScans | None = None,
                     direct: Callable[[bool], None] | None = None,
@@ -144,9 +145,10 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     answer of ``n`` as :func:`scan_tap` writes it, a deferred one read from the tiers' state
     (``read``). The rare events the primary tier's tap recorded during the scan (refused
     promotions, evictions) are given the index of the lookup they happened in, as the
-    per-key tap's are. While a key is quarantined (kvscope answers MISS for it, per key)
-    ``per_key(True)`` puts the per-key tap in place for that scan, ``per_key(False)``
-    removes it after.
+    per-key tap's are. While a key is quarantined (kvscope answers MISS for it, per key),
+    and for a scan shorter than ``SCAN_MIN_KEYS``, ``per_key`` (on, off:
+    ManagerProxy.per_key_switches, C-level calls) puts the per-key tap in place for that
+    scan and removes it after.
 
     ``direct(True)`` hands vLLM's scan the real manager for its lookups, ``direct(False)``
     puts the manager proxy back: the proxy's ``__getattr__`` keeps CPython from
@@ -158,7 +160,7 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     no refused promotion or eviction is counted from the request's kept row states instead
     (``log.counted``): the cost is per row changed since its last scan, not per key.
 
-    With ``bare`` (the primary tier's tap: tier_taps.TierTaps.bare), a scan likely to
+    With ``bare`` (the primary tier's tap: tiers.taps.TierTaps.bare), a scan likely to
     promote (its first key has no primary row and a secondary tier has it or has not
     answered yet) whose keys have no primary row at all, opening its round, runs its keys
     after the first without the primary tier's tap (:class:`BareRest`), where it pays:
@@ -176,15 +178,16 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     promoted, evicted, refused = cursor.promoted, cursor.evicted, cursor.refused
     evicting = evicted.at  # never rebound: its truth is the evictions' (no __bool__ frame)
     rows, may_promote, promotes = reader.rows, reader.may_promote, reader.promotes
+    per_key_on, per_key_off = per_key
 
     def scan(keys, req_context, *rest):
         # rare (a key quarantined), or a short scan (most): each lookup recorded by the proxy
         if quarantine or type(keys) is not list or len(keys) < SCAN_MIN_KEYS:
-            per_key(True)
+            per_key_on()
             try:
                 return inner_scan(keys, req_context, *rest)
             finally:
-                per_key(False)
+                per_key_off()
         total = len(keys)
         r0, e0 = len(refusals_out), len(evictions_at)
         if promoted or evicting or refused:  # left by a scan vLLM's call raised out of
@@ -312,7 +315,7 @@ def install(connector_scheduler: Any, log: LookupLog, result_of: Callable[[bytes
 
 def install_tiered(connector_scheduler: Any, log: LookupLog, reader: compat.TieredReader,
                    cursor: ScanCursor, quarantine: dict[bytes, None],
-                   per_key: Callable[[bool], None],
+                   per_key: tuple[Callable[[], None], Callable[[], None]],
                    error: Callable[[ErrorSite, BaseException], None],
                    scans: DeferredScans | None = None,
                    direct: Callable[[bool], None] | None = None,

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.checksums import ChecksumPolicy, Digester
 from kvscope.connector.compat import load_failures
-from kvscope.connector.shared_region import SharedRanks
+from kvscope.connector.integrity.checksums import ChecksumPolicy, Digester
+from kvscope.connector.integrity.shared_region import SharedRanks
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import ErrorSite
 

@@ -4,7 +4,7 @@ vLLM's worker thread (the engine thread with TP=1) keeps the tally per job with 
 dict and list updates (no enum-keyed dicts, no counters: in flight is a map's length);
 :meth:`TransferTally.push` moves it into the rank's recorder (one counter increment and
 one batch of durations per direction, the in-flight gauges when they changed) and
-flushes. :class:`~kvscope.connector.worker_side.WorkerProxy` pushes at most every
+flushes. :class:`~kvscope.connector.worker.proxy.WorkerProxy` pushes at most every
 ``flush_interval_s`` (kvscope's setting, default 1 s) while transfers keep coming, at
 once on a quiet step, and for a reader of the recorder (``Recorder.before_read``: a
 scrape of the rank's endpoint sees every transfer finished before it). The lock keeps the

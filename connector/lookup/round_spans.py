@@ -10,8 +10,8 @@ from typing import Any
 from opentelemetry.trace import Tracer
 
 from kvscope.connector import compat
-from kvscope.connector.coverage import Coverage
-from kvscope.connector.lookup_rounds import _RESULTS, Round
+from kvscope.connector.lookup.coverage import Coverage
+from kvscope.connector.lookup.rounds import _RESULTS, Round
 from kvscope.exporters import signals
 from kvscope.exporters.otel import request_id_hash
 from kvscope.exporters.signals import Verdict

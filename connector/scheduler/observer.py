@@ -6,7 +6,7 @@ that an exception in kvscope is counted (``kvscope_telemetry_errors_total``)
 and never reaches vLLM. The rooms:
 
 * ``manager_proxy``: the OffloadingManager's stand-in: lookup, load and store taps;
-* ``lookup_rounds``: raw lookup events in slots handed over as each round ends;
+* ``lookup.rounds``: raw lookup events in slots handed over as each round ends;
 * ``prefix_scan``: those lookups read from vLLM's prefix scan where it tells them all;
 * ``aggregator``: its own daemon thread: the journal of raw facts the scheduler thread
   appends, applied in order every ``flush_interval_s`` (default 1 s: rounds judged,
@@ -14,13 +14,13 @@ and never reaches vLLM. The rooms:
   then the flush into the recorder, the gauges and vLLM's stats object;
 * ``round_verdicts``: verdict, row ceiling, restore coverage per round (its span:
   ``round_spans``);
-* ``tier_taps``: promotions, cascades and refused promotions per tier job;
+* ``tiers.taps``: promotions, cascades and refused promotions per tier job;
 * ``group_stores``: store jobs' keys per KV group, the primary tier's keys per group;
-* ``integrity``: promoted-row digests, checked loads, quarantine;
+* ``integrity.promoted_rows``: promoted-row digests, checked loads, quarantine;
 * ``request_states``: queued / deferred / loading / running, counted incrementally;
 * ``step_gauges``: snapshot gauges (vLLM's GPU block pool and the host's memory among them)
   and the info gauges;
-* ``tier_probe``: its own daemon thread: recently written tier data still there?
+* ``tiers.probe``: its own daemon thread: recently written tier data still there?
 
 On vLLM's scheduler thread kvscope only records: the round's lookups (list appends per key
 looked up, or a few list extends per prefix scan: ``prefix_scan``), one journal event per
@@ -38,22 +38,23 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from kvscope.connector import compat, contained_faults, prefix_scan
+from kvscope.connector import compat, contained_faults
 from kvscope.connector.aggregator import INTERVAL_S, Aggregator
-from kvscope.connector.checksums import ChecksumPolicy, Digester
-from kvscope.connector.coverage import group_suffixes
-from kvscope.connector.group_stores import GroupStores
-from kvscope.connector.integrity import PromotedRows
-from kvscope.connector.lookup_rounds import LookupCounts, LookupLog
-from kvscope.connector.manager_proxy import ManagerProxy
-from kvscope.connector.request_states import RequestStates
-from kvscope.connector.round_verdicts import RoundVerdicts, offload_of
-from kvscope.connector.scan_cache import DeferredScans
-from kvscope.connector.shared_region import ChecksumScope, SharedRanks
-from kvscope.connector.step_gauges import StepGauges
-from kvscope.connector.store_refusals import RefusedStores
-from kvscope.connector.tier_probe import DEFAULT_INTERVAL_S, TierProbe
-from kvscope.connector.tier_taps import TierTaps
+from kvscope.connector.export.step_gauges import StepGauges
+from kvscope.connector.integrity.checksums import ChecksumPolicy, Digester
+from kvscope.connector.integrity.promoted_rows import PromotedRows
+from kvscope.connector.integrity.shared_region import ChecksumScope, SharedRanks
+from kvscope.connector.lookup import prefix_scan
+from kvscope.connector.lookup.coverage import group_suffixes
+from kvscope.connector.lookup.manager_proxy import ManagerProxy
+from kvscope.connector.lookup.request_states import RequestStates
+from kvscope.connector.lookup.round_verdicts import RoundVerdicts, offload_of
+from kvscope.connector.lookup.rounds import LookupCounts, LookupLog
+from kvscope.connector.lookup.scan_cache import DeferredScans
+from kvscope.connector.tiers.group_stores import GroupStores
+from kvscope.connector.tiers.probe import DEFAULT_INTERVAL_S, TierProbe
+from kvscope.connector.tiers.store_refusals import RefusedStores
+from kvscope.connector.tiers.taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.otel import tracing_enabled
 from kvscope.exporters.recorder import Recorder
@@ -125,8 +126,10 @@ class SchedulerObserver:
                                       connector_scheduler=connector_scheduler,
                                       primary=self.taps.primary, requests=self.requests,
                                       refused_stores=self.refused_stores,
-                                      count_lookups=self.lookups.add)
+                                      count_lookups=self.lookups.add,
+                                      count_counted=self.lookups.add_counted)
         self._judge_plain = self.verdicts.judge_plain  # a plain round's journal handler
+        self._judge_counted = self.verdicts.judge_counted  # one KV group's (counted)
         self.group_stores = GroupStores(
             recorder=recorder, manager=inner,
             chunk_tokens=compat.group_chunk_tokens(connector_scheduler),
@@ -187,7 +190,7 @@ class SchedulerObserver:
                          if self.taps.changes_logged else None)
                 prefix_scan.install_tiered(connector_scheduler, self.log, read,
                                            self.taps.cursor, self.rows.quarantine,
-                                           proxy.per_key, recorder.error, scans,
+                                           proxy.per_key_switches(), recorder.error, scans,
                                            proxy.direct_for(connector_scheduler),
                                            self.taps.bare if read.bare_ok else None)
         self.lookups_from_scan = getattr(getattr(connector_scheduler, compat.SCAN_METHOD,
@@ -216,7 +219,7 @@ class SchedulerObserver:
         self.group_stores.owner = self.agg.thread  # it may yield the GIL while counting
 
     def _set_tracing(self, on: bool) -> None:
-        # read once per round by the connector's hook (scheduler_hooks.py)
+        # read once per round by the connector's hook (scheduler/hooks.py)
         self._tracing = self.taps.tracing = self.verdicts.tracing = on
 
     def _declare_series(self) -> None:
@@ -249,7 +252,7 @@ class SchedulerObserver:
 
     # ---- lookup rounds (one get_num_new_matched_tokens call each) ---------------------------
     # A plain round (no rare event, no span: most rounds) is handed over by the connector's
-    # hook itself (scheduler_hooks.py): its lookups summarized, the request's token count and
+    # hook itself (scheduler/hooks.py): its lookups summarized, the request's token count and
     # offload-key lengths captured, in one journal event for the aggregator thread.
     def traced_round(self, ask: Callable[[Any, int], Any], request: Any,
                      num_computed: int) -> Any:

@@ -11,7 +11,7 @@ built, set as an instance attribute that shadows the class's method (vLLM calls
 common case of the recording inline. The rare cases (a round with a quarantined
 key, a refused promotion or an eviction; tracing; an idle step; the end of a step that
 left no request: ``SchedulerObserver.settle``) call the observer
-(scheduler_side.py), which holds the general code.
+(scheduler/observer.py), which holds the general code.
 
 Each hook forwards the call unchanged to the stock connector's method (the parent's
 bound method, taken once) and records after it, guarded: an exception of kvscope is
@@ -26,8 +26,8 @@ from time import perf_counter
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.lookup_rounds import summarize, summarize_counted
-from kvscope.connector.scheduler_side import SchedulerObserver
+from kvscope.connector.lookup.rounds import summarize
+from kvscope.connector.scheduler.observer import SchedulerObserver
 from kvscope.exporters.signals import ErrorSite
 
 logger = logging.getLogger("kvscope")
@@ -67,11 +67,12 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     quarantined, refusals, evictions = log.quarantined, log.refusals, log.evictions.at
     judge_plain, capture = obs._judge_plain, obs._offload_prefix
     tally, several = obs.lookups.tally, obs.lookups.only_suffix is None
-    tally_counted = obs.lookups.tally_counted
+    hit, pending, retry, miss = compat.HIT, compat.HIT_PENDING, compat.RETRY, compat.MISS
     on_new, after_alloc, on_finished = obs._on_new, obs._after_alloc, obs._on_finished
     skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
     live = obs._live  # a set kept for the observer's life, or None (install)
     ask = parent.get_num_new_matched_tokens
+    judge_counted = obs._judge_counted  # bound once (a bound method per event allocates)
 
     def get_num_new_matched_tokens(request, num_computed_tokens):
         if getattr(request, skip_attr, False):
@@ -98,24 +99,33 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                 obs.end_round(request, result[0], num_computed_tokens, started, took)
                 return result
             # A plain round: what judging it needs (the request's token count, its
-            # offload-key list(s) and length(s)) and its lookups summarized (counts per group
-            # and result, the round's misses, pending keys and first MISS per group: C-level
-            # passes, lookup_rounds.summarize) into one journal event of O(groups) objects,
-            # the slots emptied; judged on the aggregator thread (RoundVerdicts.judge_plain).
-            # A deferred round (None) captures no offload keys: coverage judges only rounds
-            # that ended
+            # offload-key list(s) and length(s)) and its lookups summarized into one journal
+            # event of O(groups) objects, the slots emptied; judged on the aggregator thread
+            # (RoundVerdicts.judge_plain). One KV group (most models): the counts per result,
+            # the keys consumed and the first MISS's key (C-level passes), as a deferred scan
+            # leaves them counted (scan_cache.py), judged from them off this thread
+            # (RoundVerdicts.judge_counted). Several: lookup.rounds.tally and summarize
+            # here. A deferred round (None) captures no offload keys: coverage judges only
+            # rounds that ended
             num_tokens, rid = result[0], request.request_id
             if num_tokens is None:
                 offload = lengths = None
             else:
                 offload, lengths = capture(rid)
-            if counted is None:
+            if counted is None and (several or log.start):
                 counts, facts = tally(keys, results), summarize(keys, results, log.start,
                                                                several)
-            else:  # a deferred scan counted from its rows' states (scan_cache.py)
-                counts, facts = tally_counted(counted), summarize_counted(counted)
-            journal_extend((judge_plain, 10, rid, request.num_tokens, offload, lengths,
-                            num_tokens, num_computed_tokens, counts, facts, started, took))
+                journal_extend((judge_plain, 10, rid, request.num_tokens, offload, lengths,
+                                num_tokens, num_computed_tokens, counts, facts, started,
+                                took))
+            else:
+                if counted is None:  # the round's lookups are the whole slots (start 0)
+                    count = results.count
+                    misses = count(miss)
+                    counted = (count(hit), count(pending), count(retry), misses, len(results),
+                               keys[results.index(miss)] if misses else None)
+                journal_extend((judge_counted, 9, rid, request.num_tokens, offload, lengths,
+                                num_tokens, num_computed_tokens, counted, started, took))
             del keys[:], results[:]
             log.start = -1
         except Exception as exc:

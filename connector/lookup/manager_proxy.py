@@ -10,11 +10,12 @@ is guarded; an exception in kvscope is counted and never reaches vLLM.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.integrity import PromotedRows
-from kvscope.connector.lookup_rounds import LookupLog
+from kvscope.connector.integrity.promoted_rows import PromotedRows
+from kvscope.connector.lookup.rounds import LookupLog
 from kvscope.exporters.signals import ErrorSite
 
 
@@ -57,6 +58,14 @@ class ManagerProxy:
         (prefix_scan.tiered_scan_tap)."""
         plain, tap = self._lookups
         object.__setattr__(self, "lookup", tap if on else plain)
+
+    def per_key_switches(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """:meth:`per_key` on and off as two C-level calls (``functools.partial`` over
+        ``object.__setattr__``): no Python frame of their own, for the tiering scan's tap,
+        which switches on every short scan (most scans)."""
+        plain, tap = self._lookups
+        put = partial(object.__setattr__, self, "lookup")
+        return partial(put, tap), partial(put, plain)
 
     def direct_for(self, owner: Any) -> Callable[[bool], None]:
         """``direct(on)``: ``owner.manager`` (vLLM's connector scheduler's) is the real

@@ -17,10 +17,10 @@ from typing import Any
 from kvscope import __version__
 from kvscope.connector import compat
 from kvscope.connector.compat import hash_lookahead, vllm_api
-from kvscope.connector.host_memory import HostMemory
-from kvscope.connector.integrity import PromotedRows
-from kvscope.connector.request_states import STATES, RequestStates
-from kvscope.connector.tier_taps import TierTaps
+from kvscope.connector.export.host_memory import HostMemory
+from kvscope.connector.integrity.promoted_rows import PromotedRows
+from kvscope.connector.lookup.request_states import STATES, RequestStates
+from kvscope.connector.tiers.taps import TierTaps
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import (
