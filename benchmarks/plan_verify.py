@@ -15,7 +15,8 @@ tier's rows. Three engines:
    needs: the concurrency form of the capacity ceiling). kvscope's exporter is scraped after
    the last wave, and ``kv-diagnose plan``'s parser, model and formatter turn that window into
    a row count for ``--target`` coverage (default 99 %) and predictions;
-2. **plan**: the planned rows; 3. **plan - 10 %**: 10 % fewer rows.
+2. **plan**: the planned rows; 3. **plan - 10 %**: 10 % fewer rows (on the GPU also
+   ``--fewer``'s other shares, 20 % fewer by default).
 
 Coverage measured = engine truth, never kvscope's counters: tokens vLLM loaded from the
 connector for each re-ask (its ``num_external_cached_tokens``) / tokens the tiers held for
@@ -52,7 +53,7 @@ def workload(args):
 
     return Workload(concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                     waves=args.waves, step_tokens=args.step_tokens, seed=args.seed,
-                    promotion_delay_steps=args.promotion_delay_steps)
+                    promotion_delay_steps=args.promotion_delay_steps, kv_groups=args.kv_groups)
 
 
 # ---- CPU ------------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ def gpu_engine_run(args) -> dict:
               num_gpu_blocks_override=work.gpu_blocks, max_model_len=max_len,
               max_num_batched_tokens=work.step_tokens, gpu_memory_utilization=0.1,
               kv_transfer_config=ktc, enable_prefix_caching=True,
-              max_num_seqs=max(8, work.concurrency), load_format="dummy", seed=0)
+              max_num_seqs=max(8, work.concurrency), load_format="dummy", seed=0,
+              **({"async_scheduling": False} if args.sync_scheduling else {}))
     up = time.monotonic() - t0
     drv = Driver(llm)
     trace = None
@@ -166,6 +168,8 @@ def _spawn(args, rows: int, out: str, window: bool = False) -> subprocess.Popen:
         cmd.append("--window")
     if args.trace:
         cmd.append("--trace")
+    if args.sync_scheduling:
+        cmd.append("--sync-scheduling")
     log = open(out + ".log", "w")  # noqa: SIM115  the child's; closed with the process
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -203,7 +207,7 @@ def run_gpu(args) -> dict:
     print(f"window: {window_rows} rows, measured coverage {win['coverage']:.3f}", flush=True)
     plan = plan_window(read_bundle(win["bundle"]), args.target)
     procs = {}
-    for label, rows in check_sizes(plan).items():
+    for label, rows in check_sizes(plan, tuple(args.fewer)).items():
         out = os.path.join(tmp, f"{label.replace(' ', '').replace('%', 'pct')}.json")
         procs[label] = (_spawn(args, rows, out), out)
     runs = _wait(procs, deadline)
@@ -228,7 +232,7 @@ def rejudge(doc: dict, max_error: float) -> dict:
     for label, run in doc["runs"].items():
         truth = truth_totals(run["waves"])
         s = judge_size({"rows": run["rows"], **truth}, plan["rows_per_restore"],
-                       plan["concurrency"], other, groups)
+                       plan["concurrency"], other, groups, bool(plan.get("partial_cut")))
         out[label] = {**s, "restores": truth["restores"], "whole": truth["restores_whole"],
                       "within": s["error"] <= max_error,
                       "recorded_predicted": doc["sizes"][label]["predicted"],
@@ -274,10 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--waves", type=int, default=1)
     ap.add_argument("--step-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-groups", type=int, default=1, choices=(1, 2),
+                    help="CPU: full-attention KV groups (a restore pins a row per chunk of each)")
     ap.add_argument("--promotion-delay-steps", type=int, default=0,
                     help="CPU: promotions complete this many steps late (the GPU's timing)")
     ap.add_argument("--window-rows", type=int, default=0,
                     help="rows of the window's engine (default: half of all restores at once)")
+    ap.add_argument("--fewer", type=float, nargs="+", default=[0.10, 0.20],
+                    help="cuda: also run the engine at these shares fewer rows than the plan "
+                         "(0.10 is the tightness check)")
+    ap.add_argument("--sync-scheduling", action="store_true",
+                    help="cuda: async_scheduling off (every engine vLLM #52170 killed "
+                         "here, long prompts on 0.26, ran with it on)")
     ap.add_argument("--target", type=float, default=0.99)
     ap.add_argument("--max-error", type=float, default=0.05)
     ap.add_argument("--fs-root", default=os.path.join(os.getcwd(), ".gpu-fs"))
@@ -295,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.mode == "rejudge":
         return rejudge_files(args.results, args.max_error, args.out)
+    if args.device == "cuda" and args.kv_groups != 1:
+        ap.error("--kv-groups: the GPU engines build a one-group Llama")
     args.out = args.out or DEFAULT_OUT[args.device]
     doc = run_gpu(args) if args.device == "cuda" else run_cpu(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)

@@ -34,8 +34,16 @@ restore was cut (four 64,000-token re-asks through 9,000 rows on an H200 restore
 whole, the first asker cut too), and the predictions follow that rule. A ``C`` above what
 was seen is said in a note.
 
-**The plan.** ``n = ceil(target x C)`` restores whole at once, so ``n x k`` rows (at least the
-largest restore seen), plus headroom for one step's store job (``groups x ceil(
+**Which partial-restore rule.** The restore that found part of its rows waits for the rest
+only if no recompute's stores take the rows the first loads free: where every restore asking
+at once finds rows, none is recomputed and it waits (four 64,000-token re-asks on an H200,
+k = 4,000: 3 x 4,000 + 256 rows restored all four whole); where some find none, the window's
+engine shows whether it was cut (at 9,000 and 12,000 rows the same engine restored 2 of 4).
+
+**The plan.** ``n = ceil(target x C)`` restores whole at once. When that is every restore
+(``n = ceil(C)``): ``(n - 1) x k`` rows and the last one's first chunk in every KV group
+(:func:`rows_for_every_restore`); else ``n x k`` (the restores that find every row). At least
+the largest restore seen, plus headroom for one step's store job (``groups x ceil(
 max_num_batched_tokens / chunk tokens)`` rows a prefill step stores, pinned until written):
 ``cpu_bytes_to_use = rows x row bytes``. Checked against vLLM's scheduler on CPU:
 ``benchmarks/plan_verify.py``.
@@ -68,26 +76,57 @@ def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float) 
     return int(kv_groups) * max(1, math.ceil(held_tokens / chunk_tokens - EPS))
 
 
+def partial_reach(k: int, groups: int = 1) -> int:
+    """The fewest rows of its ``k`` a restore that finds only part of them needs to wait for
+    the rest: groups are scanned in turn (``k / groups`` chunks each), so every group before
+    the last whole and the last one's first chunk; with fewer, a group left without a row
+    vetoes it (the cross-group AND: cut)."""
+    g = max(groups, 1)
+    return (g - 1) * (k // g) + 1
+
+
 def restores_whole(rows: int, k: int, groups: int = 1) -> int:
     """Restores of ``k`` rows (``groups`` KV groups of ``k / groups`` chunks) that ``rows``
     primary rows end whole when all ask at once: the ones that found every row, and the one
-    that found part of them when the rest reached every group's first chunk (it waits for
-    the rest; a group left without a row vetoes it: cut)."""
+    that found part of them when they reach every group's first chunk (:func:`partial_reach`:
+    it waits for the rest)."""
     whole, left = divmod(rows, k)
-    per_group = k // max(groups, 1)
-    return whole + (1 if left > (max(groups, 1) - 1) * per_group else 0)
+    return whole + (1 if left >= partial_reach(k, groups) else 0)
 
 
 def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0,
-                groups: int = 1) -> tuple[float, float]:
+                groups: int = 1, partial_cut: bool = False) -> tuple[float, float]:
     """(predicted coverage, at least) of ``rows`` primary rows for ``concurrency``
-    restores of ``k`` rows asking at once (see the module docstring)."""
+    restores of ``k`` rows asking at once (see the module docstring). ``partial_cut``: the
+    window showed the restore that found part of its rows cut while others were recomputed;
+    it is predicted so wherever a restore finds no row (where every restore finds rows,
+    none is recomputed and the last one waits)."""
     keep = 1.0 - other_loss
     c = max(concurrency, 1.0)
     if rows < k:  # not one restore fits: truncated to the rows at best, or livelocked
         return keep * min(1.0, rows / k / c), 0.0
-    return (keep * min(1.0, restores_whole(rows, k, groups) / c),
-            keep * min(1.0, (rows // k) / c))
+    waits, cut = restores_whole(rows, k, groups), rows // k
+    at_least = keep * min(1.0, cut / c)
+    if partial_cut and waits < math.ceil(c - EPS):
+        return at_least, at_least
+    return keep * min(1.0, waits / c), at_least
+
+
+def rows_for_every_restore(restores: int, k: int, groups: int = 1) -> int:
+    """The fewest rows that end ``restores`` restores of ``k`` rows whole when they ask at
+    once and no other restore asks with them: the last finds part of its rows and waits for
+    the others' loads (no recompute's stores take the rows they free). Its part must reach
+    every KV group's first chunk (:func:`partial_reach`), or the cross-group AND cuts it."""
+    if restores <= 1:
+        return k
+    return (restores - 1) * k + partial_reach(k, groups)
+
+
+def headroom_covers_short_by(rows: int, reserve: int) -> bool:
+    """Whether the headroom for one step's stores is ``SHORT_BY`` of the plan or more: then,
+    with nothing else storing while the restores wait, that many fewer rows can still reach
+    the target (the plan says so in a note)."""
+    return reserve >= SHORT_BY * rows
 
 
 def _v(f: Fact | None, default: float = 0.0) -> float:
@@ -142,9 +181,28 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                      f"whole ({pct(keep)})")
         steps.append(Step("restores whole at once (all)", f"⌈{n(round(c, 2))}⌉", n(need)))
     reserve = _reserve(i, g, t, steps, notes)
-    base = max(need * k, largest, k)
+    if need >= whole and need > 1:
+        # Every restore asking at once ends whole: none is recomputed, so no recompute's
+        # stores take the rows the first loads free, and the last restore, finding part of
+        # its rows, waits for them (four 64,000-token re-asks on an H200 restored whole at
+        # 3 x 4,000 + 256 rows, and 2 of 4 at 3 x 4,000, where one was recomputed).
+        fewest = rows_for_every_restore(need, k, g)
+        how_fewest = f"({n(need)} - 1) × {n(k)} + {n(fewest - (need - 1) * k)}"
+        steps.append(Step("rows for every restore whole", f"{how_fewest} (none recomputed: "
+                          "the last one waits for its rows)", n(fewest)))
+    else:
+        # Some restores are recomputed: their stores can take the rows the partial restore
+        # waits for (the window's engines cut it so): size for the restores that find
+        # every row.
+        fewest, how_fewest = need * k, f"{n(need)} × {n(k)}"
+    base = max(fewest, largest, k)
     rows = base + reserve
-    how = (f"{n(need)} × {n(k)}" if base == need * k else f"the largest restore, {n(largest)}")
+    how = how_fewest if base == fewest else f"the largest restore, {n(largest)}"
+    if headroom_covers_short_by(rows, reserve):
+        notes.append(f"the headroom for one step's stores ({n(reserve)} rows) is "
+                     f"{pct(reserve / rows)} of the plan: with no other request storing "
+                     f"while the restores wait, {n(rows - reserve)} rows are enough, and "
+                     f"{SHORT_BY:.0%} fewer than the plan can still reach the target")
     steps.append(Step("primary rows", f"{how} + {n(reserve)} headroom", n(rows)))
     cpu_bytes = None
     if i.row_bytes is not None:
@@ -168,9 +226,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         if r <= 0 or r in seen:
             return
         seen.add(r)
-        predicted, at_least = coverage_at(r, k, c, other, g)
-        if partial_cut:  # the window showed the partial restore cut: that is the prediction
-            predicted = at_least
+        predicted, at_least = coverage_at(r, k, c, other, g, partial_cut)
         preds.append(Prediction(r, predicted, at_least, label, measured))
 
     if i.rows_now is not None:
@@ -180,7 +236,8 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
     for r in predict:
         add(int(r), "asked")
     return Plan(inputs=i, target=target, rows_per_restore=k, concurrency=c, reserve=reserve,
-                restores_needed=need, rows=rows, cpu_bytes=cpu_bytes, reachable=reachable,
+                restores_needed=need, rows=rows, partial_cut=partial_cut, cpu_bytes=cpu_bytes,
+                reachable=reachable,
                 steps=tuple(steps), predictions=tuple(sorted(preds, key=lambda p: p.rows)),
                 notes=tuple(notes))
 

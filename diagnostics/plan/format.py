@@ -19,8 +19,11 @@ COVERAGE = ("coverage = tokens restored from the offload tiers / tokens the tier
 MODEL = ("model: C restores of k rows ask at once; R rows restore ceil(R / k) of them whole "
          "(a restore finding no free row is recomputed; the one finding part of its rows is "
          "deferred and waits for the rest); coverage = min(1, ceil(R / k) / C). At least: "
-         "floor(R / k) / C, if that one is cut instead: the plan is sized for that count. Below "
-         "the plan restores cut late can find rows the first loads freed: more is possible")
+         "floor(R / k) / C, if that one is cut instead, as recomputes' stores can do (the "
+         "window's engine shows which). Where every restore must end whole none is recomputed "
+         "and the last waits: the plan is (C - 1) x k rows and the last one's first chunks; "
+         "else it is sized for the restores that find every row. Below the plan restores cut "
+         "late can find rows the first loads freed: more is possible")
 
 
 def _facts(plan: Plan) -> list[tuple[str, Fact | None, str]]:
@@ -106,6 +109,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "rows_per_restore": plan.rows_per_restore,
         "concurrency": plan.concurrency,
         "restores_needed": plan.restores_needed,
+        "partial_cut": plan.partial_cut,
         "reserve_rows": plan.reserve,
         "inputs": {name: _fact(getattr(i, name)) for name in (
             "restores", "held_per_restore", "largest_rows", "concurrency_seen",

@@ -74,6 +74,8 @@ class Plan:
     reserve: int  # rows left for one step's store job
     restores_needed: int  # restores that must fit whole at once for the target
     rows: int  # the plan: primary rows
+    # the window showed the restore that found part of its rows cut (others recomputed)
+    partial_cut: bool
     cpu_bytes: int | None  # rows x row bytes (None: row bytes unknown)
     reachable: bool  # False: losses rows do not fix keep coverage under the target
     steps: tuple[Step, ...]

@@ -133,15 +133,17 @@ def test_coverage_of_a_row_count(rows, predicted, at_least):
     assert coverage_at(rows, 128, 24) == pytest.approx((predicted, at_least))
 
 
-def test_plan_is_every_restore_at_once_plus_one_steps_stores():
+def test_plan_is_every_restore_at_once_the_last_waiting_plus_one_steps_stores():
     p = _plan(concurrency_window())
     # C: 12 restores fit 1,536 rows whole and left 50 %: 24 ask at once (13 seen)
     assert (p.rows_per_restore, p.concurrency, p.restores_needed, p.reserve) == (128, 24, 24, 16)
-    assert p.rows == 24 * 128 + 16 and p.cpu_bytes == p.rows * 4096
+    # every restore whole: none recomputed, so the 24th finds one row and waits for the rest
+    assert p.rows == 23 * 128 + 1 + 16 and p.cpu_bytes == p.rows * 4096
+    assert not p.partial_cut
     got = {x.label: (x.rows, x.coverage, x.measured) for x in p.predictions}
     assert got["now"] == (1536, 0.5, 0.5)  # the model explains the window it was fit to
     assert got["plan"][1] == 1.0
-    assert got["plan - 10%"] == (2779, 22 / 24, None)  # 21 found every row, the 22nd waits
+    assert got["plan - 10%"] == (2664, 21 / 24, None)  # 20 found every row, the 21st waits
 
 
 def test_a_lower_target_needs_fewer_restores_whole():
@@ -159,10 +161,10 @@ def test_losses_rows_do_not_fix_make_a_target_out_of_reach():
 def test_the_seed_sizing_two_fit_three_do_not():
     """One 440k-token prefix needs 222 rows; 498 rows hold two restores at once, not three.
     With one KV group the third finds 54 rows, is deferred and waits for the two loads to
-    free the rest (restored late, whole); the plan holds all three at once."""
+    free the rest (restored late, whole): the plan holds two and the third's first row."""
     p = make_plan(read_inputs(None, Given(held_tokens=440_000, chunk_tokens=1982,
                                           concurrency=3, rows=498, reserve_rows=8)))
-    assert p.rows_per_restore == 222 and p.rows == 3 * 222 + 8
+    assert p.rows_per_restore == 222 and p.rows == 2 * 222 + 1 + 8
     now = next(x for x in p.predictions if x.label == "now")
     assert (now.coverage, now.at_least) == pytest.approx((1.0, 2 / 3))
 
@@ -186,7 +188,7 @@ def test_no_restore_in_the_window_cannot_be_planned_without_held_tokens():
     with pytest.raises(DiagnoseError, match="--held-tokens"):
         _plan(d)
     p = _plan(d, held_tokens=160, concurrency=2, chunk_tokens=16)
-    assert p.rows == 2 * 10  # no max_num_batched_tokens in this window: no headroom
+    assert p.rows == 10 + 1  # the second waits; no max_num_batched_tokens here: no headroom
     assert any("max_num_batched_tokens unknown" in x for x in p.notes)
 
 
@@ -219,14 +221,18 @@ def test_the_partial_restore_cut_in_the_window_sizes_the_plan_for_the_restores_s
     (k = 4,000) restored 2 of 4 whole, the first asker cut too. "The partial restore waits"
     counts 3 whole and needs C = 6 to explain 50 %; "it was cut" counts 2 and needs the 4
     seen. The engine at each size: 24,512 rows and 22,060 restored 4 of 4, and so did
-    16,512 = 4 x 4,000 + 512."""
+    16,512 = 4 x 4,000 + 512 and 12,256 = 3 x 4,000 + 256 (the last waited: nobody was
+    recomputed); 12,000 restored 2 or 3 of 4 (one recomputed). So the plan holds three and
+    the fourth's first row, plus one step's stores: 12,513."""
     p = make_plan(_inputs())
-    assert p.concurrency == 4
-    assert p.rows == 16_512
+    assert p.concurrency == 4 and p.partial_cut
+    assert p.rows == 3 * 4_000 + 1 + 512
     by_label = {x.label: x for x in p.predictions}
     assert by_label["now"].coverage == 0.5  # the window's own: 2 of 4
     assert by_label["plan"].coverage == 1.0
-    assert by_label["plan - 10%"].coverage == 0.75  # 3 whole of 4: misses the target
+    # 2 whole, a third partial, the fourth recomputed: the partial one is cut, as it was
+    # in the window
+    assert by_label["plan - 10%"].coverage == 0.5
     assert not any("more than the" in x for x in p.notes)
 
 
@@ -251,7 +257,7 @@ def test_golden_text_from_the_command_line():
 
 def test_json_carries_the_plan_inputs_and_predictions():
     d = plan_to_dict(_plan(concurrency_window()))
-    assert (d["kind"], d["rows"], d["concurrency"]) == ("plan", 3088, 24)
+    assert (d["kind"], d["rows"], d["concurrency"], d["partial_cut"]) == ("plan", 2961, 24, False)
     assert d["inputs"]["held_per_restore"] == {
         "value": 2048.0, "source": "kvscope_restore_held_tokens_total / restores"}
     assert [p["at"] for p in d["predictions"]] == ["now", "plan - 10%", "plan"]
@@ -265,7 +271,7 @@ def test_cli_plans_from_a_bundle(tmp_path, capsys):
     assert main(["plan", "--bundle", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("======== kv-diagnose plan: ")
-    assert "primary rows      3,088 (now 1,536)" in out
+    assert "primary rows      2,961 (now 1,536)" in out
     assert main(["plan", "--bundle", str(path), "--json", "--target", "75%"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 18 * 128 + 16
 
@@ -284,9 +290,9 @@ def test_cli_exit_codes(tmp_path, capsys):
 
 def test_a_recorded_concurrency_scenario_is_planned():
     """The demo's concurrency scenario (recorded from the CPU harness): 3 restores of 8 rows
-    ask at once, 12 rows; the plan holds all three."""
+    ask at once, 12 rows; the plan holds two and the third's first row (it waits)."""
     p = make_plan(read_inputs(build_evidence(read_bundle(str(FIXTURES / "concurrency.kvb")))))
-    assert (p.rows_per_restore, p.concurrency, p.rows) == (8, 3, 3 * 8 + 1)
+    assert (p.rows_per_restore, p.concurrency, p.rows) == (8, 3, 2 * 8 + 1 + 1)
     now = next(x for x in p.predictions if x.label == "now")
     # 1 found every row, the 2nd found part of them and waited for the rest: as predicted
     assert now.at_least < now.measured == pytest.approx(now.coverage)
