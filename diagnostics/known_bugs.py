@@ -229,8 +229,37 @@ CPU_USAGE_GAUGE_ZERO = KnownBug(
                 "96 tokens (its engine facts); test_known_bugs.py checks the capture says so"),
 )
 
+STORE_BEFORE_KEY = KnownBug(
+    id="store_before_key",
+    title="AssertionError in _build_store_jobs kills the engine (a store job built for a chunk "
+          "whose GPU block exists before its offload key)",
+    upstream="vLLM issue #52170, fixed by #52923 (merged 2026-08-19)",
+    since="0.26.0",
+    fixed_in="0.30.0",
+    verified=("0.26.0 offloading/scheduler.py:957-975: storable_chunks (:308-328) bounds the "
+              "chunks to store by tokens only, and `assert len(offload_keys) == "
+              "len(offload_block_ids)` fails when the request's blocks run ahead of its "
+              "block hashes; 0.27.0 to 0.29.0 also bound by the allocated blocks, not the "
+              "keys; 0.30.0 (:447-451), 0.31.0, 0.32.0, 0.33.0 and 0.34.0 bound by the keyed "
+              "chunks (num_keyed_chunks), and the chunk waits for a later step"),
+    # the engine dies inside vLLM's step: no series outlives it; the traceback is the evidence
+    evidence_rule="",
+    evidence=None,
+    until_then=("upgrade vLLM to 0.30.0 or later (every engine it killed here ran with "
+                "async scheduling, 0.26's default; whether --no-async-scheduling avoids it "
+                "was not tried)"),
+    reproduced=("not reproduced on CPU (kvscope's CPU harness schedules synchronously). On an "
+                "H200, vLLM 0.26.0 with async scheduling (benchmarks/plan_verify.py --device "
+                "cuda, tiering with an fs tier): 128,000- and 128,008-token prompts (3 at once, "
+                "12,000 rows), a 64,000-token one (12,513 rows) and 40,000-token ones "
+                "(14,410 rows) killed the engine in the steps after the concurrent re-asks "
+                "ended (the restored requests' last stores; benchmarks/results/"
+                "plan_verify_h200_3173b84_store_before_key.json); 64,008-token ones, 16,000 "
+                "and 1,600 ran through"),
+)
+
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     STORE_AFTER_FINISH, CAPACITY_CEILING, HIT_PENDING_NO_DEADLINE, HIT_PENDING_CASCADE_DROP,
-    EAGLE_NEVER_CERTIFIES, CPU_USAGE_GAUGE_ZERO,
+    EAGLE_NEVER_CERTIFIES, CPU_USAGE_GAUGE_ZERO, STORE_BEFORE_KEY,
 )
 BY_ID: dict[str, KnownBug] = {b.id: b for b in KNOWN_BUGS}
