@@ -6,6 +6,7 @@
     python benchmarks/scheduler_overhead.py --profile-aggregator F [--no-tiering]
     valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
         python benchmarks/scheduler_overhead.py --lookup-path P --callgrind [--tokens 16384] [--no-tiering]
+    python benchmarks/scheduler_overhead.py --instructions [--requests 300] [--no-tiering]
 
 Runs the same workload on vLLM's real Scheduler on CPU (kvscope.sim.cpu_engine)
 with each connector, two engines in lockstep (step by step, alternating which goes
@@ -41,6 +42,15 @@ with ``--callgrind`` under valgrind, its machine instructions (callgrind's clien
 through a small library compiled here with ``cc``: valgrind's headers needed). Also the
 prefix scans vLLM ran and the keys they looked up (where kvscope leaves the scan untapped:
 stock and per_key), and what the re-ask restored. One JSON line.
+
+``--instructions``: the step ratio counted instead of timed, so a noisy machine cannot move
+it. Each connector's engine runs the timed workload alone under valgrind's callgrind
+(``--requests``; a subprocess each); instructions are collected only inside the scheduler's
+two calls, kvscope's aggregator thread is kept idle (``flush_interval_s`` an hour) and its
+journal applied between steps, outside the count (what it costs is its own thread's, not
+the step's). No stats object is handed to vLLM: kvscope hands one per flush interval (1 s,
+hundreds of steps), not per step. One JSON line: each engine's instructions and steps, and
+the ratio.
 """
 
 from __future__ import annotations
@@ -239,6 +249,58 @@ def _where(code) -> str:
     return "kvscope" if "/connector/" in f or "/exporters/" in f else "other"
 
 
+def step_instructions(a) -> None:
+    """``--instructions``: each connector's engine counted under callgrind, and the ratio."""
+    counts = {}
+    with tempfile.TemporaryDirectory(prefix="kvscope-cg-") as d:
+        for connector in (STOCK, OBSERVED):
+            out = os.path.join(d, f"{connector}.out")
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+                   f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__),
+                   "--count-engine", connector, "--requests", str(a.requests)]
+            if a.no_tiering:
+                cmd.append("--no-tiering")
+            run = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            engine_line = json.loads(run.stdout.strip().splitlines()[-1])
+            counts[connector] = {**engine_line, "instructions": _callgrind_total(out)}
+    print(json.dumps({
+        "requests": a.requests, "tiering": not a.no_tiering, "counted": "callgrind instructions",
+        **{c: counts[c] for c in (STOCK, OBSERVED)},
+        "instruction_ratio_observed_over_stock": round(
+            counts[OBSERVED]["instructions"] / counts[STOCK]["instructions"], 4)}), flush=True)
+
+
+def _callgrind_total(path: str) -> int:
+    with open(path) as f:  # its header's "summary:" is 0 where collection starts late
+        for line in f:
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+    raise ValueError(f"{path}: no instruction total")
+
+
+def count_engine(a) -> None:
+    """``--count-engine C`` (under valgrind, from ``--instructions``): one engine of
+    connector C through the timed workload, instructions collected inside the scheduler's
+    two calls only; the journal applied after each step, outside them (no stats object
+    prepared: see the module's doc)."""
+    cg = _callgrind()
+    options = 3600.0 if a.count_engine == OBSERVED else None  # the aggregator stays asleep
+    with engine(a.count_engine, not a.no_tiering, options) as e:
+        rids = add_requests(e, a.requests)
+        _count(e.scheduler, cg, collections.Counter(), collections.Counter(), bytecodes=False)
+        cg.cg_start()
+        observer = getattr(e.connector, "_kvscope_observer", None)
+        while any(r not in e.finished for r in rids):
+            e.step()
+            if observer is not None:  # the journal applied, as the aggregator thread does
+                with observer.agg.lock:
+                    observer.agg.drain()
+            if e.steps > 100_000:
+                raise TimeoutError("requests not done after 100000 steps")
+        cg.cg_stop()
+        print(json.dumps({"connector": a.count_engine, "steps": e.steps}), flush=True)
+
+
 def lookup_path_cost(a) -> None:
     """``--lookup-path``: one engine's re-ask counted (see the module docstring)."""
     from kvscope.sim import scale_workload as w
@@ -297,7 +359,16 @@ def main() -> None:
                    help="--lookup-path: steps each promotion is held (tiering): deferred re-scans")
     p.add_argument("--callgrind", action="store_true",
                    help="--lookup-path under valgrind's callgrind: count instructions")
+    p.add_argument("--instructions", action="store_true",
+                   help="the step ratio in callgrind's instructions (valgrind needed)")
+    p.add_argument("--count-engine", choices=(STOCK, OBSERVED), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.instructions:
+        step_instructions(args)
+        return
+    if args.count_engine:
+        count_engine(args)
+        return
     if args.lookup_path:
         lookup_path_cost(args)
         return
