@@ -47,6 +47,7 @@ class ManagerProxy:
         object.__setattr__(self, compat.WRAPPED_MARK, True)
         tap = _lookup_tap(inner.lookup, log, rows.quarantine)
         object.__setattr__(self, "_lookups", (inner.lookup, tap))
+        object.__setattr__(self, "_results_only", _results_tap(inner.lookup, log))
         object.__setattr__(self, "lookup", tap if per_key_lookups else inner.lookup)
         object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, rows))
         object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, rows,
@@ -59,13 +60,15 @@ class ManagerProxy:
         plain, tap = self._lookups
         object.__setattr__(self, "lookup", tap if on else plain)
 
-    def per_key_switches(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        """:meth:`per_key` on and off as two C-level calls (``functools.partial`` over
-        ``object.__setattr__``): no Python frame of their own, for the tiering scan's tap,
-        which switches on every short scan (most scans)."""
+    def per_key_switches(self) -> tuple[Callable[[], None], Callable[[], None],
+                                        Callable[[], None]]:
+        """:meth:`per_key` on, the results-only tap on (:func:`_results_tap`), and both off,
+        as C-level calls (``functools.partial`` over ``object.__setattr__``): no Python frame
+        of their own, for the tiering scan's tap, which switches on every short scan (most
+        scans)."""
         plain, tap = self._lookups
         put = partial(object.__setattr__, self, "lookup")
-        return partial(put, tap), partial(put, plain)
+        return partial(put, tap), partial(put, self._results_only), partial(put, plain)
 
     def direct_for(self, owner: Any) -> Callable[[bool], None]:
         """``direct(on)``: ``owner.manager`` (vLLM's connector scheduler's) is the real
@@ -118,6 +121,23 @@ def _lookup_tap(inner_lookup: Callable[..., Any], log: LookupLog,
         else:
             result = inner_lookup(key, req_context)
         add_key(key)
+        add_result(result)
+        return result
+
+    return lookup
+
+
+def _results_tap(inner_lookup: Callable[..., Any], log: LookupLog) -> Callable[..., Any]:
+    """The per-key tap of a tiering scan's short scan (prefix_scan.tiered_scan_tap): each
+    lookup's result only. The scan looks its keys up in order, so its tap adds the keys
+    consumed after it (one slice); no quarantine test: while a key is quarantined the scan's
+    tap puts :func:`_lookup_tap` in place instead. A refusal or eviction during a lookup is
+    still noted at its index (``len(log.results)``)."""
+    add_result = log.results.append
+
+    def lookup(key, req_context=None, *args):
+        result = inner_lookup(key, req_context, *args) if args else inner_lookup(
+            key, req_context)
         add_result(result)
         return result
 

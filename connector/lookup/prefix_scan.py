@@ -121,7 +121,7 @@ BARE_MIN_KEYS = 64
 BARE_ROWS_PER_KEY = 8
 # Handing vLLM's scan the real manager saves ~25 ns a key, and costs two calls a scan
 DIRECT_MIN_KEYS = 16
-# Below this many keys the per-key tap (a frame a key) costs less than this tap's reading
+# Below this many keys the results-only tap (a frame a key) costs less than this tap's reading
 SCAN_MIN_KEYS = 16
 
 
@@ -134,7 +134,8 @@ def place(evicted: Evictions, total: int) -> None:
 def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
                     reader: compat.TieredReader, cursor: ScanCursor,
                     quarantine: dict[bytes, None],
-                    per_key: tuple[Callable[[], None], Callable[[], None]],
+                    per_key: tuple[Callable[[], None], Callable[[], None],
+                                   Callable[[], None]],
                     error: Callable[[ErrorSite, BaseException], None],
                     scans: DeferredScans | None = None,
                     direct: Callable[[bool], None] | None = None,
@@ -146,9 +147,9 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     (``read``). The rare events the primary tier's tap recorded during the scan (refused
     promotions, evictions) are given the index of the lookup they happened in, as the
     per-key tap's are. While a key is quarantined (kvscope answers MISS for it, per key),
-    and for a scan shorter than ``SCAN_MIN_KEYS``, ``per_key`` (on, off:
-    ManagerProxy.per_key_switches, C-level calls) puts the per-key tap in place for that
-    scan and removes it after.
+    ``per_key`` (on, results only, off: ManagerProxy.per_key_switches, C-level calls) puts
+    the per-key tap in place for that scan and removes it after; for a scan shorter than
+    ``SCAN_MIN_KEYS``, its results-only tap (a lookup's result, the keys after the scan).
 
     ``direct(True)`` hands vLLM's scan the real manager for its lookups, ``direct(False)``
     puts the manager proxy back: the proxy's ``__getattr__`` keeps CPython from
@@ -178,17 +179,25 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
     promoted, evicted, refused = cursor.promoted, cursor.evicted, cursor.refused
     evicting = evicted.at  # never rebound: its truth is the evictions' (no __bool__ frame)
     rows, may_promote, promotes = reader.rows, reader.may_promote, reader.promotes
-    per_key_on, per_key_off = per_key
+    per_key_on, results_on, per_key_off = per_key
 
     def scan(keys, req_context, *rest):
-        # rare (a key quarantined), or a short scan (most): each lookup recorded by the proxy
-        if quarantine or type(keys) is not list or len(keys) < SCAN_MIN_KEYS:
+        # rare (a key quarantined, keys not a list): each lookup recorded by the proxy
+        if quarantine or type(keys) is not list:
             per_key_on()
             try:
                 return inner_scan(keys, req_context, *rest)
             finally:
                 per_key_off()
         total = len(keys)
+        if total < SCAN_MIN_KEYS:  # a short scan (most): each lookup's result by the proxy,
+            k0 = len(keys_out)     # the keys it consumed (in order) after it, one slice
+            results_on()
+            try:
+                return inner_scan(keys, req_context, *rest)
+            finally:
+                per_key_off()
+                add_keys(keys[:len(results_out) - k0])
         r0, e0 = len(refusals_out), len(evictions_at)
         if promoted or evicting or refused:  # left by a scan vLLM's call raised out of
             promoted.clear()
@@ -315,7 +324,8 @@ def install(connector_scheduler: Any, log: LookupLog, result_of: Callable[[bytes
 
 def install_tiered(connector_scheduler: Any, log: LookupLog, reader: compat.TieredReader,
                    cursor: ScanCursor, quarantine: dict[bytes, None],
-                   per_key: tuple[Callable[[], None], Callable[[], None]],
+                   per_key: tuple[Callable[[], None], Callable[[], None],
+                                  Callable[[], None]],
                    error: Callable[[ErrorSite, BaseException], None],
                    scans: DeferredScans | None = None,
                    direct: Callable[[bool], None] | None = None,

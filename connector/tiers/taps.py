@@ -83,6 +83,7 @@ class TierTaps:
         self._cascade_bytes = 0
         self._cascade_seconds: list[float] = []
         self._cascade_done_handler = self._cascade_done  # bound once, not per job
+        self._cascades_done_handler = self._cascades_done
         # keys whose promotion started / found no row, as counted on vLLM's thread, and
         # as handed to the recorder by the last flush
         self._promotions_started = [0, 0]
@@ -287,6 +288,7 @@ class TierTaps:
 
         journal, monotonic, rec = self.journal, time.monotonic, self.rec
         cascade_started, cascade_done = self._cascade_started, self._cascade_done_handler
+        cascades_done = self._cascades_done_handler
         promotions, promotion_done, extend = self.promotions, self._promotion_done, journal.extend
         promotion_seen = _nothing
 
@@ -302,13 +304,17 @@ class TierTaps:
 
         # Per finished tier job: a promotion is recorded now (its rows digested before
         # vLLM can load them); anything else (a cascade: one per store job) goes to the
-        # journal, where the aggregator thread matches it with a cascade it knows. Inline,
-        # a plain try: no frame per job, none per call for the guard.
+        # journal, where the aggregator thread matches it with a cascade it knows (with no
+        # promotion in flight, the step's jobs in one event). Inline, a plain try: no frame
+        # per job, none per call for the guard.
         def tap_get_finished_jobs(*a, **kw):
             results = list(get_finished_jobs(*a, **kw))
             if results:
                 try:
                     last_io[0] = now = monotonic()
+                    if not promotions:  # cascades only (most steps): one event for all
+                        extend((cascades_done, 2, tuple(results), now))
+                        return results
                     for res in results:
                         job_id = res.job_id
                         if job_id in promotions:
@@ -360,6 +366,13 @@ class TierTaps:
     def _cascade_started(self, job: Any, tier: str, started: float) -> None:
         self.cascades[job.job_id] = TierJob(started, job, tier)
         self._cascade_keys[0] += compat.job_key_count(job)
+
+    def _cascades_done(self, results: tuple, now: float) -> None:
+        """A step's finished tier jobs when no promotion was in flight (aggregator thread):
+        each one :meth:`_cascade_done`."""
+        done = self._cascade_done
+        for res in results:
+            done(res.job_id, bool(res.success), now)
 
     def _cascade_done(self, job_id: int, success: bool, now: float) -> None:
         tj = self.cascades.pop(job_id, None)

@@ -38,6 +38,29 @@ def _no_switch() -> None:
     """The per-key tap's switch in the reference's tapped scan: it stays in place."""
 
 
+def _results_beside(proxy, shadow: LookupLog) -> tuple:
+    """The results-only switches of a reference's tapped scan: on, the per-key tap stays
+    and each result is also appended to the shadow log; off, the per-key tap alone."""
+    restore: list = []
+
+    def on() -> None:
+        full = proxy.lookup
+
+        def both(key, req_context=None, *args):
+            result = full(key, req_context, *args)
+            shadow.results.append(result)
+            return result
+
+        restore.append(full)
+        object.__setattr__(proxy, "lookup", both)
+
+    def off() -> None:
+        if restore:
+            object.__setattr__(proxy, "lookup", restore.pop())
+
+    return on, off
+
+
 def _kind(results: list) -> str:
     if compat.HIT_PENDING in results:
         return "pending"
@@ -51,11 +74,23 @@ def checked_scans(monkeypatch):
     """Every SchedulerObserver built meanwhile records per key, and its scans are checked
     against the scan tap; yields a Counter of the scans checked, by kind. Every scan is read
     and a bare rest taken wherever it may be (short scans too, which kvscope's own tap
-    leaves to the per-key tap and runs without a bare rest: neither pays there), so each
-    scenario checks them."""
+    leaves to the results-only tap and runs without a bare rest: neither pays there), so
+    each scenario checks them."""
     monkeypatch.setattr(prefix_scan, "SCAN_MIN_KEYS", 0)
     monkeypatch.setattr(prefix_scan, "BARE_MIN_KEYS", 2)
     monkeypatch.setattr(prefix_scan, "BARE_ROWS_PER_KEY", 1 << 40)
+    return _checking(monkeypatch, short=False)
+
+
+@pytest.fixture
+def checked_short_scans(monkeypatch):
+    """:func:`checked_scans` with kvscope's own cut: a tiering scan shorter than
+    ``SCAN_MIN_KEYS`` runs with the proxy's results-only tap (each lookup's result; the
+    scan's tap adds the keys it consumed after it), here beside the per-key reference."""
+    return _checking(monkeypatch, short=True)
+
+
+def _checking(monkeypatch, short: bool) -> Counter:
     seen: Counter = Counter()
     original = SchedulerObserver.__init__
     wrote: list = []  # the keys a shadow scan's promotions wrote rows for, in order
@@ -108,7 +143,9 @@ def checked_scans(monkeypatch):
             scans = DeferredScans(self.taps.changes, read.places)
             tapped = prefix_scan.tiered_scan_tap(scan, shadow, read, self.taps.cursor,
                                                  self.rows.quarantine,
-                                                 (_no_switch, _no_switch), error, scans,
+                                                 (_no_switch, *_results_beside(cs.manager,
+                                                                              shadow)),
+                                                 error, scans,
                                                  None, bare_counted(self.taps.bare)
                                                  if read.bare_ok else None)
             noted[:] = [self.log, self.taps.cursor]
@@ -132,6 +169,18 @@ def checked_scans(monkeypatch):
             if quarantined and read is not None:  # recorded by the per-key tap alone
                 assert not shadow.keys
                 seen["quarantined: per key"] += 1
+                return n
+            if short and type(keys) is list and len(keys) < prefix_scan.SCAN_MIN_KEYS:
+                # the results-only tap beside the reference: its results, and the keys the
+                # scan's tap added after it. A refusal or eviction meanwhile is the primary
+                # tier's tap's, noted at once into the one log (as the reference's are)
+                assert shadow.keys == log.keys[k0:], (n, shadow.keys, log.keys[k0:])
+                assert shadow.results == log.results[k0:], (n, shadow.results)
+                seen["short: " + _kind(shadow.results)] += 1
+                if len(log.refusals) > r0 or len(log.evictions) > e0:
+                    seen["short: refused or evicted"] += 1
+                shadow.keys.clear()
+                shadow.results.clear()
                 return n
             if shadow.counted is not None:  # counted: the per-key tap's counts of the scan
                 got, shadow.counted = shadow.counted, None
@@ -321,6 +370,16 @@ def test_each_scan_of_a_tiering_scenario_reads_what_the_lookups_answered(name, s
     with run_scenario(name, exporter_port=None, settle_tiers=settle, **ONE_GROUP_TIERING):
         pass
     assert sum(checked_scans.values()) > 0, f"{name}: no scan was checked"
+
+
+@pytest.mark.parametrize("settle", [True, False], ids=["settled", "racing"])
+@pytest.mark.parametrize("name", _catalogued())
+def test_each_short_scan_of_a_tiering_scenario_reads_what_the_lookups_answered(
+        name, settle, checked_short_scans):
+    with run_scenario(name, exporter_port=None, settle_tiers=settle, **ONE_GROUP_TIERING):
+        pass
+    assert sum(n for kind, n in checked_short_scans.items() if kind.startswith("short: ")
+               ) > 0, f"{name}: no short scan was checked"
 
 
 def _long_restore(keys: int, held: int, floods: int = 1, **options) -> tuple:
