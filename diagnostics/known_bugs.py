@@ -254,7 +254,7 @@ STORE_BEFORE_KEY = KnownBug(
                 "12,000 rows), a 64,000-token one (12,513 rows) and 40,000-token ones "
                 "(14,410 rows) killed the engine in the steps after the concurrent re-asks "
                 "ended (the restored requests' last stores; benchmarks/results/"
-                "plan_verify_h200_3173b84_store_before_key.json); 64,008-token ones, 16,000 "
+                "plan_verify_h200_e86bd7d_store_before_key.json); 64,008-token ones, 16,000 "
                 "and 1,600 ran through"),
 )
 
