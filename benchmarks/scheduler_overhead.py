@@ -6,7 +6,7 @@
     python benchmarks/scheduler_overhead.py --profile-aggregator F [--no-tiering]
     valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
         python benchmarks/scheduler_overhead.py --lookup-path P --callgrind [--tokens 16384] [--no-tiering]
-    python benchmarks/scheduler_overhead.py --instructions [--requests 300] [--no-tiering]
+    python benchmarks/scheduler_overhead.py --instructions [--requests 300] [--rounds 3] [--no-tiering]
 
 Runs the same workload on vLLM's real Scheduler on CPU (kvscope.sim.cpu_engine)
 with each connector, two engines in lockstep (step by step, alternating which goes
@@ -49,8 +49,10 @@ it. Each connector's engine runs the timed workload alone under valgrind's callg
 two calls, kvscope's aggregator thread is kept idle (``flush_interval_s`` an hour) and its
 journal applied between steps, outside the count (what it costs is its own thread's, not
 the step's). No stats object is handed to vLLM: kvscope hands one per flush interval (1 s,
-hundreds of steps), not per step. One JSON line: each engine's instructions and steps, and
-the ratio.
+hundreds of steps), not per step. The fs tier's threads time the scheduler's work a little
+differently each run (a run's observed count moves by up to ~0.5 %), so each of ``--rounds``
+runs counts both engines (alternating which goes first); a JSON line per run, then the
+median of their ratios.
 """
 
 from __future__ import annotations
@@ -250,24 +252,34 @@ def _where(code) -> str:
 
 
 def step_instructions(a) -> None:
-    """``--instructions``: each connector's engine counted under callgrind, and the ratio."""
-    counts = {}
+    """``--instructions``: each connector's engine counted under callgrind, ``--rounds``
+    times (the fs tier's threads time the scheduler's work a little differently each run);
+    the median of the runs' ratios, and each run."""
+    runs = []
     with tempfile.TemporaryDirectory(prefix="kvscope-cg-") as d:
-        for connector in (STOCK, OBSERVED):
-            out = os.path.join(d, f"{connector}.out")
-            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
-                   f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__),
-                   "--count-engine", connector, "--requests", str(a.requests)]
-            if a.no_tiering:
-                cmd.append("--no-tiering")
-            run = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            engine_line = json.loads(run.stdout.strip().splitlines()[-1])
-            counts[connector] = {**engine_line, "instructions": _callgrind_total(out)}
+        for i in range(a.rounds):
+            counts = {}
+            for connector in (STOCK, OBSERVED) if i % 2 == 0 else (OBSERVED, STOCK):
+                out = os.path.join(d, f"{connector}-{i}.out")
+                cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                       "--collect-atstart=no", f"--callgrind-out-file={out}", sys.executable,
+                       os.path.abspath(__file__), "--count-engine", connector, "--requests",
+                       str(a.requests)]
+                if a.no_tiering:
+                    cmd.append("--no-tiering")
+                run = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                engine_line = json.loads(run.stdout.strip().splitlines()[-1])
+                counts[connector] = {"steps": engine_line["steps"],
+                                     "instructions": _callgrind_total(out)}
+            ratio = counts[OBSERVED]["instructions"] / counts[STOCK]["instructions"]
+            runs.append({**counts, "ratio": round(ratio, 4)})
+            print(json.dumps(runs[-1]), flush=True)
+    ratios = [r["ratio"] for r in runs]
     print(json.dumps({
-        "requests": a.requests, "tiering": not a.no_tiering, "counted": "callgrind instructions",
-        **{c: counts[c] for c in (STOCK, OBSERVED)},
-        "instruction_ratio_observed_over_stock": round(
-            counts[OBSERVED]["instructions"] / counts[STOCK]["instructions"], 4)}), flush=True)
+        "requests": a.requests, "tiering": not a.no_tiering, "rounds": a.rounds,
+        "counted": "callgrind instructions", "ratios": ratios,
+        "instruction_ratio_observed_over_stock": round(statistics.median(ratios), 4)}),
+        flush=True)
 
 
 def _callgrind_total(path: str) -> int:
