@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import gc
 import json
 import os
 import statistics
@@ -98,14 +99,21 @@ def _result(connector: str, e, wall: float, kvscope_threads_s: float = 0.0,
 
 
 def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = None,
-             per_key_lookups: bool = False) -> list[dict]:
+             per_key_lookups: bool = False, no_gc: bool = False) -> list[dict]:
     """One stock and one observed engine in lockstep: step by step, alternating which
     goes first, so both see the same machine (load, clock, caches) at each moment:
-    on a shared box, drift between whole runs is larger than the effect measured."""
+    on a shared box, drift between whole runs is larger than the effect measured.
+    ``no_gc``: Python's garbage collector off while they step (what collections cost)."""
     with engine(STOCK, tiering) as stock, \
             engine(OBSERVED, tiering, flush_interval_s, per_key_lookups) as observed:
-        walls = lockstep([(stock, add_requests(stock, n_requests)),
-                          (observed, add_requests(observed, n_requests))])
+        if no_gc:
+            gc.collect()
+            gc.disable()
+        try:
+            walls = lockstep([(stock, add_requests(stock, n_requests)),
+                              (observed, add_requests(observed, n_requests))])
+        finally:
+            gc.enable()
         threads_s = kvscope_threads_cpu(observed)
         stock.refresh()
         return [_result(STOCK, stock, walls[0]),
@@ -371,6 +379,8 @@ def main() -> None:
                    help="--lookup-path: steps each promotion is held (tiering): deferred re-scans")
     p.add_argument("--callgrind", action="store_true",
                    help="--lookup-path under valgrind's callgrind: count instructions")
+    p.add_argument("--no-gc", action="store_true",
+                   help="timed pairs: Python's garbage collector off while the engines step")
     p.add_argument("--instructions", action="store_true",
                    help="the step ratio in callgrind's instructions (valgrind needed)")
     p.add_argument("--count-engine", choices=(STOCK, OBSERVED), help=argparse.SUPPRESS)
@@ -397,7 +407,7 @@ def main() -> None:
     ratios, cpu_ratios = [], []
     for _ in range(args.rounds):
         pair = run_pair(args.requests, not args.no_tiering, args.flush_interval,
-                        args.per_key_lookups)
+                        args.per_key_lookups, args.no_gc)
         for r in pair:
             runs[r["connector"]].append(r)
             print(json.dumps(r), flush=True)
@@ -409,7 +419,7 @@ def main() -> None:
     med = {n: statistics.median(r["scheduler_s"] for r in rs) for n, rs in runs.items()}
     print(json.dumps({
         "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
-        "per_key_lookups": args.per_key_lookups,
+        "per_key_lookups": args.per_key_lookups, "gc": not args.no_gc,
         "flush_interval_s": _effective_interval(args.flush_interval),
         "scheduler_s_median": med,
         "kvscope_threads_s_median": statistics.median(

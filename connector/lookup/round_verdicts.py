@@ -27,12 +27,7 @@ from kvscope.connector import compat
 from kvscope.connector.lookup.coverage import Coverage, group_suffixes, judge, judge_plain_single
 from kvscope.connector.lookup.request_states import RequestStates
 from kvscope.connector.lookup.round_spans import lookup_round_span
-from kvscope.connector.lookup.rounds import (
-    Round,
-    RoundFacts,
-    count_lookups,
-    summarize_counted,
-)
+from kvscope.connector.lookup.rounds import Round, RoundFacts, summarize_counted
 from kvscope.exporters import signals
 from kvscope.exporters.recorder import Recorder
 from kvscope.exporters.signals import CeilingForm, ErrorSite, ShortReason, Verdict
@@ -162,16 +157,6 @@ class RoundVerdicts:
         misses, n = counted[3], counted[4]
         self._plain(rid, req_tokens, offload, lengths, num_tokens, num_computed, misses, n,
                     counted[5] if misses else None, counted, started, took)
-
-    def judge_lookups(self, rid: str, req_tokens: int, offload: Any,
-                      lengths: int | tuple[int, ...] | None, num_tokens: int | None,
-                      num_computed: int, keys: list, results: list, started: float = 0.0,
-                      took: float = 0.0) -> None:
-        """:meth:`judge_counted` of a short round of one KV group handed over as copies of
-        its lookup slots (the connector's hook: a frame's worth of counting less on vLLM's
-        thread), counted here."""
-        self.judge_counted(rid, req_tokens, offload, lengths, num_tokens, num_computed,
-                           count_lookups(keys, results), started, took)
 
     def _plain(self, rid: str, req_tokens: int, offload: Any,
                lengths: int | tuple[int, ...] | None, num_tokens: int | None,

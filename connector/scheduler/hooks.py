@@ -36,11 +36,6 @@ HOOKED = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_al
           "build_connector_meta", "update_connector_output", "request_finished",
           "request_finished_all_groups", "get_kv_connector_stats")
 
-# A plain round of one KV group with at most this many lookups is handed over as copies of
-# its lookup slots and counted off vLLM's thread; a longer one is counted here: the journal
-# holds at most this many keys a round until it is applied (up to flush_interval_s)
-COPY_MAX_LOOKUPS = 64
-
 # The hooks that keep the observer's live requests (a request enters at its first, leaves
 # at either of the others): all installed, or the set is not kept
 _LIVE_HOOKS = frozenset(("on_new_request", "request_finished", "request_finished_all_groups"))
@@ -76,8 +71,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     skip_attr = compat.SKIP_PREFIX_CACHE_ATTR
     live = obs._live  # a set kept for the observer's life, or None (install)
     ask = parent.get_num_new_matched_tokens
-    # bound once (a bound method per event allocates)
-    judge_counted, judge_lookups = obs._judge_counted, obs._judge_lookups
+    judge_counted = obs._judge_counted  # bound once (a bound method per event allocates)
 
     def get_num_new_matched_tokens(request, num_computed_tokens):
         if getattr(request, skip_attr, False):
@@ -106,13 +100,14 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             # A plain round: what judging it needs (the request's token count, its
             # offload-key list(s) and length(s)) and its lookups summarized into one journal
             # event of O(groups) objects, the slots emptied; judged on the aggregator thread
-            # (RoundVerdicts.judge_plain). One KV group (most models): copies of a short
-            # round's lookup slots, counted off this thread (RoundVerdicts.judge_lookups); a
-            # long one's counts per result, keys consumed and first MISS's key
-            # (lookup.rounds.count_lookups), as a deferred scan leaves them counted
-            # (scan_cache.py), judged from them (RoundVerdicts.judge_counted). Several:
-            # lookup.rounds.tally and summarize here. A deferred round (None) captures no
-            # offload keys: coverage judges only rounds that ended
+            # (RoundVerdicts.judge_plain). One KV group (most models): the counts per result,
+            # the keys consumed and the first MISS's key (lookup.rounds.count_lookups: C-level
+            # passes; a tuple of ints and a key, which no garbage collection keeps tracking,
+            # where copies of the slots would stay tracked in the journal until it is
+            # applied), as a deferred scan leaves them counted (scan_cache.py), judged from
+            # them off this thread (RoundVerdicts.judge_counted). Several: lookup.rounds.tally
+            # and summarize here. A deferred round (None) captures no offload keys: coverage
+            # judges only rounds that ended
             num_tokens, rid = result[0], request.request_id
             if num_tokens is None:
                 offload = lengths = None
@@ -127,13 +122,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             elif counted is not None:  # a deferred scan left it counted (scan_cache.py)
                 journal_extend((judge_counted, 9, rid, request.num_tokens, offload, lengths,
                                 num_tokens, num_computed_tokens, counted, started, took))
-            elif len(results) <= COPY_MAX_LOOKUPS:
-                # the round's lookups are the whole slots (start 0), few: handed over as
-                # copies (C-level) and counted on the aggregator thread (judge_lookups)
-                journal_extend((judge_lookups, 10, rid, request.num_tokens, offload, lengths,
-                                num_tokens, num_computed_tokens, keys[:], results[:], started,
-                                took))
-            else:  # many: counted here (C-level passes), so the journal holds no long copies
+            else:  # the round's lookups are the whole slots (start 0): C-level passes
                 journal_extend((judge_counted, 9, rid, request.num_tokens, offload, lengths,
                                 num_tokens, num_computed_tokens, count_lookups(keys, results),
                                 started, took))

@@ -130,7 +130,6 @@ class SchedulerObserver:
                                       count_counted=self.lookups.add_counted)
         self._judge_plain = self.verdicts.judge_plain  # a plain round's journal handler
         self._judge_counted = self.verdicts.judge_counted  # one KV group's (counted)
-        self._judge_lookups = self.verdicts.judge_lookups  # one KV group's, short (copied)
         self.group_stores = GroupStores(
             recorder=recorder, manager=inner,
             chunk_tokens=compat.group_chunk_tokens(connector_scheduler),

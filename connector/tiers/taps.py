@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 from opentelemetry.trace import Tracer
@@ -289,6 +290,7 @@ class TierTaps:
         journal, monotonic, rec = self.journal, time.monotonic, self.rec
         cascade_started, cascade_done = self._cascade_started, self._cascade_done_handler
         cascades_done = self._cascades_done_handler
+        job_id_of, success_of = attrgetter("job_id"), attrgetter("success")
         promotions, promotion_done, extend = self.promotions, self._promotion_done, journal.extend
         promotion_seen = _nothing
 
@@ -312,8 +314,10 @@ class TierTaps:
             if results:
                 try:
                     last_io[0] = now = monotonic()
-                    if not promotions:  # cascades only (most steps): one event for all
-                        extend((cascades_done, 2, tuple(results), now))
+                    if not promotions:  # cascades only (most steps): one event for all,
+                        # their ids and outcomes (C-level passes), not vLLM's objects
+                        extend((cascades_done, 3, tuple(map(job_id_of, results)),
+                                tuple(map(success_of, results)), now))
                         return results
                     for res in results:
                         job_id = res.job_id
@@ -367,12 +371,12 @@ class TierTaps:
         self.cascades[job.job_id] = TierJob(started, job, tier)
         self._cascade_keys[0] += compat.job_key_count(job)
 
-    def _cascades_done(self, results: tuple, now: float) -> None:
+    def _cascades_done(self, job_ids: tuple, successes: tuple, now: float) -> None:
         """A step's finished tier jobs when no promotion was in flight (aggregator thread):
         each one :meth:`_cascade_done`."""
         done = self._cascade_done
-        for res in results:
-            done(res.job_id, bool(res.success), now)
+        for job_id, success in zip(job_ids, successes):
+            done(job_id, bool(success), now)
 
     def _cascade_done(self, job_id: int, success: bool, now: float) -> None:
         tj = self.cascades.pop(job_id, None)

@@ -181,16 +181,14 @@ def _stall_tier(tier: Any, switch: FaultSwitch) -> None:
 # ---- scheduler side: kvscope's round judging fails ------------------------------------------
 def install_round_faults(observer: Any) -> None:
     """Before kvscope's hooks (they read ``_judge_plain``, ``_judge_counted``,
-    ``_judge_lookups``, ``_on_finished`` and ``_live`` once): while ``lose_rounds`` is on,
-    every way a round is judged (on the aggregator thread, from its summary, its counts or
-    its lookups' copies, or at once) raises;
+    ``_on_finished`` and ``_live`` once): while ``lose_rounds`` is on, every way a round is
+    judged (on the aggregator thread, from its summary or its counts, or at once) raises;
     while ``lose_finishes`` is on, a request's end raises on both threads."""
     switch = _switch()
     if switch is None or observer is None:
         return
     judge_plain, record = observer._judge_plain, observer.verdicts.record
     judge_counted = observer._judge_counted
-    judge_lookups = observer._judge_lookups
 
     def lost(*_a: Any, **_kw: Any) -> None:
         raise RuntimeError("kvscope test fault lose_rounds: this round's judging failed")
@@ -201,15 +199,11 @@ def install_round_faults(observer: Any) -> None:
     def failing_judge_counted(*a: Any, **kw: Any) -> None:
         return (lost if switch.active(LOSE_ROUNDS) else judge_counted)(*a, **kw)
 
-    def failing_judge_lookups(*a: Any, **kw: Any) -> None:
-        return (lost if switch.active(LOSE_ROUNDS) else judge_lookups)(*a, **kw)
-
     def failing_record(*a: Any, **kw: Any) -> None:
         return (lost if switch.active(LOSE_ROUNDS) else record)(*a, **kw)
 
     observer._judge_plain = failing_judge_plain
     observer._judge_counted = failing_judge_counted
-    observer._judge_lookups = failing_judge_lookups
     observer.verdicts.record = failing_record
     # lose_finishes (the hooks read _live and _on_finished once, too)
     on_finished = observer._on_finished

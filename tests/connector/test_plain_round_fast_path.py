@@ -121,30 +121,28 @@ def test_the_fast_path_adds_up_to_the_general_one():
 
 
 def test_a_plain_round_of_one_group_is_handed_over_as_its_counts():
-    """The connector's hook hands a plain round of one KV group over as copies of its
-    lookup slots (a short round: counted on the aggregator thread) or as its counts (per
+    """The connector's hook hands a plain round of one KV group over as its counts (per
     result, keys consumed, the first MISS's key: LookupLog.counted's shape), which the
     aggregator thread turns into the lookups' counts and the round's facts: they must be
     what ``LookupCounts.tally`` and ``summarize`` make of the same lookups, for every shape
-    of round (hits, a stop at a miss, pending keys, several misses, none looked up, longer
-    than a short round)."""
+    of round (hits, a stop at a miss, pending keys, several misses, none looked up, long)."""
     from types import SimpleNamespace
 
-    from kvscope.connector.lookup.rounds import count_lookups, summarize_counted
-    from kvscope.connector.scheduler.hooks import COPY_MAX_LOOKUPS, _hooks
+    from kvscope.connector.lookup.rounds import summarize_counted
+    from kvscope.connector.scheduler.hooks import _hooks
 
     with CPUEngine(EngineConfig(rows=12)) as e:
         observer = e.connector._kvscope_observer
         lookups, log = observer.lookups, observer.log
         assert lookups.only_suffix is not None  # one KV group: the counted hand-over
         suffix = lookups.only_suffix
-        long = COPY_MAX_LOOKUPS + 1
+        long = 65
         keys = [i.to_bytes(8, "big") + suffix for i in range(1, long + 3)]
         hit, miss, retry = compat.HIT, compat.MISS, compat.RETRY
         pending = compat.HIT_PENDING
         shapes = [[], [hit], [miss], [hit, hit, miss], [hit] * 6, [retry, hit, miss],
                   [pending, pending, retry], [hit, miss, hit, miss], [miss, miss],
-                  [hit] * COPY_MAX_LOOKUPS, [hit] * long + [miss], [retry] * long + [hit]]
+                  [hit] * long + [miss], [retry] * long + [hit]]
         answer: list = []
 
         def ask(request, num_computed):  # vLLM's lookups of the round, then its answer
@@ -168,15 +166,9 @@ def test_a_plain_round_of_one_group_is_handed_over_as_its_counts():
                     assert not log.keys and not log.results and log.start == -1
                     event = journal[at:]
                     del journal[at:]
-                    if len(results) <= COPY_MAX_LOOKUPS:  # copies of the slots
-                        assert event[0] == observer._judge_lookups, event[0]
-                        assert event[1] == 10 and len(event) == 12, event
-                        assert (event[8], event[9]) == (looked, results)
-                        counted = count_lookups(event[8], event[9])
-                    else:
-                        assert event[0] == observer._judge_counted, event[0]
-                        assert event[1] == 9 and len(event) == 11, event
-                        counted = event[8]
+                    assert event[0] == observer._judge_counted, event[0]
+                    assert event[1] == 9 and len(event) == 11, event
+                    counted = event[8]
                     assert lookups.tally_counted(counted) == lookups.tally(looked, results)
                     got, want = summarize_counted(counted), summarize(looked, results, 0,
                                                                       False)
