@@ -31,7 +31,7 @@ class ManagerProxy:
     scan's tap writes the lookups instead (prefix_scan.py: vLLM's CPU manager alone,
     where no key is quarantined, since only promoted rows are checked; or vLLM's tiering
     manager, where the scan's tap puts the per-key tap back for a scan while a key is
-    quarantined: :meth:`per_key`).
+    quarantined: :meth:`per_key_switches`).
     """
 
     def __init__(self, inner: Any, *, log: LookupLog, rows: PromotedRows,
@@ -53,19 +53,13 @@ class ManagerProxy:
         object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, rows,
                                                              journal_extend, store_job, error))
 
-    def per_key(self, on: bool) -> None:
-        """The per-key tap in place (True) or vLLM's own ``lookup`` (False): a tiering
-        scan's tap records a scan per key while some key is quarantined
-        (prefix_scan.tiered_scan_tap)."""
-        plain, tap = self._lookups
-        object.__setattr__(self, "lookup", tap if on else plain)
-
     def per_key_switches(self) -> tuple[Callable[[], None], Callable[[], None],
                                         Callable[[], None]]:
-        """:meth:`per_key` on, the results-only tap on (:func:`_results_tap`), and both off,
-        as C-level calls (``functools.partial`` over ``object.__setattr__``): no Python frame
-        of their own, for the tiering scan's tap, which switches on every short scan (most
-        scans)."""
+        """For the tiering scan's tap (prefix_scan.tiered_scan_tap): the per-key tap in
+        place (a scan while some key is quarantined), the results-only tap in place
+        (:func:`_results_tap`: a short scan), and vLLM's own ``lookup`` again, as C-level
+        calls (``functools.partial`` over ``object.__setattr__``): no Python frame of their
+        own, since the tap switches on every short scan (most scans)."""
         plain, tap = self._lookups
         put = partial(object.__setattr__, self, "lookup")
         return partial(put, tap), partial(put, self._results_only), partial(put, plain)

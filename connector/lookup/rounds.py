@@ -140,16 +140,9 @@ class LookupCounts:
             return out
         return Counter(zip(map(_SUFFIX, keys), map(id, results)))
 
-    def tally_counted(self, counted: tuple) -> dict[tuple[bytes, int], int]:
-        """:meth:`tally` of a scan left counted (``LookupLog.counted``: one KV group)."""
-        out = {}
-        for pair, n in zip(self._counted_pairs, counted):
-            if n:
-                out[pair] = n
-        return out
-
     def add_counted(self, counted: tuple) -> None:
-        """Aggregator: :meth:`add` of :meth:`tally_counted` (one KV group), no dict between."""
+        """Aggregator: :meth:`add` of a round handed over counted (``LookupLog.counted``'s
+        shape: one KV group), no dict between."""
         own = self.counts
         for pair, n in zip(self._counted_pairs, counted):
             if n:

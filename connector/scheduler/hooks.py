@@ -119,13 +119,11 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                 journal_extend((judge_plain, 10, rid, request.num_tokens, offload, lengths,
                                 num_tokens, num_computed_tokens, counts, facts, started,
                                 took))
-            elif counted is not None:  # a deferred scan left it counted (scan_cache.py)
+            else:
+                if counted is None:  # the round's lookups are the whole slots (start 0)
+                    counted = count_lookups(keys, results)
                 journal_extend((judge_counted, 9, rid, request.num_tokens, offload, lengths,
                                 num_tokens, num_computed_tokens, counted, started, took))
-            else:  # the round's lookups are the whole slots (start 0): C-level passes
-                journal_extend((judge_counted, 9, rid, request.num_tokens, offload, lengths,
-                                num_tokens, num_computed_tokens, count_lookups(keys, results),
-                                started, took))
             del keys[:], results[:]
             log.start = -1
         except Exception as exc:

@@ -498,7 +498,7 @@ def test_a_long_restore_reads_its_lookups_from_the_scan():
 def test_the_series_of_a_tiering_scenario_are_the_same_either_way(name):
     """Tiers settled every step: two runs do the same (racing tiers time each run anew, as
     the livelock's background stepping and concurrency's threads time theirs). stale-rows quarantines keys: its
-    scans are recorded per key meanwhile (ManagerProxy.per_key). The count of steps is
+    scans are recorded per key meanwhile (ManagerProxy.per_key_switches). The count of steps is
     left out: the fs tier's threads time how many steps a drain takes, per-key tap or not."""
     got = {}
     for per_key in (True, False):
