@@ -53,7 +53,8 @@ def workload(args):
 
     return Workload(concurrency=args.concurrency, prompt_tokens=args.prompt_tokens,
                     waves=args.waves, step_tokens=args.step_tokens, seed=args.seed,
-                    promotion_delay_steps=args.promotion_delay_steps, kv_groups=args.kv_groups)
+                    promotion_delay_steps=args.promotion_delay_steps, kv_groups=args.kv_groups,
+                    sliding_window=args.sliding_window)
 
 
 # ---- CPU ------------------------------------------------------------------------------------
@@ -82,6 +83,7 @@ def gpu_engine_run(args) -> dict:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
+    from kvscope.connector import compat
     from kvscope.sim.gpu_oracle_driver import ROW_BYTES, Driver, free_port, make_model
     from kvscope.sim.oracle_truth import held_tokens, request_keys, tier_lookup
     from kvscope.sim.plan_workload import ASK_TOKENS, CHUNK, truth_totals
@@ -90,21 +92,22 @@ def gpu_engine_run(args) -> dict:
     t0 = time.monotonic()
     d = tempfile.mkdtemp(prefix="kvscope-plan-model-")
     max_len = max(4096, work.prompt_tokens + 64)
-    make_model(d, 1, max_len)
+    make_model(d, work.kv_groups, max_len)
     fs = tempfile.mkdtemp(prefix=f"plan-{args.rows}-", dir=args.fs_root)
     port = free_port()
     ktc = KVTransferConfig(
         kv_connector="ObservedOffloadingConnector", kv_connector_module_path="kvscope.connector",
         kv_role="kv_both", kv_load_failure_policy="recompute",
         kv_connector_extra_config={
-            "cpu_bytes_to_use": args.rows * ROW_BYTES[1], "block_size": CHUNK,
+            "cpu_bytes_to_use": args.rows * ROW_BYTES[work.kv_groups], "block_size": CHUNK,
             "spec_name": "TieringOffloadingSpec",
             "secondary_tiers": [{"type": "fs", "root_dir": fs, "n_read_threads": 4,
                                  "n_write_threads": 4}],
             "kvscope": {"exporter_port": port}})
     llm = LLM(model=d, tokenizer=d, dtype="bfloat16", enforce_eager=True, block_size=CHUNK,
               num_gpu_blocks_override=work.gpu_blocks, max_model_len=max_len,
-              max_num_batched_tokens=work.step_tokens, gpu_memory_utilization=0.1,
+              max_num_batched_tokens=work.step_tokens,
+              gpu_memory_utilization=args.gpu_memory_utilization,
               kv_transfer_config=ktc, enable_prefix_caching=True,
               max_num_seqs=max(8, work.concurrency), load_format="dummy", seed=0,
               **({"async_scheduling": False} if args.sync_scheduling else {}))
@@ -117,20 +120,23 @@ def gpu_engine_run(args) -> dict:
         trace = LookupTrace(drv.sched)
     shim = SimpleNamespace(connector=drv.sched.connector,
                            _block_hasher=drv.core.request_block_hasher,
-                           cfg=SimpleNamespace(kv_groups=1))
+                           cfg=SimpleNamespace(kv_groups=work.kv_groups))
     holds = tier_lookup(shim)
+    # held_tokens reads the last group as the sliding-window one: keys in that order
+    kinds = compat.kv_group_kinds(drv.sched.kv_cache_config)
+    order = sorted(range(len(kinds)), key=lambda i: kinds[i] == "sliding_window")
     budget = work.step_budget()
     prompts = work.prompts()
     for p in prompts:
         drv.run([p], ASK_TOKENS, budget)
         drv.idle()
-    keys = [request_keys(shim, p) for p in prompts]
+    keys = [[k[i] for i in order] for k in (request_keys(shim, p) for p in prompts)]
     waves = []
     for w in range(work.waves):
         for f in work.flood_prompts(w):
             drv.run([f], 1, budget)
         drv.idle()
-        held = [held_tokens(k, holds, len(p), CHUNK, None)
+        held = [held_tokens(k, holds, len(p), CHUNK, work.window_chunks)
                 for k, p in zip(keys, prompts, strict=True)]
         got = drv.run(prompts, ASK_TOKENS, budget,
                       added=trace.follow if trace is not None else None)
@@ -140,7 +146,7 @@ def gpu_engine_run(args) -> dict:
         if trace is not None:
             waves[-1]["trace"] = trace.stop()
         drv.idle()
-    out = {"rows": args.rows, "row_bytes": ROW_BYTES[1], "waves": waves, "engine_up_s": round(up, 1)}
+    out = {"rows": args.rows, "row_bytes": ROW_BYTES[work.kv_groups], "waves": waves, "engine_up_s": round(up, 1)}
     if args.window:
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
@@ -163,7 +169,10 @@ def _spawn(args, rows: int, out: str, window: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "engine", "--rows", str(rows), "--out", out,
            "--concurrency", str(args.concurrency), "--prompt-tokens", str(args.prompt_tokens),
            "--waves", str(args.waves), "--step-tokens", str(args.step_tokens),
-           "--seed", str(args.seed), "--fs-root", args.fs_root]
+           "--seed", str(args.seed), "--fs-root", args.fs_root, "--kv-groups", str(args.kv_groups),
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if args.sliding_window:
+        cmd += ["--sliding-window", str(args.sliding_window)]
     if window:
         cmd.append("--window")
     if args.trace:
@@ -223,16 +232,20 @@ def run_gpu(args) -> dict:
 
 # ---- recorded results judged again -----------------------------------------------------
 def rejudge(doc: dict, max_error: float) -> dict:
+    from kvscope.diagnostics.plan.coverage import partial_reach
     from kvscope.sim.plan_workload import judge_size, truth_totals
 
     plan, inputs = doc["plan"], doc["plan"]["inputs"]
     other = (inputs.get("other_loss") or {}).get("value") or 0.0
     groups = int((inputs.get("kv_groups") or {}).get("value") or 1)
+    k = plan["rows_per_restore"]
+    # recorded before the plan kept it: groups of equal rows (no sliding-window cap)
+    reach = plan.get("partial_reach") or partial_reach([k // groups] * groups)
     out = {}
     for label, run in doc["runs"].items():
         truth = truth_totals(run["waves"])
-        s = judge_size({"rows": run["rows"], **truth}, plan["rows_per_restore"],
-                       plan["concurrency"], other, groups, bool(plan.get("partial_cut")))
+        s = judge_size({"rows": run["rows"], **truth}, k, plan["concurrency"], other, reach,
+                       bool(plan.get("partial_cut")))
         out[label] = {**s, "restores": truth["restores"], "whole": truth["restores_whole"],
                       "within": s["error"] <= max_error,
                       "recorded_predicted": doc["sizes"][label]["predicted"],
@@ -279,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-groups", type=int, default=1, choices=(1, 2),
-                    help="CPU: full-attention KV groups (a restore pins a row per chunk of each)")
+                    help="KV groups: on CPU full attention (a restore pins a row per chunk of "
+                         "each) unless --sliding-window; on cuda 2 is a Gemma2-style model, "
+                         "sliding window and full attention alternating")
+    ap.add_argument("--sliding-window", type=int, default=None, metavar="TOKENS",
+                    help="with --kv-groups 2: the last group attends to this many tokens (a "
+                         "hybrid model; on cuda always the Gemma2-style model's window)")
     ap.add_argument("--promotion-delay-steps", type=int, default=0,
                     help="CPU: promotions complete this many steps late (the GPU's timing)")
     ap.add_argument("--window-rows", type=int, default=0,
@@ -290,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-scheduling", action="store_true",
                     help="cuda: async_scheduling off (every engine vLLM #52170 killed "
                          "here, long prompts on 0.26, ran with it on)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.1,
+                    help="cuda: each engine's share of the GPU (three run at once; lower it to "
+                         "check several geometries side by side)")
     ap.add_argument("--target", type=float, default=0.99)
     ap.add_argument("--max-error", type=float, default=0.05)
     ap.add_argument("--fs-root", default=os.path.join(os.getcwd(), ".gpu-fs"))
@@ -307,8 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.mode == "rejudge":
         return rejudge_files(args.results, args.max_error, args.out)
-    if args.device == "cuda" and args.kv_groups != 1:
-        ap.error("--kv-groups: the GPU engines build a one-group Llama")
+    if args.sliding_window is not None and args.kv_groups != 2:
+        ap.error("--sliding-window: the last of two KV groups attends to the window")
+    if args.device == "cuda" and args.kv_groups == 2:
+        from kvscope.sim.gpu_oracle_geometry import WINDOW_TOKENS
+
+        if args.sliding_window not in (None, WINDOW_TOKENS):
+            ap.error(f"--sliding-window: the GPU's two-group model (Gemma2-style) attends to "
+                     f"{WINDOW_TOKENS} tokens")
+        args.sliding_window = WINDOW_TOKENS
     args.out = args.out or DEFAULT_OUT[args.device]
     doc = run_gpu(args) if args.device == "cuda" else run_cpu(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)

@@ -62,6 +62,7 @@ L_FORM = "form"
 L_TIER = "tier"
 L_TOKENS_PER_BLOCK = "tokens_per_block"
 L_DRAFTER = "drafter"
+L_RESTORE_CHUNKS = "restore_chunks"
 L_PHASE = "phase"
 L_PREFIX = "prefix"
 L_KVSCOPE_VERSION = "kvscope_version"
@@ -563,9 +564,11 @@ LAST_CEILING_CONCURRENT_ROWS = Metric(
 )
 KV_GROUP_INFO = Metric(
     "kvscope_kv_group_info", Kind.GAUGE,
-    "Always 1; one series per KV-cache group with its attention kind, block size and, for "
-    "an EAGLE/MTP drafter's group, how vLLM keys its trailing chunk (drafter).",
-    (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK, L_DRAFTER),
+    "Always 1; one series per KV-cache group with its attention kind, block size, for "
+    "an EAGLE/MTP drafter's group how vLLM keys its trailing chunk (drafter), and the most "
+    "chunks of the group one restore from a secondary tier promotes (restore_chunks: a "
+    "sliding-window group whose lookup stops at its window; 0: every chunk of the prefix).",
+    (L_KV_GROUP, L_KIND, L_TOKENS_PER_BLOCK, L_DRAFTER, L_RESTORE_CHUNKS),
     label_values={L_DRAFTER: _values(DrafterKeys)},
 )
 # ---- secondary-tier probe (its own thread, every few seconds; tiers/probe.py) ------------

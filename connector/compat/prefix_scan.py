@@ -119,6 +119,15 @@ _PROMOTED_ANSWER = {(0, 26): LookupResult.RETRY, (0, 33): LookupResult.HIT_PENDI
                     (0, 34): LookupResult.HIT_PENDING}
 
 
+def promotion_extends_window() -> bool:
+    """Whether a promotion a lookup started counts toward a sliding-window group's run of
+    hits (it answers HIT_PENDING: 0.33, 0.34): that group's scan, from the prefix's end,
+    stops once a window's chunks are hit or being promoted, so a restore from a secondary
+    tier promotes its window alone. On 0.26 (RETRY ends the run) it promotes every chunk it
+    scans, and on a release not read kvscope says so too (the larger count)."""
+    return _PROMOTED_ANSWER.get(versions.release()[:2]) is LookupResult.HIT_PENDING
+
+
 
 class TieredReader(NamedTuple):
     """What :func:`tiered_scan_reader` gives: ``read`` a deferred scan's results (see

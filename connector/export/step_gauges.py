@@ -141,8 +141,11 @@ class StepGauges:
         if not self._static_done:
             kinds = compat.kv_group_kinds(self.kv_cache_config)
             drafter = hash_lookahead.drafter_keys(self.cs, self.vllm_config)
+            per_chunk = compat.blocks_per_chunk(self.spec)
+            restore = compat.restore_chunks(self.kv_cache_config, [t * per_chunk for t in tpb])
             self.rec.replace_gauge(signals.KV_GROUP_INFO, {
                 (str(g), kind, str(tpb[g] if g < len(tpb) else 0),
-                 drafter.get(g, DrafterKeys.NONE.value)): 1.0
+                 drafter.get(g, DrafterKeys.NONE.value),
+                 str(restore[g] if g < len(restore) else 0)): 1.0
                 for g, kind in enumerate(kinds)})
             self._static_done = True

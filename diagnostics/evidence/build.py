@@ -33,7 +33,14 @@ from .model import (
     Vllm,
 )
 from .quantities import aggregate, by_label
-from .targets import TargetInfo, read_kv_group_drafters, read_kv_groups, read_targets, scope_key
+from .targets import (
+    TargetInfo,
+    read_kv_group_drafters,
+    read_kv_group_restore_chunks,
+    read_kv_groups,
+    read_targets,
+    scope_key,
+)
 
 __all__ = [
     "WANTED_SERIES", "Evidence", "Freshness", "GroupLookups", "Pending", "RankTransfers",
@@ -79,6 +86,7 @@ def build_evidence(raw: RawWindow) -> Evidence:
         targets=targets,
         kv_groups=kv_groups,
         kv_group_drafters=read_kv_group_drafters(series_of(S.KV_GROUP_INFO.name)),
+        kv_group_restore_chunks=read_kv_group_restore_chunks(series_of(S.KV_GROUP_INFO.name)),
         lookups=_split(T.LOOKUPS, series_of, read, extra_keys=kv_groups),
         ranks=_split(T.RANKS, series_of, read),
         freshness=steps_cls(

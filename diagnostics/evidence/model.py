@@ -286,6 +286,9 @@ class Evidence:
     # KV group -> how vLLM keys it for an EAGLE/MTP drafter (DrafterKeys value; groups of a
     # kvscope that exports no drafter label are absent)
     kv_group_drafters: dict[str, str] = field(default_factory=dict)
+    # KV group -> the most chunks of it one restore from a secondary tier promotes (0: every
+    # chunk of the prefix; groups of a kvscope that exports no restore_chunks are absent)
+    kv_group_restore_chunks: dict[str, int] = field(default_factory=dict)
 
     def has(self, metric: S.Metric) -> bool:
         return metric.name in self.present or f"{metric.name}_count" in self.present

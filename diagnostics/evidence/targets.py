@@ -103,6 +103,13 @@ def read_kv_groups(group_info: list[Series]) -> dict[str, tuple[str, str]]:
             for s in group_info}
 
 
+def read_kv_group_restore_chunks(group_info: list[Series]) -> dict[str, int]:
+    """KV group -> the most chunks of it a restore promotes
+    (``kvscope_kv_group_info{restore_chunks}``; 0: every chunk of the prefix)."""
+    return {s.label(S.L_KV_GROUP): int(s.label(S.L_RESTORE_CHUNKS)) for s in group_info
+            if s.label(S.L_RESTORE_CHUNKS).isdigit()}
+
+
 def read_kv_group_drafters(group_info: list[Series]) -> dict[str, str]:
     """KV group -> how vLLM keys it for a drafter (``kvscope_kv_group_info{drafter}``)."""
     return {s.label(S.L_KV_GROUP): s.label(S.L_DRAFTER) for s in group_info

@@ -7,7 +7,12 @@ kvscope_restore_held_tokens_total``; the CPU check reads the same from vLLM and 
 
 **The model.** A restore from disk pins one primary row per chunk of its held prefix in every
 KV group (``k = groups x ceil(held tokens / chunk tokens)`` rows) from its promotion until its
-load: every restore asking at the same time needs its rows at once. vLLM gives the rows first
+load: every restore asking at the same time needs its rows at once. A sliding-window group is
+scanned from the prefix's end after the full groups; where a promotion the scan started counts
+toward its window (0.33, 0.34: ``kvscope_kv_group_info{restore_chunks}``), it promotes its
+window's chunks alone (one Gemma2-style restore of 1,024 tokens, window 128, ended whole in 72
+rows on 0.34, the model's 64 + 9 = 73); on 0.26 it promotes every chunk it scans, and
+restores asking at once need a row per chunk of it too. vLLM gives the rows first
 come, first served. A restore whose first promotion finds no free row is cut there, for a
 request asked at once with others at its first chunk (0 tokens: all recomputed, the
 concurrency form of the capacity ceiling). A restore whose promotions found rows for part of
@@ -71,31 +76,41 @@ def count(x: float, word: str) -> str:
     return f"{n(x)} {word}{'' if x == 1 else 's'}"
 
 
-def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float) -> int:
-    """Rows one restore of ``held_tokens`` pins at once: a chunk of every KV group per row."""
-    return int(kv_groups) * max(1, math.ceil(held_tokens / chunk_tokens - EPS))
+def group_rows(held_tokens: float, chunk_tokens: float, kv_groups: float,
+               restore_caps: tuple[int, ...] = ()) -> list[int]:
+    """Rows one restore of ``held_tokens`` pins at once in each KV group, in the order
+    vLLM's lookup scans them: a row per chunk of every full group, then each sliding-window
+    group whose restore promotes its window alone (``restore_caps``, widest first) at most
+    its cap."""
+    chunks = max(1, math.ceil(held_tokens / chunk_tokens - EPS))
+    capped = sorted(restore_caps, reverse=True)[:int(kv_groups)]
+    return [chunks] * (int(kv_groups) - len(capped)) + [min(chunks, c) for c in capped]
 
 
-def partial_reach(k: int, groups: int = 1) -> int:
-    """The fewest rows of its ``k`` a restore that finds only part of them needs to wait for
-    the rest: groups are scanned in turn (``k / groups`` chunks each), so every group before
-    the last whole and the last one's first chunk; with fewer, a group left without a row
-    vetoes it (the cross-group AND: cut)."""
-    g = max(groups, 1)
-    return (g - 1) * (k // g) + 1
+def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float,
+                     restore_caps: tuple[int, ...] = ()) -> int:
+    """Rows one restore of ``held_tokens`` pins at once (:func:`group_rows`, summed)."""
+    return sum(group_rows(held_tokens, chunk_tokens, kv_groups, restore_caps))
 
 
-def restores_whole(rows: int, k: int, groups: int = 1) -> int:
-    """Restores of ``k`` rows (``groups`` KV groups of ``k / groups`` chunks) that ``rows``
-    primary rows end whole when all ask at once: the ones that found every row, and the one
-    that found part of them when they reach every group's first chunk (:func:`partial_reach`:
-    it waits for the rest)."""
+def partial_reach(per_group: list[int]) -> int:
+    """The fewest rows of its ``k`` (``per_group``: :func:`group_rows`) a restore that finds
+    only part of them needs to wait for the rest: groups are scanned in turn, so every group
+    before the last whole and the last one's first chunk; with fewer, a group left without a
+    row vetoes it (the cross-group AND: cut)."""
+    return sum(per_group[:-1]) + 1
+
+
+def restores_whole(rows: int, k: int, reach: int = 1) -> int:
+    """Restores of ``k`` rows that ``rows`` primary rows end whole when all ask at once: the
+    ones that found every row, and the one that found part of them when they reach
+    ``reach`` (:func:`partial_reach`: every group's first chunk; it waits for the rest)."""
     whole, left = divmod(rows, k)
-    return whole + (1 if left >= partial_reach(k, groups) else 0)
+    return whole + (1 if left >= reach else 0)
 
 
 def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0,
-                groups: int = 1, partial_cut: bool = False) -> tuple[float, float]:
+                reach: int = 1, partial_cut: bool = False) -> tuple[float, float]:
     """(predicted coverage, at least) of ``rows`` primary rows for ``concurrency``
     restores of ``k`` rows asking at once (see the module docstring). ``partial_cut``: the
     window showed the restore that found part of its rows cut while others were recomputed;
@@ -105,21 +120,21 @@ def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0,
     c = max(concurrency, 1.0)
     if rows < k:  # not one restore fits: truncated to the rows at best, or livelocked
         return keep * min(1.0, rows / k / c), 0.0
-    waits, cut = restores_whole(rows, k, groups), rows // k
+    waits, cut = restores_whole(rows, k, reach), rows // k
     at_least = keep * min(1.0, cut / c)
     if partial_cut and waits < math.ceil(c - EPS):
         return at_least, at_least
     return keep * min(1.0, waits / c), at_least
 
 
-def rows_for_every_restore(restores: int, k: int, groups: int = 1) -> int:
+def rows_for_every_restore(restores: int, k: int, reach: int = 1) -> int:
     """The fewest rows that end ``restores`` restores of ``k`` rows whole when they ask at
     once and no other restore asks with them: the last finds part of its rows and waits for
     the others' loads (no recompute's stores take the rows they free). Its part must reach
     every KV group's first chunk (:func:`partial_reach`), or the cross-group AND cuts it."""
     if restores <= 1:
         return k
-    return (restores - 1) * k + partial_reach(k, groups)
+    return (restores - 1) * k + reach
 
 
 def headroom_covers_short_by(rows: int, reserve: int) -> bool:
@@ -154,16 +169,26 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         steps.append(Step("held prefix per restore",
                           f"{n(h * i.restores.value)} tokens held / {count(i.restores.value, 'restore')}",
                           f"{n(round(h, 1))} tokens"))
-    k = rows_per_restore(h, t, g)
-    steps.append(Step("rows per restore", f"k = {groups} × ⌈{n(round(h, 1))} / {n(t)} tokens "
-                      "per chunk⌉", count(k, "row")))
+    per_group = group_rows(h, t, g, i.restore_caps)
+    k, reach = sum(per_group), partial_reach(per_group)
+    chunks = f"⌈{n(round(h, 1))} / {n(t)} tokens per chunk⌉"
+    caps = sorted(i.restore_caps, reverse=True)[:g]
+    if caps:
+        # a sliding-window group promotes its window alone (vLLM 0.33+): fewer rows than
+        # the prefix's chunks, and vLLM scans it after the full groups
+        full = f"{count(g - len(caps), 'full KV group')} × {chunks} + " if g > len(caps) else ""
+        how = (f"k = {full}" + " + ".join(f"min({chunks}, {n(c)})" for c in caps)
+               + " (a sliding-window group promotes its window)")
+    else:
+        how = f"k = {groups} × {chunks}"
+    steps.append(Step("rows per restore", how, count(k, "row")))
     largest = int(_v(i.largest_rows))
     if largest > k:
         notes.append(f"the largest restore seen needed {n(largest)} rows ({i.largest_rows.source}),"
                      f" more than the mean's {n(k)}: restores differ in length; the plan keeps "
                      "room for the largest, the coverage model counts mean-sized restores")
 
-    (c, partial_cut), other = _concurrency(i, k, steps, notes), _v(i.other_loss)
+    (c, partial_cut), other = _concurrency(i, k, reach, steps, notes), _v(i.other_loss)
     keep = 1.0 - other
     if other > 0:
         steps.append(Step("lost whatever the rows", "load cap, other (of held tokens)", pct(other)))
@@ -186,7 +211,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         # stores take the rows the first loads free, and the last restore, finding part of
         # its rows, waits for them (four 64,000-token re-asks on an H200 restored whole at
         # 3 x 4,000 + 256 rows, and 2 of 4 at 3 x 4,000, where one was recomputed).
-        fewest = rows_for_every_restore(need, k, g)
+        fewest = rows_for_every_restore(need, k, reach)
         how_fewest = f"({n(need)} - 1) × {n(k)} + {n(fewest - (need - 1) * k)}"
         steps.append(Step("rows for every restore whole", f"{how_fewest} (none recomputed: "
                           "the last one waits for its rows)", n(fewest)))
@@ -226,7 +251,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         if r <= 0 or r in seen:
             return
         seen.add(r)
-        predicted, at_least = coverage_at(r, k, c, other, g, partial_cut)
+        predicted, at_least = coverage_at(r, k, c, other, reach, partial_cut)
         preds.append(Prediction(r, predicted, at_least, label, measured))
 
     if i.rows_now is not None:
@@ -235,14 +260,15 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
     add(math.floor(rows * (1 - SHORT_BY)), f"plan - {SHORT_BY:.0%}")
     for r in predict:
         add(int(r), "asked")
-    return Plan(inputs=i, target=target, rows_per_restore=k, concurrency=c, reserve=reserve,
+    return Plan(inputs=i, target=target, rows_per_restore=k, partial_reach=reach,
+                concurrency=c, reserve=reserve,
                 restores_needed=need, rows=rows, partial_cut=partial_cut, cpu_bytes=cpu_bytes,
                 reachable=reachable,
                 steps=tuple(steps), predictions=tuple(sorted(preds, key=lambda p: p.rows)),
                 notes=tuple(notes))
 
 
-def _concurrency(i: PlanInputs, k: int, steps: list[Step],
+def _concurrency(i: PlanInputs, k: int, reach: int, steps: list[Step],
                  notes: list[str]) -> tuple[float, bool]:
     """(C, whether the window shows the restore that found part of its rows cut): restores
     asking for rows at once (see the module docstring)."""
@@ -255,7 +281,7 @@ def _concurrency(i: PlanInputs, k: int, steps: list[Step],
     fit, partial_cut = 0.0, False
     row_loss, rows_now = _v(i.row_loss), int(_v(i.rows_now))
     if row_loss > 0 and rows_now >= k:
-        waits = restores_whole(rows_now, k, int(i.kv_groups.value))
+        waits = restores_whole(rows_now, k, reach)
         cut = rows_now // k
         left = 1 - row_loss
 

@@ -8,6 +8,8 @@ import json
 import textwrap
 import time
 
+from kvscope.exporters import signals as S
+
 from ..classifiers._common import n, nbytes
 from ..report.diagnosis import SCHEMA_VERSION, _iso, _source_line, kvscope_version, safe
 from .coverage import pct
@@ -39,6 +41,9 @@ def _facts(plan: Plan) -> list[tuple[str, Fact | None, str]]:
         ("held tokens lost for other reasons", i.other_loss, "pct"),
         ("tokens per chunk", i.chunk_tokens, "n"),
         ("KV groups", i.kv_groups, "n"),
+        *((f"chunks a restore promotes, sliding-window group{'s' if len(i.restore_caps) > 1 else ''}",
+           Fact(float(c), f"{S.KV_GROUP_INFO.name}{{{S.L_RESTORE_CHUNKS}}}"), "n")
+          for c in sorted(i.restore_caps, reverse=True)),
         ("primary rows now", i.rows_now, "n"),
         ("bytes per row", i.row_bytes, "bytes"),
         ("tokens per step (max_num_batched_tokens)", i.step_tokens, "n"),
@@ -107,6 +112,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "rows": plan.rows,
         "cpu_bytes_to_use": plan.cpu_bytes,
         "rows_per_restore": plan.rows_per_restore,
+        "partial_reach": plan.partial_reach,
         "concurrency": plan.concurrency,
         "restores_needed": plan.restores_needed,
         "partial_cut": plan.partial_cut,
@@ -115,6 +121,7 @@ def plan_to_dict(plan: Plan) -> dict:
             "restores", "held_per_restore", "largest_rows", "concurrency_seen",
             "concurrency_given", "coverage_now", "row_loss", "other_loss", "chunk_tokens",
             "kv_groups", "rows_now", "row_bytes", "step_tokens", "reserve_given")},
+        "restore_caps": list(i.restore_caps),
         "reasoning": [{"what": s.what, "how": s.how, "value": s.value} for s in plan.steps],
         "predictions": [{"rows": p.rows, "coverage": p.coverage, "at_least": p.at_least,
                          "measured": p.measured, "at": p.label} for p in plan.predictions],

@@ -140,7 +140,9 @@ def read_inputs(ev: Evidence | None, given: Given = Given()) -> PlanInputs:
         largest_rows=largest, concurrency_seen=seen,
         concurrency_given=_opt(given.concurrency, "--concurrency"),
         coverage_now=coverage_now, row_loss=row_loss, other_loss=other_loss,
-        reserve_given=_opt(given.reserve_rows, "--reserve-rows"), notes=tuple(notes))
+        reserve_given=_opt(given.reserve_rows, "--reserve-rows"), notes=tuple(notes),
+        restore_caps=() if given.kv_groups is not None else tuple(
+            c for c in ev.kv_group_restore_chunks.values() if c > 0))
 
 
 def _concurrency_seen(ev: Evidence) -> Fact | None:

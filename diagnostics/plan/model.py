@@ -45,6 +45,9 @@ class PlanInputs:
     other_loss: Fact | None  # share lost for reasons rows do not fix (load cap, other)
     reserve_given: Fact | None  # --reserve-rows
     notes: tuple[str, ...] = ()
+    # per sliding-window group whose restore promotes its window alone: the most chunks it
+    # promotes (kvscope_kv_group_info{restore_chunks}); every other group a row per chunk
+    restore_caps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class Plan:
     inputs: PlanInputs
     target: float
     rows_per_restore: int  # k
+    # rows of k the restore that finds only part of them needs to wait for the rest
+    # (coverage.partial_reach: every group scanned before the last whole, the last's first)
+    partial_reach: int
     concurrency: float  # C: restores that ask for rows at once
     reserve: int  # rows left for one step's store job
     restores_needed: int  # restores that must fit whole at once for the target

@@ -38,7 +38,10 @@ class Workload:
     step_tokens: int = 256  # max_num_batched_tokens
     seed: int = 0
     promotion_delay_steps: int = 0  # a promotion completes this many steps later (a slow disk)
-    kv_groups: int = 1  # full-attention KV groups: a restore pins a row per chunk of each
+    kv_groups: int = 1  # KV groups: a restore pins a row per chunk of each full-attention one
+    # tokens of the last group's attention window (a hybrid model's sliding-window group:
+    # a restore pins that group's rows for the window alone); None: every group full
+    sliding_window: int | None = None
 
     @property
     def chunks(self) -> int:
@@ -69,10 +72,14 @@ class Workload:
                            max_num_seqs=max(8, self.concurrency),
                            max_model_len=max(4096, self.prompt_tokens + 64),
                            promotion_delay_steps=self.promotion_delay_steps,
-                           kv_groups=self.kv_groups)
+                           kv_groups=self.kv_groups, sliding_window=self.sliding_window)
         for k, v in over.items():
             setattr(cfg, k, v)
         return cfg
+
+    @property
+    def window_chunks(self) -> int | None:
+        return -(-self.sliding_window // CHUNK) if self.sliding_window else None
 
     def step_budget(self) -> int:
         """Steps one wave may take: prefilling every prompt from scratch, four times."""
@@ -168,7 +175,7 @@ def run_cpu(work: Workload, rows: int, *, window: bool = False) -> RunResult:
         waves = []
         for w in range(work.waves):
             flood(engine, work, w)
-            truth = WaveTruth(held=[held_tokens(k, holds, len(p), CHUNK, None)
+            truth = WaveTruth(held=[held_tokens(k, holds, len(p), CHUNK, work.window_chunks)
                                     for k, p in zip(keys, prompts, strict=True)])
             rids = [engine.add_request(p, ASK_TOKENS) for p in prompts]
             try:
@@ -219,13 +226,13 @@ def check_sizes(plan, fewer: tuple[float, ...] = (0.10,)) -> dict[str, int]:
                                   math.floor(plan.rows * (1 - f)) for f in fewer}}
 
 
-def judge_size(run: dict, k: int, concurrency: float, other_loss: float, groups: int,
+def judge_size(run: dict, k: int, concurrency: float, other_loss: float, reach: int,
                partial_cut: bool = False) -> dict:
     """One checked size: the model's prediction at ``run``'s rows against its measured
     coverage (``run``: a run's ``as_dict()``, or a recorded one's totals)."""
     from kvscope.diagnostics.plan.coverage import coverage_at
 
-    predicted, at_least = coverage_at(run["rows"], k, concurrency, other_loss, groups,
+    predicted, at_least = coverage_at(run["rows"], k, concurrency, other_loss, reach,
                                       partial_cut)
     meas = run["coverage"]
     return {"rows": run["rows"], "predicted": predicted, "at_least": at_least,
@@ -246,7 +253,7 @@ def judge(plan, runs: dict[str, dict], target: float, max_error: float) -> tuple
     sizes, checks = {}, {}
     for label, run in runs.items():
         sizes[label] = s = judge_size(run, plan.rows_per_restore, plan.concurrency, other,
-                                      int(plan.inputs.kv_groups.value), plan.partial_cut)
+                                      plan.partial_reach, plan.partial_cut)
         checks[f"{label}: prediction error <= {max_error:g}"] = (s["error"] is not None
                                                                  and s["error"] <= max_error)
     plan_cov, short_cov = runs["plan"]["coverage"], runs["plan - 10 %"]["coverage"]

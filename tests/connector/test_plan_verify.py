@@ -79,7 +79,7 @@ def test_the_restore_finding_part_of_its_rows_waits_unless_a_group_found_none(gr
     group 1 and it waits. On vLLM 0.33 the cut one's promotions and stores leave the other
     three deferred for good (a livelock kv-diagnose names:
     tests/connector/test_livelock_own_rows.py): those never end, and are counted apart."""
-    from kvscope.diagnostics.plan.coverage import restores_whole
+    from kvscope.diagnostics.plan.coverage import partial_reach, restores_whole
     from kvscope.sim.plan_workload import run_cpu
 
     work = Workload(concurrency=4, prompt_tokens=1024, kv_groups=groups)
@@ -87,11 +87,32 @@ def test_the_restore_finding_part_of_its_rows_waits_unless_a_group_found_none(gr
     rows = 3 * k + left
     run = run_cpu(work, rows).as_dict()
     wave = run["waves"][0]
-    waits = restores_whole(rows, k, groups) == 4
+    reach = partial_reach([work.chunks] * groups)
+    waits = restores_whole(rows, k, reach) == 4
     # the partial one (asked last): ended, whole when it waits, recomputed when cut
     assert wave["ended"][3] and wave["restored"][3] == (1024 if waits else 0), wave
     # the three that found every row: restored whole, or (0.33, the cut case) never ended
     assert all(r == 1024 or (not ON_026 and not waits and not e)
                for r, e in zip(wave["restored"][:3], wave["ended"][:3], strict=True)), wave
     if ON_026:
-        assert run["unfinished"] == 0 and run["restores_whole"] == restores_whole(rows, k, groups)
+        assert run["unfinished"] == 0 and run["restores_whole"] == restores_whole(rows, k, reach)
+
+
+@pytest.mark.vllm
+def test_a_sliding_window_group_is_planned_as_the_release_restores_it():
+    """A Gemma2-style model (a full-attention group, a sliding-window group of 128 tokens):
+    6 prompts of 1,024 tokens re-asked at once. On vLLM 0.33+ a promotion the window scan
+    started counts toward the window, so a restore promotes the window's chunks of that group
+    alone (one re-ask ended whole in 72 rows there); on 0.26 the scan promotes every chunk it
+    passes, and six at once need a row per chunk of both groups (700 rows restored 5 of 6).
+    The plan reads which from kvscope_kv_group_info{restore_chunks}: planned as two full
+    groups on 0.33+, it asked for 737 rows where 462 restore all six."""
+    work = Workload(concurrency=6, prompt_tokens=1024, kv_groups=2, sliding_window=128)
+    doc = verify_cpu(work, target=0.99)
+    plan, sizes = doc["plan"], doc["sizes"]
+    window = 0 if ON_026 else 128 // 16 + 1
+    assert plan["restore_caps"] == ([window] if window else []), doc["plan_text"]
+    assert plan["rows_per_restore"] == 64 + (window or 64), doc["plan_text"]
+    # judged by the engine: the plan restores every re-ask whole, 10 % fewer rows do not
+    assert sizes["plan"]["measured"] >= 0.99 and sizes["plan"]["unfinished"] == 0, sizes
+    assert sizes["plan - 10 %"]["measured"] < 0.99, sizes

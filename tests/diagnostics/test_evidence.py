@@ -154,7 +154,7 @@ def test_every_evidence_field_has_a_row_in_the_table():
     from kvscope.diagnostics.evidence.model import Evidence
 
     read_elsewhere = {"source", "targets", "kv_groups", "lookups", "ranks", "freshness", "present",
-                      "kv_group_drafters", "label_names", "nonfinite", "failures", "notes",
+                      "kv_group_drafters", "kv_group_restore_chunks", "label_names", "nonfinite", "failures", "notes",
                       "rank_scopes"}
     assert fields(Evidence) == set(table.PARTS) | set(table.FIELDS) | read_elsewhere
     wanted = {row.name for _, rows in table.PARTS.values() for row in rows.values()}

@@ -19,7 +19,13 @@ import pytest
 from kvscope.diagnostics.cli import main
 from kvscope.diagnostics.evidence.build import build_evidence
 from kvscope.diagnostics.model import DiagnoseError
-from kvscope.diagnostics.plan.coverage import coverage_at, make_plan, rows_per_restore
+from kvscope.diagnostics.plan.coverage import (
+    coverage_at,
+    group_rows,
+    make_plan,
+    partial_reach,
+    rows_per_restore,
+)
 from kvscope.diagnostics.plan.format import format_plan, plan_to_dict
 from kvscope.diagnostics.plan.inputs import Given, read_inputs
 from kvscope.diagnostics.plan.model import Fact, PlanInputs
@@ -121,6 +127,19 @@ def test_rows_per_restore_is_a_row_per_chunk_per_kv_group():
     assert rows_per_restore(2048, 16, 1) == 128
     assert rows_per_restore(2049, 16, 2) == 2 * 129  # a partial chunk takes a row
     assert rows_per_restore(440_000, 1982, 1) == 222
+
+
+def test_a_sliding_window_group_that_promotes_its_window_counts_the_window_alone():
+    # a Gemma2-style model (a full group, a sliding-window one of 8 chunks: 9 with a partial
+    # last one) on vLLM 0.33+: the window's rows, scanned after the full group
+    per_group = group_rows(1024, 16, 2, (9,))
+    assert per_group == [64, 9] and rows_per_restore(1024, 16, 2, (9,)) == 73
+    assert partial_reach(per_group) == 65  # the full group whole, the window's first chunk
+    assert group_rows(100, 16, 2, (9,)) == [7, 7]  # a prefix shorter than the window
+    assert group_rows(1024, 16, 1, (9,)) == [9]  # every group windowed
+    # groups of equal rows: every group but the last whole, the last's first chunk
+    assert partial_reach(group_rows(1024, 16, 2)) == 65
+    assert partial_reach(group_rows(1024, 16, 1)) == 1
 
 
 @pytest.mark.parametrize("rows, predicted, at_least", [
