@@ -284,15 +284,17 @@ def kv_group_kinds(kv_cache_config: Any) -> list[str]:
 
 def restore_chunks(kv_cache_config: Any, tokens_per_chunk: list[int]) -> list[int]:
     """Per KV group, the most chunks one restore from a secondary tier promotes into the
-    primary tier: a sliding-window group's window (and a chunk for a partial last one) where
-    its lookup stops there (:func:`promotion_extends_window`), else 0: every
-    chunk of the prefix (full attention, or a window scan that promotes all it passes)."""
+    primary tier: a sliding-window group's window, a chunk for a partial last one and, for an
+    EAGLE/MTP drafter's group, the extra chunk vLLM looks up for it, where its lookup stops
+    there (:func:`promotion_extends_window`); else 0: every chunk of the prefix (full
+    attention, or a window scan that promotes all it passes)."""
     window = promotion_extends_window()
     out = []
     for g, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", ()) or ()):
         tokens = int(getattr(group.kv_cache_spec, "sliding_window", 0) or 0)
         chunk = tokens_per_chunk[g] if g < len(tokens_per_chunk) else 0
-        out.append(-(-tokens // chunk) + 1 if window and tokens > 0 and chunk > 0 else 0)
+        extra = 2 if getattr(group, "is_eagle_group", False) else 1
+        out.append(-(-tokens // chunk) + extra if window and tokens > 0 and chunk > 0 else 0)
     return out
 
 

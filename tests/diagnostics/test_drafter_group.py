@@ -42,6 +42,14 @@ def test_the_veto_follows_the_release_and_the_verdict_follows_the_engine():
     ev = report.evidence
     # every release: both groups reached disk, the output is the same
     assert facts["same_output"], facts
+    # the drafter's sliding-window group: where a promotion the window scan started counts
+    # toward the window (0.33+), a restore promotes its window, a partial last chunk and the
+    # chunk vLLM looks up beyond for the drafter; on 0.26 every chunk (0)
+    from kvscope.sim.scenarios import DRAFTER_BLOCKS, DRAFTER_WINDOW
+
+    window = -(-DRAFTER_WINDOW // DRAFTER_BLOCKS[1]) + 2
+    assert ev.kv_group_restore_chunks == {"0": 0, "1": 0 if version.startswith("0.26.")
+                                          else window}, text
     assert all(n > 0 for n in facts["disk_files"]), facts
     if kb.EAGLE_NEVER_CERTIFIES.affects(version):
         # vLLM vetoed the restore: nothing restored, the drafter group keyed with its tail dropped
