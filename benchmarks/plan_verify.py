@@ -84,7 +84,13 @@ def gpu_engine_run(args) -> dict:
     from vllm.config import KVTransferConfig
 
     from kvscope.connector import compat
-    from kvscope.sim.gpu_oracle_driver import ROW_BYTES, Driver, free_port, make_model
+    from kvscope.sim.gpu_oracle_driver import (
+        ROW_BYTES,
+        Driver,
+        free_port,
+        make_model,
+        window_last,
+    )
     from kvscope.sim.oracle_truth import held_tokens, request_keys, tier_lookup
     from kvscope.sim.plan_workload import ASK_TOKENS, CHUNK, truth_totals
 
@@ -122,9 +128,7 @@ def gpu_engine_run(args) -> dict:
                            _block_hasher=drv.core.request_block_hasher,
                            cfg=SimpleNamespace(kv_groups=work.kv_groups))
     holds = tier_lookup(shim)
-    # held_tokens reads the last group as the sliding-window one: keys in that order
-    kinds = compat.kv_group_kinds(drv.sched.kv_cache_config)
-    order = sorted(range(len(kinds)), key=lambda i: kinds[i] == "sliding_window")
+    order = window_last(compat.kv_group_kinds(drv.sched.kv_cache_config))
     budget = work.step_budget()
     prompts = work.prompts()
     for p in prompts:

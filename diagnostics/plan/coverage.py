@@ -83,8 +83,14 @@ def group_rows(held_tokens: float, chunk_tokens: float, kv_groups: float,
     group whose restore promotes its window alone (``restore_caps``, widest first) at most
     its cap."""
     chunks = max(1, math.ceil(held_tokens / chunk_tokens - EPS))
-    capped = sorted(restore_caps, reverse=True)[:int(kv_groups)]
+    capped = scan_order_caps(restore_caps, kv_groups)
     return [chunks] * (int(kv_groups) - len(capped)) + [min(chunks, c) for c in capped]
+
+
+def scan_order_caps(restore_caps: tuple[int, ...], kv_groups: float) -> list[int]:
+    """The capped groups' caps in the order vLLM scans them (widest window first), at most
+    one per KV group."""
+    return sorted(restore_caps, reverse=True)[:int(kv_groups)]
 
 
 def rows_per_restore(held_tokens: float, chunk_tokens: float, kv_groups: float,
@@ -172,7 +178,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
     per_group = group_rows(h, t, g, i.restore_caps)
     k, reach = sum(per_group), partial_reach(per_group)
     chunks = f"⌈{n(round(h, 1))} / {n(t)} tokens per chunk⌉"
-    caps = sorted(i.restore_caps, reverse=True)[:g]
+    caps = scan_order_caps(i.restore_caps, g)
     if caps:
         # a sliding-window group promotes its window alone (vLLM 0.33+): fewer rows than
         # the prefix's chunks, and vLLM scans it after the full groups

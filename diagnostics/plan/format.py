@@ -12,7 +12,7 @@ from kvscope.exporters import signals as S
 
 from ..classifiers._common import n, nbytes
 from ..report.diagnosis import SCHEMA_VERSION, _iso, _source_line, kvscope_version, safe
-from .coverage import pct
+from .coverage import pct, scan_order_caps
 from .model import Fact, Plan
 
 COVERAGE = ("coverage = tokens restored from the offload tiers / tokens the tiers held for "
@@ -43,7 +43,7 @@ def _facts(plan: Plan) -> list[tuple[str, Fact | None, str]]:
         ("KV groups", i.kv_groups, "n"),
         *((f"chunks a restore promotes, sliding-window group{'s' if len(i.restore_caps) > 1 else ''}",
            Fact(float(c), f"{S.KV_GROUP_INFO.name}{{{S.L_RESTORE_CHUNKS}}}"), "n")
-          for c in sorted(i.restore_caps, reverse=True)),
+          for c in scan_order_caps(i.restore_caps, i.kv_groups.value)),
         ("primary rows now", i.rows_now, "n"),
         ("bytes per row", i.row_bytes, "bytes"),
         ("tokens per step (max_num_batched_tokens)", i.step_tokens, "n"),

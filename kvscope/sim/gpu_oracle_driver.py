@@ -53,6 +53,13 @@ def make_model(d: str, kv_groups: int, max_len: int) -> None:
         LlamaConfig(**dims).save_pretrained(d)
 
 
+def window_last(kinds: list[str]) -> list[int]:
+    """The KV groups' indexes with the sliding-window one last: the order
+    ``oracle_truth.held_tokens`` reads a request's keys in (``kinds``:
+    ``compat.kv_group_kinds``)."""
+    return sorted(range(len(kinds)), key=lambda i: kinds[i] == "sliding_window")
+
+
 def _scrape(url: str) -> tuple[list, float]:
     from kvscope.diagnostics.sources.scrape import parse_exposition
 
@@ -210,8 +217,7 @@ def run_geometry(drv: Driver, phase: geo.Phase, g: geo.Geometry, url: str) -> di
 
 
     kinds = compat.kv_group_kinds(drv.sched.kv_cache_config)
-    # oracle_truth reads the last group as the sliding-window one: keys in that order
-    order = sorted(range(len(kinds)), key=lambda i: kinds[i] == "sliding_window")
+    order = window_last(kinds)
     window = geo.WINDOW_TOKENS // geo.BLOCK if "sliding_window" in kinds else None
     shim = SimpleNamespace(connector=drv.sched.connector, _block_hasher=drv.core.request_block_hasher,
                            cfg=SimpleNamespace(kv_groups=len(kinds) or 1))
