@@ -4,6 +4,7 @@
     python benchmarks/plan_verify.py --device cuda --out benchmarks/results/plan_verify_h200.json
     python benchmarks/plan_verify.py rejudge benchmarks/results/plan_verify_*.json \
         --out benchmarks/results/plan_rejudge.json   # recorded runs, the current model
+    python benchmarks/plan_verify.py sweep --sweep-rows 700 737 --concurrency 6 ... --out R.json
 
 The workload (``kvscope.sim.plan_workload.Workload``): ``--concurrency`` prompts of
 ``--prompt-tokens`` tokens asked one by one (stored, cascaded to the fs tier), then
@@ -64,6 +65,21 @@ def run_cpu(args) -> dict:
     doc = verify_cpu(workload(args), args.target, args.window_rows or None, args.max_error,
                      log=lambda msg: print(msg, flush=True))
     return _stamp(args, doc)
+
+
+def run_sweep(args) -> dict:
+    """CPU, no plan: the workload's engine at each of ``--sweep-rows``, engine truth at each
+    (how close a plan is to the fewest rows that restore every re-ask whole)."""
+    from kvscope.sim.plan_workload import run_cpu
+
+    work, sizes = workload(args), []
+    for rows in args.sweep_rows:
+        run = run_cpu(work, rows).as_dict()
+        sizes.append({k: run[k] for k in ("rows", "restores", "restores_whole", "unfinished",
+                                          "coverage", "seconds")})
+        print(f"{rows} rows: {run['restores_whole']}/{run['restores']} whole, "
+              f"{run['unfinished']} unfinished", flush=True)
+    return _stamp(args, {"workload": work.as_dict(), "sweep": sizes})
 
 
 def _stamp(args, doc: dict) -> dict:
@@ -287,7 +303,8 @@ def rejudge_files(paths: list[str], max_error: float, out: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", nargs="?", default="verify", choices=("verify", "engine", "rejudge"))
+    ap.add_argument("mode", nargs="?", default="verify",
+                    choices=("verify", "engine", "rejudge", "sweep"))
     ap.add_argument("results", nargs="*", help="rejudge: recorded plan_verify results")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--concurrency", type=int, default=32)
@@ -320,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fs-root", default=os.path.join(os.getcwd(), ".gpu-fs"))
     ap.add_argument("--deadline-s", type=float, default=540)
     ap.add_argument("--rows", type=int, help="engine mode: primary rows")
+    ap.add_argument("--sweep-rows", type=int, nargs="+", default=[],
+                    help="sweep mode (CPU): primary rows of each engine run")
     ap.add_argument("--window", action="store_true", help="engine mode: scrape kvscope after")
     ap.add_argument("--trace", action="store_true",
                     help="each engine's waves: lookups, statuses and primary rows by step "
@@ -341,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--sliding-window: the GPU's two-group model (Gemma2-style) attends to "
                      f"{WINDOW_TOKENS} tokens")
         args.sliding_window = WINDOW_TOKENS
+    if args.mode == "sweep":
+        if args.device != "cpu" or not args.sweep_rows or not args.out:
+            ap.error("sweep: CPU only, with --sweep-rows and --out")
+        doc = run_sweep(args)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        return 0
     args.out = args.out or DEFAULT_OUT[args.device]
     doc = run_gpu(args) if args.device == "cuda" else run_cpu(args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
