@@ -265,7 +265,7 @@ def rejudge(doc: dict, max_error: float) -> dict:
     for label, run in doc["runs"].items():
         truth = truth_totals(run["waves"])
         s = judge_size({"rows": run["rows"], **truth}, k, plan["concurrency"], other, reach,
-                       bool(plan.get("partial_cut")))
+                       bool(plan.get("partial_cut")), int(plan.get("window_store_rows") or 0))
         out[label] = {**s, "restores": truth["restores"], "whole": truth["restores_whole"],
                       "within": s["error"] <= max_error,
                       "recorded_predicted": doc["sizes"][label]["predicted"],

@@ -116,14 +116,18 @@ def restores_whole(rows: int, k: int, reach: int = 1) -> int:
 
 
 def coverage_at(rows: int, k: int, concurrency: float, other_loss: float = 0.0,
-                reach: int = 1, partial_cut: bool = False) -> tuple[float, float]:
+                reach: int = 1, partial_cut: bool = False,
+                store_rows: int = 0) -> tuple[float, float]:
     """(predicted coverage, at least) of ``rows`` primary rows for ``concurrency``
     restores of ``k`` rows asking at once (see the module docstring). ``partial_cut``: the
     window showed the restore that found part of its rows cut while others were recomputed;
     it is predicted so wherever a restore finds no row (where every restore finds rows,
-    none is recomputed and the last one waits)."""
+    none is recomputed and the last one waits). ``store_rows``: rows the window showed
+    pinned by in-flight stores while the restores asked (one step's store job), not
+    theirs to take."""
     keep = 1.0 - other_loss
     c = max(concurrency, 1.0)
+    rows = max(0, rows - store_rows)
     if rows < k:  # not one restore fits: truncated to the rows at best, or livelocked
         return keep * min(1.0, rows / k / c), 0.0
     waits, cut = restores_whole(rows, k, reach), rows // k
@@ -194,7 +198,9 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                      f" more than the mean's {n(k)}: restores differ in length; the plan keeps "
                      "room for the largest, the coverage model counts mean-sized restores")
 
-    (c, partial_cut), other = _concurrency(i, k, reach, steps, notes), _v(i.other_loss)
+    reserve = reserve_rows(i, g, t)
+    (c, partial_cut, store_rows), other = (_concurrency(i, k, reach, reserve, steps, notes),
+                                           _v(i.other_loss))
     keep = 1.0 - other
     if other > 0:
         steps.append(Step("lost whatever the rows", "load cap, other (of held tokens)", pct(other)))
@@ -211,7 +217,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                      f"tokens are lost for reasons rows do not fix; planned for every restore "
                      f"whole ({pct(keep)})")
         steps.append(Step("restores whole at once (all)", f"⌈{n(round(c, 2))}⌉", n(need)))
-    reserve = _reserve(i, g, t, steps, notes)
+    _reserve_step(i, g, t, reserve, steps, notes)
     if need >= whole and need > 1:
         # Every restore asking at once ends whole: none is recomputed, so no recompute's
         # stores take the rows the first loads free, and the last restore, finding part of
@@ -257,7 +263,7 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         if r <= 0 or r in seen:
             return
         seen.add(r)
-        predicted, at_least = coverage_at(r, k, c, other, reach, partial_cut)
+        predicted, at_least = coverage_at(r, k, c, other, reach, partial_cut, store_rows)
         preds.append(Prediction(r, predicted, at_least, label, measured))
 
     if i.rows_now is not None:
@@ -268,49 +274,77 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
         add(int(r), "asked")
     return Plan(inputs=i, target=target, rows_per_restore=k, partial_reach=reach,
                 concurrency=c, reserve=reserve,
-                restores_needed=need, rows=rows, partial_cut=partial_cut, cpu_bytes=cpu_bytes,
+                restores_needed=need, rows=rows, partial_cut=partial_cut,
+                window_store_rows=store_rows, cpu_bytes=cpu_bytes,
                 reachable=reachable,
                 steps=tuple(steps), predictions=tuple(sorted(preds, key=lambda p: p.rows)),
                 notes=tuple(notes))
 
 
-def _concurrency(i: PlanInputs, k: int, reach: int, steps: list[Step],
-                 notes: list[str]) -> tuple[float, bool]:
-    """(C, whether the window shows the restore that found part of its rows cut): restores
-    asking for rows at once (see the module docstring)."""
+def _concurrency(i: PlanInputs, k: int, reach: int, reserve: int, steps: list[Step],
+                 notes: list[str]) -> tuple[float, bool, int]:
+    """(C, whether the window shows the restore that found part of its rows cut, rows the
+    window shows its in-flight stores held): restores asking for rows at once (see the
+    module docstring)."""
     if i.concurrency_given is not None:
         c = i.concurrency_given.value
         steps.append(Step("restores asking at once", "--concurrency", f"C = {n(c)}"))
-        return c, False
+        return c, False, 0
     seen = _v(i.concurrency_seen)
     parts = [f"{n(seen)} seen at once ({i.concurrency_seen.source})"] if seen else []
-    fit, partial_cut = 0.0, False
+    fit, partial_cut, store_rows = 0.0, False, 0
     row_loss, rows_now = _v(i.row_loss), int(_v(i.rows_now))
     if row_loss > 0 and rows_now >= k:
-        waits = restores_whole(rows_now, k, reach)
-        cut = rows_now // k
         left = 1 - row_loss
 
         def explain(whole: int) -> float:
             return whole / left if row_loss < 1 else float(whole + 1)
 
-        # Which partial-restore rule the window shows: the one whose C the restores seen at
-        # once explain. If only "the partial restore was cut" does, it was (the engine cut
-        # it before the others' loads freed rows): taking "it waits" instead would invent
-        # restores at once the window never saw, and size the plan for them.
-        partial_cut = (waits != cut and seen > 0 and explain(cut) <= seen + EPS
-                       and explain(waits) > seen + EPS)
-        fitting = cut if partial_cut else waits
-        how = (f"⌊{n(rows_now)} rows / {n(k)}⌋" + (
-                   " (the restore that found part of its rows was cut: the C seen explains "
-                   "the coverage so, not with it waiting)" if partial_cut else "")
-               if fitting == cut else
-               f"⌈{n(rows_now)} rows / {n(k)}⌉ (the last waits for its rows)")
+        # Which reading of the window's rows: the one whose C the restores seen at once
+        # explain, in this order. The partial restore waits; it was cut (the engine cut it
+        # before the others' loads freed rows); or one step's store job held rows while
+        # the restores asked (12 Gemma2-style re-asks of 6,000 tokens through 2,250 rows
+        # on an H100, k = 750: 2 whole, not 3). Taking the first reading where a later one
+        # fits would invent restores at once the window never saw, and size the plan for
+        # them (C = 18 there, a plan 25 % above what restored all twelve).
+        readings = [(0, False), (0, True)] + ([(reserve, False), (reserve, True)]
+                                               if 0 < reserve < rows_now else [])
+
+        def whole_of(pinned: int, cut: bool) -> int:
+            r = rows_now - pinned
+            return r // k if cut else restores_whole(r, k, reach)
+
+        store_rows, partial_cut = next(
+            ((p, cut) for p, cut in readings
+             if seen > 0 and explain(whole_of(p, cut)) <= seen + EPS), (0, False))
+        fitting = whole_of(store_rows, partial_cut)
+        free = (f"({n(rows_now)} - {n(store_rows)} rows one step's stores held)"
+                if store_rows else f"{n(rows_now)} rows")
+        why = []
+        if partial_cut:
+            why.append("the restore that found part of its rows was cut")
+        if store_rows:
+            why.append("in-flight stores held one step's rows while the restores asked")
+        how = (f"⌊{free} / {n(k)}⌋" if whole_of(store_rows, True) == fitting
+               else f"⌈{free} / {n(k)}⌉ (the last waits for its rows)")
+        if why:
+            how += f" ({'; '.join(why)}: the C seen explains the coverage so)"
         steps.append(Step("restores the tier holds whole now", how, n(fitting)))
         steps.append(Step("coverage the row ceiling left", f"1 - {pct(row_loss)} of held "
                           "tokens cut by a promotion without a free row", pct(left)))
         fit = explain(fitting)
         parts.append(f"{n(fitting)} / {pct(left)} = {n(round(fit, 2))} to explain the cut")
+        restores = _v(i.restores)
+        if restores and fit > restores + EPS:
+            # more restores at once than the window had at all: the restores found fewer
+            # free rows than the tier has (12 re-asks of 6,000 tokens through 2,250 rows on
+            # vLLM's CPU scheduler restored 1 whole, a C of 36)
+            notes.append(f"the coverage the row ceiling left would need C = {n(round(fit, 2))} "
+                         f"restores at once, more than the {n(restores)} the window had: its "
+                         "restores found fewer free rows than the tier has (held by in-flight "
+                         f"stores or by requests it did not restore); C = {n(restores)}")
+            parts.append(f"at most the {n(restores)} restores in the window")
+            fit = restores
         if fit > seen + EPS:
             notes.append(f"C = {n(round(fit, 2))} restores at once explains the coverage the "
                          f"row ceiling left, more than the {n(seen)} seen at once (a latest-"
@@ -323,24 +357,31 @@ def _concurrency(i: PlanInputs, k: int, reach: int, steps: list[Step],
         notes.append("no restore was cut by the row ceiling in the window: restores asking at "
                      "once are known only from latest-value gauges (a lower bound); pass "
                      "--concurrency for the load you expect")
-    c = max(seen, fit, 1.0)
+    c = max(seen if fit <= seen + EPS else fit, 1.0)  # a float's last digit is no restore
     if not parts:
         parts = ["none seen: 1"]
     steps.append(Step("restores asking at once", "C = max(" + "; ".join(parts) + ")",
                       f"C = {n(round(c, 2))}"))
-    return c, partial_cut
+    return c, partial_cut, store_rows
 
 
-def _reserve(i: PlanInputs, g: int, t: float, steps: list[Step], notes: list[str]) -> int:
+def reserve_rows(i: PlanInputs, g: int, t: float) -> int:
+    """Headroom for one step's store job: ``--reserve-rows``, else a row per chunk of
+    ``max_num_batched_tokens`` in every KV group (0 when that is unknown)."""
     if i.reserve_given is not None:
-        r = int(i.reserve_given.value)
-        steps.append(Step("headroom for stores", "--reserve-rows", count(r, "row")))
-        return r
+        return int(i.reserve_given.value)
     if i.step_tokens is None:
+        return 0
+    return g * math.ceil(i.step_tokens.value / t - EPS)
+
+
+def _reserve_step(i: PlanInputs, g: int, t: float, r: int, steps: list[Step],
+                  notes: list[str]) -> None:
+    if i.reserve_given is not None:
+        steps.append(Step("headroom for stores", "--reserve-rows", count(r, "row")))
+    elif i.step_tokens is None:
         notes.append("max_num_batched_tokens unknown: no headroom for in-flight stores "
                      "(pass --reserve-rows or --step-tokens)")
-        return 0
-    r = g * math.ceil(i.step_tokens.value / t - EPS)
-    steps.append(Step("headroom for one step's stores", f"{g} × ⌈{n(i.step_tokens.value)} "
-                      f"tokens per step / {n(t)}⌉", count(r, "row")))
-    return r
+    else:
+        steps.append(Step("headroom for one step's stores", f"{g} × ⌈{n(i.step_tokens.value)} "
+                          f"tokens per step / {n(t)}⌉", count(r, "row")))

@@ -116,6 +116,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "concurrency": plan.concurrency,
         "restores_needed": plan.restores_needed,
         "partial_cut": plan.partial_cut,
+        "window_store_rows": plan.window_store_rows,
         "reserve_rows": plan.reserve,
         "inputs": {name: _fact(getattr(i, name)) for name in (
             "restores", "held_per_restore", "largest_rows", "concurrency_seen",

@@ -82,6 +82,9 @@ class Plan:
     rows: int  # the plan: primary rows
     # the window showed the restore that found part of its rows cut (others recomputed)
     partial_cut: bool
+    # rows the window showed one step's in-flight stores holding while the restores asked
+    # (0: none); the predictions leave them to the stores
+    window_store_rows: int
     cpu_bytes: int | None  # rows x row bytes (None: row bytes unknown)
     reachable: bool  # False: losses rows do not fix keep coverage under the target
     steps: tuple[Step, ...]

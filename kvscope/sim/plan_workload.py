@@ -227,13 +227,13 @@ def check_sizes(plan, fewer: tuple[float, ...] = (0.10,)) -> dict[str, int]:
 
 
 def judge_size(run: dict, k: int, concurrency: float, other_loss: float, reach: int,
-               partial_cut: bool = False) -> dict:
+               partial_cut: bool = False, store_rows: int = 0) -> dict:
     """One checked size: the model's prediction at ``run``'s rows against its measured
     coverage (``run``: a run's ``as_dict()``, or a recorded one's totals)."""
     from kvscope.diagnostics.plan.coverage import coverage_at
 
     predicted, at_least = coverage_at(run["rows"], k, concurrency, other_loss, reach,
-                                      partial_cut)
+                                      partial_cut, store_rows)
     meas = run["coverage"]
     return {"rows": run["rows"], "predicted": predicted, "at_least": at_least,
             "measured": meas, "error": abs(predicted - meas) if meas is not None else None,
@@ -253,7 +253,8 @@ def judge(plan, runs: dict[str, dict], target: float, max_error: float) -> tuple
     sizes, checks = {}, {}
     for label, run in runs.items():
         sizes[label] = s = judge_size(run, plan.rows_per_restore, plan.concurrency, other,
-                                      plan.partial_reach, plan.partial_cut)
+                                      plan.partial_reach, plan.partial_cut,
+                                      plan.window_store_rows)
         checks[f"{label}: prediction error <= {max_error:g}"] = (s["error"] is not None
                                                                  and s["error"] <= max_error)
     plan_cov, short_cov = runs["plan"]["coverage"], runs["plan - 10 %"]["coverage"]

@@ -256,11 +256,51 @@ def test_the_partial_restore_cut_in_the_window_sizes_the_plan_for_the_restores_s
 
 
 def test_a_c_above_the_restores_seen_is_said():
-    """The same window with one restore seen at once: neither rule explains 50 % with C = 1,
+    """The same window with one restore seen at once: no reading explains 50 % with C = 1,
     so C comes from the coverage, and the plan says it exceeds what the window showed."""
-    p = make_plan(_inputs(concurrency_seen=Fact(1, "seen")))
+    p = make_plan(_inputs(concurrency_seen=Fact(1, "seen"), restores=Fact(40, "n")))
     assert p.concurrency == 6  # 3 whole (the partial one waiting) / 50 %
     assert any("more than the 1 seen at once" in x for x in p.notes)
+
+
+def test_c_is_never_more_than_the_restores_in_the_window():
+    """That C is 6 only where the window had 6 restores or more: with the 4 it had, no 6
+    asked at once, and the plan sizes for 4 and says why."""
+    p = make_plan(_inputs(concurrency_seen=Fact(1, "seen")))
+    assert p.concurrency == 4
+    assert any("more than the 4 the window had" in x for x in p.notes)
+    assert any("more than the 1 seen at once" in x for x in p.notes)
+
+
+def test_stores_holding_rows_in_the_window_are_not_read_as_more_restores_at_once():
+    """One H100's window (vLLM 0.26, a Gemma2-style model, two KV groups): twelve
+    6,000-token re-asks at once through 2,250 rows (k = 2 x 375 = 750) restored 2 whole,
+    not the 3 that fit: one step's store job (512 rows) held rows while they asked. Read
+    as "3 fit", 16.7 % needs C = 18 and planned 13,638 rows; the engine restored all twelve
+    whole at 13,638, at 12,274 and at 10,910 (plan_verify_h100_6befd4f_c12_6k_g2.json)."""
+    p = make_plan(_inputs(kv_groups=Fact(2, "g"), rows_now=Fact(2_250, "r"),
+                          row_bytes=Fact(16_384, "b"), step_tokens=Fact(4_096, "s"),
+                          restores=Fact(12, "n"), held_per_restore=Fact(6_000, "h"),
+                          concurrency_seen=Fact(12, "seen"), coverage_now=Fact(2 / 12, "c"),
+                          row_loss=Fact(10 / 12, "l")))
+    assert (p.rows_per_restore, p.window_store_rows) == (750, 512)
+    assert p.concurrency == pytest.approx(12)
+    assert not p.partial_cut and not any("more than the" in x for x in p.notes)
+    assert p.rows == 11 * 750 + 376 + 512  # the last one's first group whole, one chunk more
+    assert any("in-flight stores held one step's rows" in s.how for s in p.steps)
+    by_label = {x.label: x for x in p.predictions}
+    assert by_label["now"].coverage == pytest.approx(2 / 12)  # the window's own
+    assert by_label["plan"].coverage == 1.0
+    # the engine's sizes: every re-ask whole at each
+    for rows in (10_910, 12_274, 13_638):
+        assert coverage_at(rows, 750, 12, 0.0, 376, False, 512)[0] == 1.0
+    assert by_label["plan - 10%"].coverage < 0.99
+
+
+def test_stores_are_not_read_into_a_window_the_restores_explain():
+    """The H200 window above (four 64,000-token re-asks through 9,000 rows): the cut
+    partial restore explains it with the 4 seen, so no store rows are taken off."""
+    assert make_plan(_inputs()).window_store_rows == 0
 
 
 # ---- the formatter: golden text, fixed clock ----------------------------------------------
