@@ -45,6 +45,11 @@ import sys
 import tempfile
 import time
 
+# A re-ask's restores wait on the fs tier's reads, and the steps while they wait are cheap:
+# three 128,000-token re-asks outran their step budget and were aborted while waiting,
+# which vLLM 0.26 does not survive (an aborted never-scheduled request's store job,
+# vLLM #49118). The wave steps past its budget for this long before it gives up.
+REASK_PATIENCE_S = 120.0
 DEFAULT_OUT = {"cpu": "benchmarks/results/plan_verify_cpu.json",
                "cuda": "benchmarks/results/plan_verify_h200.json"}
 
@@ -158,11 +163,13 @@ def gpu_engine_run(args) -> dict:
         drv.idle()
         held = [held_tokens(k, holds, len(p), CHUNK, work.window_chunks)
                 for k, p in zip(keys, prompts, strict=True)]
-        got = drv.run(prompts, ASK_TOKENS, budget,
+        t_ask = time.monotonic()
+        got = drv.run(prompts, ASK_TOKENS, budget, patience_s=REASK_PATIENCE_S,
                       added=trace.follow if trace is not None else None)
         ended = [g["finished"] for g in got]
         waves.append({"held": held, "restored": [g["restored"] for g in got],
-                      "finished": all(ended), "unfinished": ended.count(False), "ended": ended})
+                      "finished": all(ended), "unfinished": ended.count(False), "ended": ended,
+                      "steps": drv.last_steps, "seconds": round(time.monotonic() - t_ask, 1)})
         if trace is not None:
             waves[-1]["trace"] = trace.stop()
         drv.idle()

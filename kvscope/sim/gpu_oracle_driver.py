@@ -109,10 +109,11 @@ class Driver:
 
 
     def run(self, prompts: list[list[int]], max_tokens: int, budget: int,
-            abort: bool = True, added=None) -> list[dict]:
-        """Ask ``prompts`` at once; step until they finish or ``budget`` steps pass
-        (``abort``: then abort the rest; else they stay: :meth:`abort` later).
-        ``added(ids)``: told the requests' ids, in order, before the first step."""
+            abort: bool = True, added=None, patience_s: float = 0.0) -> list[dict]:
+        """Ask ``prompts`` at once; step until they finish or ``budget`` steps pass, and
+        ``patience_s`` seconds (``abort``: then abort the rest; else they stay:
+        :meth:`abort` later). ``added(ids)``: told the requests' ids, in order, before the
+        first step. ``last_steps``: the steps taken."""
         from vllm import SamplingParams
 
 
@@ -126,10 +127,12 @@ class Driver:
             rids.append(rid)
         if added is not None:
             added(rids)
-        for _ in range(budget):
-            if all(self.out[r]["finished"] for r in rids):
+        start, self.last_steps = time.monotonic(), 0
+        while not all(self.out[r]["finished"] for r in rids):
+            if self.last_steps >= budget and time.monotonic() - start >= patience_s:
                 break
             self.eng.step()
+            self.last_steps += 1
         got = [self.out[r] for r in rids]
         if abort:
             self.abort(rids)
