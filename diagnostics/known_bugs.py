@@ -246,20 +246,53 @@ STORE_BEFORE_KEY = KnownBug(
     evidence_rule="",
     evidence=None,
     until_then=("upgrade vLLM to 0.30.0 or later (every engine it killed here ran with "
-                "async scheduling, 0.26's default; whether --no-async-scheduling avoids it "
-                "was not tried)"),
+                "async scheduling, 0.26's default)"),
     reproduced=("not reproduced on CPU (kvscope's CPU harness schedules synchronously). On an "
                 "H200, vLLM 0.26.0 with async scheduling (benchmarks/plan_verify.py --device "
                 "cuda, tiering with an fs tier): 128,000- and 128,008-token prompts (3 at once, "
                 "12,000 rows), a 64,000-token one (12,513 rows) and 40,000-token ones "
                 "(14,410 rows) killed the engine in the steps after the concurrent re-asks "
-                "ended (the restored requests' last stores; benchmarks/results/"
-                "plan_verify_h200_e86bd7d_store_before_key.json); 64,008-token ones, 16,000 "
-                "and 1,600 ran through"),
+                "ended (benchmarks/results/plan_verify_h200_e86bd7d_store_before_key.json); "
+                "64,008-token ones, 16,000 and 1,600 ran through. The harness then aborted "
+                "re-asks still unfinished at their step budget, which ends a 0.26 engine the "
+                "same way when one was still waiting (abort_while_waiting): which of the two "
+                "killed those engines was not told apart"),
+)
+
+ABORT_WHILE_WAITING = KnownBug(
+    id="abort_while_waiting",
+    title="AssertionError in _build_store_jobs kills the engine when a request waiting for "
+          "its restore is aborted (a store job with the prompt's keys and no GPU block)",
+    upstream="vLLM issue #49118 (closed); the bound on allocated blocks that avoids it is in "
+             "0.27.0's storable chunks",
+    since="0.26.0",
+    fixed_in="0.27.0",
+    verified=("0.26.0 offloading/scheduler.py:941-975: a finished request's store covers "
+              "req.num_tokens, storable_chunks (:308-328) bounds it by tokens only, and an "
+              "aborted request that never ran has every prompt chunk's key and no block id; "
+              "0.27.0 to 0.29.0 also bound by the allocated blocks (as store_before_key's "
+              "check read them); 0.33.0 (:442-473) and 0.34.0 (:439-476) bound by allocated "
+              "and keyed chunks, and both store an aborted request's computed tokens only "
+              "(0.33.0 :1830, 0.34.0 :1991)"),
+    # the engine dies inside vLLM's step: no series outlives it; the traceback is the evidence
+    evidence_rule="",
+    evidence=None,
+    until_then=("upgrade vLLM to 0.27.0 or later; until then a client that gives up on a "
+                "request waiting for a restore from the secondary tier (a slow disk, the "
+                "capacity ceiling's deferred restores) ends the engine: raise the client's "
+                "timeout above the restore time (kvscope_restore_seconds) and size the CPU tier "
+                "so restores are not deferred (kv-diagnose plan)"),
+    reproduced=("tests/connector/test_abort_while_waiting.py (kvscope.sim.abort_while_waiting): "
+                "a re-ask deferred while its promotions from the fs tier are in flight, "
+                "aborted; the stock connector and kvscope raise the AssertionError on 0.26.0 "
+                "and run through on 0.34.0. On an H100 (benchmarks/plan_verify.py --device "
+                "cuda, async scheduling off): three 128,000- and 131,072-token re-asks aborted "
+                "at their step budget while still waiting killed the engine "
+                "(benchmarks/results/plan_verify_h100_d158475_aborted_waiting.json)"),
 )
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     STORE_AFTER_FINISH, CAPACITY_CEILING, HIT_PENDING_NO_DEADLINE, HIT_PENDING_CASCADE_DROP,
-    EAGLE_NEVER_CERTIFIES, CPU_USAGE_GAUGE_ZERO, STORE_BEFORE_KEY,
+    EAGLE_NEVER_CERTIFIES, CPU_USAGE_GAUGE_ZERO, STORE_BEFORE_KEY, ABORT_WHILE_WAITING,
 )
 BY_ID: dict[str, KnownBug] = {b.id: b for b in KNOWN_BUGS}
