@@ -99,6 +99,29 @@ def test_the_restore_finding_part_of_its_rows_waits_unless_a_group_found_none(gr
 
 
 @pytest.mark.vllm
+def test_a_window_with_fewer_whole_restores_than_its_rows_hold_is_planned_for_its_restores():
+    """Twelve 6,000-token re-asks at once, two KV groups (k = 2 x 375 = 750 rows), from a
+    window engine at 2,250 rows: ⌊2,250 / 750⌋ = 3 fit, yet fewer ended whole (the steps'
+    stores held rows while they asked: 1 here, 2 on an H100). Read as more restores asking at
+    once, the window explained its coverage with C = 36 here (a plan of 27,138 rows; C = 18
+    and 13,638 on the H100, where 10,910 restored all twelve). C is at most the restores the
+    window had: the plan is for the twelve, every one whole, and 10 % fewer miss. On vLLM
+    0.34 the restores that find no row wait (HIT_PENDING) and take rows the first loads free:
+    that window restored 4 whole, more than fit, and the same plan follows from it."""
+    work = Workload(concurrency=12, prompt_tokens=6000, step_tokens=4096, kv_groups=2)
+    doc = verify_cpu(work, target=0.99)
+    plan, sizes = doc["plan"], doc["sizes"]
+    assert doc["window"]["rows"] == 2250
+    if ON_026:  # the shape: fewer whole than fit
+        assert doc["window"]["restores_whole"] < 3, doc["window"]
+    assert (plan["rows_per_restore"], plan["concurrency"]) == (750, 12), doc["plan_text"]
+    assert plan["rows"] == 11 * 750 + 376 + 512  # the last one's first group whole, + stores
+    assert sizes["plan"]["measured"] >= 0.99, sizes
+    assert sizes["plan"]["unfinished"] == 0, sizes
+    assert sizes["plan - 10 %"]["measured"] < 0.99, sizes
+
+
+@pytest.mark.vllm
 def test_a_sliding_window_group_is_planned_as_the_release_restores_it():
     """A Gemma2-style model (a full-attention group, a sliding-window group of 128 tokens):
     6 prompts of 1,024 tokens re-asked at once. On vLLM 0.33+ a promotion the window scan
