@@ -36,8 +36,12 @@ ceiling, so ``C = W_now / (1 - row-ceiling share)``. The larger is taken. Which 
 ``W_now`` is, the window says: where ``floor(R / k)`` with the restores seen at once explains
 the coverage and ``ceil(R / k)`` would need more restores at once than were seen, the partial
 restore was cut (four 64,000-token re-asks through 9,000 rows on an H200 restored 2 of 4
-whole, the first asker cut too), and the predictions follow that rule. A ``C`` above what
-was seen is said in a note.
+whole, the first asker cut too), and the predictions follow that rule. A third reading:
+one step's store job held rows while the restores asked (twelve 6,000-token re-asks through
+2,250 rows on an H100, k = 750, restored 2 whole, not 3): the count of the rows less that
+headroom, taken only where the first two need more restores at once than were seen. A ``C``
+above what was seen is said in a note, and ``C`` is never more than the restores the window
+had (its restores found fewer free rows than the tier has: the note says so).
 
 **Which partial-restore rule.** The restore that found part of its rows waits for the rest
 only if no recompute's stores take the rows the first loads free: where every restore asking
