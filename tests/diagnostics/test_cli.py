@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import socket
 import threading
 
 import pytest
 
 from kvscope.diagnostics import cli
 from kvscope.exporters import signals as S
+from tests.support.ports import refusing_port
 
 from .support import contract_registry, declare, info_values, serve, serve_registry
 
@@ -122,17 +122,11 @@ def test_stuck_after_must_be_positive(capsys):
     assert_one_line_error(code, err, "--stuck-after must be > 0")
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the with-block ends
-
-
 @pytest.mark.parametrize("flag", ["--prometheus", "--scrape"])
 def test_unreachable(capsys, flag):
-    url = f"http://127.0.0.1:{_closed_port()}"
     extra = ["--since", "5m"] if flag == "--prometheus" else []
-    code, _, err = run(capsys, flag, url, *extra, "--timeout", "2s")
+    with refusing_port() as port:
+        code, _, err = run(capsys, flag, f"http://127.0.0.1:{port}", *extra, "--timeout", "2s")
     assert_one_line_error(code, err, "connection refused")
 
 

@@ -9,7 +9,6 @@ import http.server
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from kvscope.diagnostics import cli
 from kvscope.diagnostics.model import DiagnoseError
 from kvscope.diagnostics.sources.bundle import read_bundle
 from kvscope.exporters import signals as S
+from tests.support.ports import refusing_port
 
 from .support import contract_registry, declare, info_values, serve, serve_registry
 
@@ -53,12 +53,6 @@ def _engine(**info):
     m[S.LAST_STEP_TIMESTAMP.name].set(time.time())
     m[S.ROW_CHECKSUMS.name].labels("0", "match").inc(4)
     return reg
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -102,8 +96,8 @@ def _endless(wfile):
 
 # ---- partial answers ----------------------------------------------------------
 def test_one_dead_rank_does_not_abort_the_diagnosis(capsys):
-    dead = f"http://127.0.0.1:{_closed_port()}/metrics"
-    with serve_registry(_engine()) as url:
+    with refusing_port() as port, serve_registry(_engine()) as url:
+        dead = f"http://127.0.0.1:{port}/metrics"
         code, out, err = run(capsys, "--scrape", url, dead, "--interval", "0.05s", "--json")
     assert code == 1, err
     doc = json.loads(out)
@@ -114,16 +108,17 @@ def test_one_dead_rank_does_not_abort_the_diagnosis(capsys):
 
 
 def test_every_target_dead_is_exit_2_naming_each(capsys):
-    a, b = (f"http://127.0.0.1:{_closed_port()}/metrics" for _ in range(2))
-    code, _, err = run(capsys, "--scrape", a, b, "--timeout", "2s")
+    with refusing_port() as pa, refusing_port() as pb:
+        a, b = (f"http://127.0.0.1:{p}/metrics" for p in (pa, pb))
+        code, _, err = run(capsys, "--scrape", a, b, "--timeout", "2s")
     one_line(code, err, "connection refused")
     assert a in err and b in err
 
 
 def test_a_dead_rank_recorded_stays_evidence_in_the_bundle(capsys, tmp_path):
-    dead = f"http://127.0.0.1:{_closed_port()}/metrics"
     out = tmp_path / "x.kvb"
-    with serve_registry(_engine()) as url:
+    with refusing_port() as port, serve_registry(_engine()) as url:
+        dead = f"http://127.0.0.1:{port}/metrics"
         code, _, err = run(capsys, "record", "--scrape", url, dead, "--interval", "0.05s", "-o", str(out))
     assert code == 0 and "1 target(s) unusable" in err
     code, stdout, _ = run(capsys, "--bundle", str(out), "--json")
