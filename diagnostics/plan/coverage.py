@@ -322,7 +322,7 @@ def _concurrency(i: PlanInputs, k: int, reach: int, reserve: int, steps: list[St
             ((p, cut) for p, cut in readings
              if seen > 0 and explain(whole_of(p, cut)) <= seen + EPS), (0, False))
         fitting = whole_of(store_rows, partial_cut)
-        free = (f"({n(rows_now)} - {n(store_rows)} rows one step's stores held)"
+        free = (f"({n(rows_now)} rows - {n(store_rows)} held by a step's stores)"
                 if store_rows else f"{n(rows_now)} rows")
         why = []
         if partial_cut:
