@@ -58,6 +58,7 @@ from kvscope.connector.compat.prefix_scan import (
     tiered_scan_reader,
 )
 from kvscope.connector.compat.tiers import (
+    bound_once,
     held_prefix,
     primary_holds,
     primary_key_count,
@@ -73,7 +74,8 @@ from kvscope.connector.compat.versions import VLLM_VERSION
 from kvscope.exporters import signals
 
 __all__ = [
-    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "gpu_blocks_in_use", "held_prefix",
+    "SCAN_METHOD", "TieredReader", "VLLM_VERSION", "bound_once", "gpu_blocks_in_use",
+    "held_prefix",
     "primary_holds", "primary_key_count", "primary_keys", "primary_tier", "scan_reader",
     "secondary_file_identity",
     "secondary_holds", "secondary_tiers", "tier_home", "tier_type", "tiered_scan_reader",

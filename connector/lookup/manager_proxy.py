@@ -52,6 +52,10 @@ class ManagerProxy:
         object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, rows))
         object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, rows,
                                                              journal_extend, store_job, error))
+        # what vLLM binds once and reads every step (0.34's lock: twice a lookup round),
+        # kept here: a dict hit, not a __getattr__ frame (compat.bound_once)
+        for name, value in compat.bound_once(inner).items():
+            object.__setattr__(self, name, value)
 
     def per_key_switches(self) -> tuple[Callable[[], None], Callable[[], None],
                                         Callable[[], None]]:
