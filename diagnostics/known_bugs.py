@@ -280,8 +280,8 @@ ABORT_WHILE_WAITING = KnownBug(
     until_then=("upgrade vLLM to 0.27.0 or later; until then a client that gives up on a "
                 "request waiting for a restore from the secondary tier (a slow disk, the "
                 "capacity ceiling's deferred restores) ends the engine: raise the client's "
-                "timeout above the restore time (kvscope_restore_seconds) and size the CPU tier "
-                "so restores are not deferred (kv-diagnose plan)"),
+                f"timeout above the restore time ({S.RESTORE_DURATION.name}) and size the CPU "
+                "tier so restores are not deferred (kv-diagnose plan)"),
     reproduced=("tests/connector/test_abort_while_waiting.py (kvscope.sim.abort_while_waiting): "
                 "a re-ask deferred while its promotions from the fs tier are in flight, "
                 "aborted; the stock connector and kvscope raise the AssertionError on 0.26.0 "
