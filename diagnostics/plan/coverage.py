@@ -202,7 +202,8 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                      f" more than the mean's {n(k)}: restores differ in length; the plan keeps "
                      "room for the largest, the coverage model counts mean-sized restores")
 
-    reserve = reserve_rows(i, g, t)
+    # read before C (a window's stores may have held that many rows), said where it was
+    reserve, reserve_step, reserve_note = _reserve(i, g, t)
     (c, partial_cut, store_rows), other = (_concurrency(i, k, reach, reserve, steps, notes),
                                            _v(i.other_loss))
     keep = 1.0 - other
@@ -221,7 +222,10 @@ def make_plan(inputs: PlanInputs, target: float = DEFAULT_TARGET,
                      f"tokens are lost for reasons rows do not fix; planned for every restore "
                      f"whole ({pct(keep)})")
         steps.append(Step("restores whole at once (all)", f"⌈{n(round(c, 2))}⌉", n(need)))
-    _reserve_step(i, g, t, reserve, steps, notes)
+    if reserve_step is not None:
+        steps.append(reserve_step)
+    if reserve_note is not None:
+        notes.append(reserve_note)
     if need >= whole and need > 1:
         # Every restore asking at once ends whole: none is recomputed, so no recompute's
         # stores take the rows the first loads free, and the last restore, finding part of
@@ -369,23 +373,16 @@ def _concurrency(i: PlanInputs, k: int, reach: int, reserve: int, steps: list[St
     return c, partial_cut, store_rows
 
 
-def reserve_rows(i: PlanInputs, g: int, t: float) -> int:
-    """Headroom for one step's store job: ``--reserve-rows``, else a row per chunk of
-    ``max_num_batched_tokens`` in every KV group (0 when that is unknown)."""
+def _reserve(i: PlanInputs, g: int, t: float) -> tuple[int, Step | None, str | None]:
+    """Headroom for one step's store job (``--reserve-rows``, else a row per chunk of
+    ``max_num_batched_tokens`` in every KV group, 0 when that is unknown), with its reasoning
+    line or its note."""
     if i.reserve_given is not None:
-        return int(i.reserve_given.value)
+        r = int(i.reserve_given.value)
+        return r, Step("headroom for stores", "--reserve-rows", count(r, "row")), None
     if i.step_tokens is None:
-        return 0
-    return g * math.ceil(i.step_tokens.value / t - EPS)
-
-
-def _reserve_step(i: PlanInputs, g: int, t: float, r: int, steps: list[Step],
-                  notes: list[str]) -> None:
-    if i.reserve_given is not None:
-        steps.append(Step("headroom for stores", "--reserve-rows", count(r, "row")))
-    elif i.step_tokens is None:
-        notes.append("max_num_batched_tokens unknown: no headroom for in-flight stores "
-                     "(pass --reserve-rows or --step-tokens)")
-    else:
-        steps.append(Step("headroom for one step's stores", f"{g} × ⌈{n(i.step_tokens.value)} "
-                          f"tokens per step / {n(t)}⌉", count(r, "row")))
+        return 0, None, ("max_num_batched_tokens unknown: no headroom for in-flight stores "
+                         "(pass --reserve-rows or --step-tokens)")
+    r = g * math.ceil(i.step_tokens.value / t - EPS)
+    return r, Step("headroom for one step's stores", f"{g} × ⌈{n(i.step_tokens.value)} "
+                   f"tokens per step / {n(t)}⌉", count(r, "row")), None
