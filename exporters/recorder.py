@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import threading
 from bisect import bisect_left
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import partial, reduce
+from operator import add
 
 from kvscope.exporters import signals
 from kvscope.exporters.signals import Kind, Metric
@@ -50,7 +52,23 @@ class HistogramState:
         self.observe_many((value,))
 
     def observe_many(self, values) -> None:
-        """The first bucket whose upper bound is >= the value (+Inf past the last)."""
+        """The first bucket whose upper bound is >= the value (+Inf past the last).
+        C-level passes (a flush's batch: an idle engine's last flush runs on vLLM's
+        scheduler thread), the sum added in order as one value at a time would be; a NaN
+        (its bucket +Inf, where bisect would place it first) takes the loop."""
+        if not values:
+            return
+        total = reduce(add, values, self.total)
+        if total != total:  # a NaN among them (or +Inf and -Inf): value by value
+            self._observe_each(values)
+            return
+        counts = self.counts
+        for i, n in Counter(map(partial(bisect_left, self.buckets), values)).items():
+            counts[i] += n
+        self.total = total
+        self.count += len(values)
+
+    def _observe_each(self, values) -> None:
         counts, buckets, last = self.counts, self.buckets, len(self.buckets)
         for value in values:
             counts[bisect_left(buckets, value) if value == value else last] += 1  # NaN: +Inf
