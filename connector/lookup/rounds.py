@@ -195,16 +195,6 @@ def summarize(keys: list[bytes], results: list[Any], start: int,
     return facts
 
 
-def count_lookups(keys: list[bytes], results: list[Any]) -> tuple:
-    """A round's lookups of one KV group (the whole slots) in ``LookupLog.counted``'s shape:
-    HIT, HIT_PENDING, RETRY and MISS counts, keys consumed, the first MISS's key (C-level
-    passes)."""
-    count, miss = results.count, compat.MISS
-    misses = count(miss)
-    return (count(compat.HIT), count(compat.HIT_PENDING), count(compat.RETRY), misses,
-            len(results), keys[results.index(miss)] if misses else None)
-
-
 def summarize_counted(counted: tuple) -> RoundFacts:
     """:func:`summarize` of a round whose one scan was left counted (``LookupLog.counted``:
     HIT, HIT_PENDING, RETRY, MISS, keys consumed, the last key; a MISS is the last key)."""

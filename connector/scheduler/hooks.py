@@ -26,7 +26,7 @@ from time import perf_counter
 from typing import Any
 
 from kvscope.connector import compat
-from kvscope.connector.lookup.rounds import count_lookups, summarize
+from kvscope.connector.lookup.rounds import summarize
 from kvscope.connector.scheduler.observer import SchedulerObserver
 from kvscope.exporters.signals import ErrorSite
 
@@ -72,6 +72,10 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
     live = obs._live  # a set kept for the observer's life, or None (install)
     ask = parent.get_num_new_matched_tokens
     judge_counted = obs._judge_counted  # bound once (a bound method per event allocates)
+    # a one-group round's counts, inline (a frame less per round): HIT, HIT_PENDING, RETRY
+    # and MISS counts, keys consumed, the first MISS's key (LookupLog.counted's shape)
+    count, find = results.count, results.index
+    hit, pending, retry, miss = compat.HIT, compat.HIT_PENDING, compat.RETRY, compat.MISS
 
     def get_num_new_matched_tokens(request, num_computed_tokens):
         if getattr(request, skip_attr, False):
@@ -101,7 +105,7 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             # offload-key list(s) and length(s)) and its lookups summarized into one journal
             # event of O(groups) objects, the slots emptied; judged on the aggregator thread
             # (RoundVerdicts.judge_plain). One KV group (most models): the counts per result,
-            # the keys consumed and the first MISS's key (lookup.rounds.count_lookups: C-level
+            # the keys consumed and the first MISS's key (C-level
             # passes; a tuple of ints and a key, which no garbage collection keeps tracking,
             # where copies of the slots would stay tracked in the journal until it is
             # applied), as a deferred scan leaves them counted (scan_cache.py), judged from
@@ -121,7 +125,9 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
                                 took))
             else:
                 if counted is None:  # the round's lookups are the whole slots (start 0)
-                    counted = count_lookups(keys, results)
+                    misses = count(miss)
+                    counted = (count(hit), count(pending), count(retry), misses, len(results),
+                               keys[find(miss)] if misses else None)
                 journal_extend((judge_counted, 9, rid, request.num_tokens, offload, lengths,
                                 num_tokens, num_computed_tokens, counted, started, took))
             del keys[:], results[:]
