@@ -11,7 +11,7 @@ None before it reads the state, without raising) is left to vLLM, untouched.
 
 Installed only on a release with the bug, and only with ``contain_vllm_faults`` on (the
 default): on a fixed release ``prepare_store`` stays the proxy's own tap. The check is one
-dict membership test per store job on vLLM's scheduler thread.
+dict membership test per store job on vLLM's scheduler thread, inline in the proxy's tap.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def install(proxy: Any, manager: Any, recorder: Recorder, enabled: bool,
     states = store_after_finish.request_states(manager, version) if enabled else None
     if states is None:
         return False
-    proxy.wrap_store(lambda tap: _skip_store_after_finish(tap, states, manager, recorder,
-                                                          version))
+    proxy.guard_store(states, lambda tap: _skip_store_after_finish(tap, states, manager,
+                                                                   recorder, version))
     return True
 
 
@@ -53,9 +53,8 @@ def _skip_store_after_finish(tap: Callable[..., Any], states: dict, manager: Any
     labels = (VllmFault.STORE_AFTER_FINISH.value,)
     logged = [False]
 
+    # a job of a request no longer live in vLLM's manager (the proxy's tap tests that inline)
     def prepare_store(keys, req_context, *args, **kwargs):
-        if req_context.req_id in states:  # the request is live in vLLM's manager
-            return tap(keys, req_context, *args, **kwargs)
         try:
             if not store_after_finish.raises(manager, keys):  # vLLM refuses it quietly
                 return tap(keys, req_context, *args, **kwargs)

@@ -9,7 +9,7 @@ is guarded; an exception in kvscope is counted and never reaches vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from functools import partial
 from typing import Any
 
@@ -50,8 +50,10 @@ class ManagerProxy:
         object.__setattr__(self, "_results_only", _results_tap(inner.lookup, log))
         object.__setattr__(self, "lookup", tap if per_key_lookups else inner.lookup)
         object.__setattr__(self, "prepare_load", _load_tap(inner.prepare_load, rows))
-        object.__setattr__(self, "prepare_store", _store_tap(inner.prepare_store, rows,
-                                                             journal_extend, store_job, error))
+        store_tap = partial(_store_tap, inner.prepare_store, rows, journal_extend, store_job,
+                            error)
+        object.__setattr__(self, "_store_tap", store_tap)
+        object.__setattr__(self, "prepare_store", store_tap())
         # what vLLM binds once and reads every step (0.34's lock: twice a lookup round),
         # kept here: a dict hit, not a __getattr__ frame (compat.bound_once)
         for name, value in compat.bound_once(inner).items():
@@ -84,9 +86,13 @@ class ManagerProxy:
 
         return direct
 
-    def wrap_store(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        """``prepare_store`` becomes ``wrap(prepare_store)`` (contained_faults.py)."""
-        object.__setattr__(self, "prepare_store", wrap(self.prepare_store))
+    def guard_store(self, live: Container[str],
+                    wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """``prepare_store`` of a request whose id is not in ``live`` goes to
+        ``wrap(prepare_store)`` (contained_faults.py: the store vLLM would raise on); any
+        other is the tap's own, the test inline in it (no frame of the guard per job)."""
+        plain = self.prepare_store
+        object.__setattr__(self, "prepare_store", self._store_tap(live, wrap(plain)))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached on a miss of this object's own attributes (a slow path:
@@ -159,14 +165,22 @@ def _load_tap(inner_prepare_load: Callable[..., Any], rows: PromotedRows
 
 def _store_tap(inner_prepare_store: Callable[..., Any], rows: PromotedRows,
                extend: Callable[[tuple[Any, ...]], None], handler: Callable[..., None],
-               error: Callable[[ErrorSite, BaseException], None]) -> Callable[..., Any]:
+               error: Callable[[ErrorSite, BaseException], None],
+               live: Container[str] | None = None,
+               elsewhere: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """The proxy's ``prepare_store`` (once per store job): the journal gets the job (the
     refused keys coverage reads change in journal order); promoted-row digests of the
-    rows it evicts or rewrites are forgotten at once."""
+    rows it evicts or rewrites are forgotten at once. With ``live``
+    (:meth:`ManagerProxy.guard_store`), a job of a request not in it goes to
+    ``elsewhere``."""
     expected, quarantine, forget = rows.expected, rows.quarantine, rows.forget
 
     def prepare_store(keys, req_context, *args, **kwargs):
-        out = inner_prepare_store(keys, req_context, *args, **kwargs)
+        if live is not None and req_context.req_id not in live:
+            return elsewhere(keys, req_context, *args, **kwargs)
+        # vLLM passes (keys, req_context): a plain call then (no tuple, no dict built)
+        out = inner_prepare_store(keys, req_context, *args, **kwargs) if args or kwargs \
+            else inner_prepare_store(keys, req_context)
         try:
             # the keys and the counts the job needs, not vLLM's objects: those would
             # otherwise outlive vLLM's use of them until the journal is applied (up to
