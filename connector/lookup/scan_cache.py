@@ -32,14 +32,21 @@ class PrimaryChanges:
     primary-tier call that changes rows runs there). ``epoch`` counts resets: a reset
     tier, or a log that passed ``limit`` keys, invalidates every kept scan. The per-job taps
     (tiers/taps.py) extend ``keys`` themselves (a C-level extend, no frame) and reset past
-    ``limit``."""
+    ``limit``; they are set by ``watch()``, which the first kept scan calls (``watched``):
+    an engine that never defers a long scan pays no frame per store job for a log nobody
+    reads."""
 
-    __slots__ = ("keys", "epoch", "limit")
+    __slots__ = ("keys", "epoch", "limit", "watched", "watch")
 
     def __init__(self, limit: int = 1 << 17) -> None:
         self.keys: list[bytes] = []
         self.epoch = 0
         self.limit = limit
+        self.watched = False
+        self.watch = self._watched  # the taps' owner sets its own (tiers/taps.py)
+
+    def _watched(self) -> None:
+        self.watched = True
 
     def reset(self) -> None:
         self.keys.clear()
@@ -102,6 +109,8 @@ class DeferredScans:
     def _keep(self, keys: list[bytes], req_context: Any, places: list[int], absent: int,
               writing: int) -> list:
         changes = self.changes
+        if not changes.watched:  # the per-job taps from now on: the log holds every change
+            changes.watch()      # after the mark below
         kept = [req_context, len(keys), keys[0], keys[-1], changes.epoch, len(changes.keys),
                 places, None, absent, writing]
         kept_all = self._kept

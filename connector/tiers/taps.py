@@ -213,22 +213,40 @@ class TierTaps:
 
     def _tap_row_changes(self, primary: Any) -> None:
         """The primary tier's other calls that change rows (per job): a store's rows
-        allocated and evicted, finished writes (ready, or removed on failure), a reset."""
+        allocated and evicted, finished writes (ready, or removed on failure), a reset.
+        The per-job taps are set only once a deferred scan is kept (``changes.watch``:
+        scan_cache.DeferredScans); until then nothing reads the log, and a store job costs
+        vLLM no frame of theirs. The reset's tap is set at once (an epoch a kept scan
+        compares)."""
         changes, rec = self.changes, self.rec
         # PrimaryChanges.add inline (one frame less per store job and per finished write):
         # the log extended, reset past its bound
         log, limit, reset_log = changes.keys, changes.limit, changes.reset
         extend = log.extend
+        watched: list[tuple[str, Any]] = []  # (name, tap) set by changes.watch
 
-        def tapped(name: str, make: Any) -> bool:
+        def tapped(name: str, make: Any, per_job: bool = True) -> bool:
             original = getattr(primary, name, None)
             if original is None or getattr(original, compat.WRAPPED_MARK, False):
                 return False
             tap = make(original)
             setattr(tap, compat.WRAPPED_MARK, True)
             tap.__wrapped__ = original  # what a tap's remover puts back (kvscope_switch)
-            setattr(primary, name, tap)
+            if per_job:
+                watched.append((name, tap))
+            else:
+                setattr(primary, name, tap)
             return True
+
+        def watch() -> None:
+            changes.watched = True
+            for name, tap in watched:
+                # vLLM's own method there (equal: a bound method is made per read), not a
+                # method a later wrapper put over it
+                if getattr(primary, name, None) == tap.__wrapped__:
+                    setattr(primary, name, tap)
+
+        changes.watch = watch
 
         def store(original):
             def prepare_store(keys, req_context, *a, **kw):
@@ -269,7 +287,7 @@ class TierTaps:
         self.changes_logged = all([tapped("prepare_store", store),
                                    tapped("complete_store", complete),
                                    tapped("complete_write", complete),
-                                   tapped("reset_cache", reset)])
+                                   tapped("reset_cache", reset, per_job=False)])
 
     def _tap_tier(self, tier: Any) -> None:
         if getattr(tier, compat.WRAPPED_MARK, False):
@@ -302,7 +320,7 @@ class TierTaps:
                 extend((cascade_started, 3, job, name, now))
             except Exception as exc:
                 rec.error(ErrorSite.TIER, exc)
-            return submit_store(job, *a, **kw)
+            return submit_store(job, *a, **kw) if a or kw else submit_store(job)
 
         # Per finished tier job: a promotion is recorded now (its rows digested before
         # vLLM can load them); anything else (a cascade: one per store job) goes to the

@@ -96,9 +96,7 @@ class KvscopeSwitch:
         from kvscope.connector.compat import SCAN_METHOD
 
         self.cs_taps = own_functions(self.cs, (SCAN_METHOD,))
-        self.tier_taps = [(tier, own_functions(tier, TAPPED))
-                          for tier in (self.observer.primary, *self.observer.tiers)
-                          if tier is not None]
+        self.tier_taps = self._tier_taps()
         # (instance, kvscope's class, vLLM's class it subclasses) per connector instance
         self.classes = [(c, type(c), _stock_class(type(c)))
                         for c in (self.connector, *worker_connectors)]
@@ -137,9 +135,16 @@ class KvscopeSwitch:
             for clock in self.clocks:
                 clock.rewrap()
 
+    def _tier_taps(self) -> list[tuple[Any, dict[str, Any]]]:
+        return [(tier, own_functions(tier, TAPPED))
+                for tier in (self.observer.primary, *self.observer.tiers) if tier is not None]
+
     def _set(self, on: bool) -> None:
         if not on:
             self.observer.refresh()  # everything seen so far reaches the recorder first
+            # the taps set now: the primary tier's per-job ones come once a deferred scan is
+            # kept (tiers/taps.py), maybe after this switch was built
+            self.tier_taps = self._tier_taps()
         self.connector._kvscope_observer = self.observer if on else None
         for name, hook in self.hooks.items():
             if on:

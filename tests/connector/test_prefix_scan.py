@@ -554,3 +554,32 @@ def test_the_primary_tiers_tap_hands_vllm_exactly_the_arguments_it_was_given():
             with pytest.raises(TypeError) as tapped:
                 tap([b"k"], None, *extra, **kw)
             assert str(tapped.value) == str(vllms.value)
+
+
+def test_the_primary_tiers_per_job_taps_are_set_once_a_deferred_scan_is_kept():
+    """Until a deferred scan's row states are kept (scan_cache.py), nothing reads the log of
+    primary rows changed, and a store job costs vLLM no frame of kvscope's there; from the
+    first kept scan on, every store job's keys and every finished write are logged."""
+    names = ("prepare_store", "complete_store", "complete_write")
+    r = random.Random(3)
+    short = [r.randrange(1, 30_000) for _ in range(8 * 16)]
+    with CPUEngine(replace(EngineConfig(rows=64, num_gpu_blocks=64), **ONE_GROUP_TIERING)) as e:
+        taps = e.connector._kvscope_observer.taps
+        e.generate(short, 2, max_steps=1_000)  # short scans only: none kept
+        e.drain(max_steps=1_000)
+        assert taps.changes_logged and not taps.changes.watched
+        assert not any(getattr(getattr(taps.primary, n), compat.WRAPPED_MARK, False)
+                       for n in names)
+    e, answers, _, _ = _long_restore(600, held=3)
+    with e:
+        taps = e.connector._kvscope_observer.taps
+        assert answers.count(None) >= 2, answers  # deferred rounds: their states kept
+        assert taps.changes.watched
+        assert all(getattr(getattr(taps.primary, n), compat.WRAPPED_MARK, False)
+                   for n in names)
+        logged, epoch = len(taps.changes.keys), taps.changes.epoch
+        after = e.generate(short, 2, max_steps=1_000)  # its 8 chunks stored: logged
+        e.drain(max_steps=1_000)
+        assert after.output
+        assert taps.changes.epoch > epoch or len(taps.changes.keys) >= logged + 8, (
+            len(taps.changes.keys), logged)
