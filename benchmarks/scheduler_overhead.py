@@ -49,10 +49,11 @@ it. Each connector's engine runs the timed workload alone under valgrind's callg
 two calls, kvscope's aggregator thread is kept idle (``flush_interval_s`` an hour) and its
 journal applied between steps, outside the count (what it costs is its own thread's, not
 the step's). No stats object is handed to vLLM: kvscope hands one per flush interval (1 s,
-hundreds of steps), not per step. The fs tier's threads time the scheduler's work a little
-differently each run (a run's observed count moves by up to ~0.5 %), so each of ``--rounds``
-runs counts both engines (alternating which goes first); a JSON line per run, then the
-median of their ratios.
+hundreds of steps), not per step. Python's string hashing is seeded per run (both engines
+of run i with PYTHONHASHSEED=i+1): with a random seed per process a count moved by ~0.5 %
+(dict layouts, garbage collections falling in or out of the counted calls), with one seed
+two counts of an engine agree to ~0.01 %. Each of ``--rounds`` runs counts both engines
+(alternating which goes first); a JSON line per run, then the median of their ratios.
 """
 
 from __future__ import annotations
@@ -275,7 +276,10 @@ def step_instructions(a) -> None:
                        str(a.requests)]
                 if a.no_tiering:
                     cmd.append("--no-tiering")
-                run = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                # both engines of a run hash alike (a seed per run): a run's ratio is then
+                # the connectors' difference, not two draws of string hashing's layout
+                run = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                     env={**os.environ, "PYTHONHASHSEED": str(i + 1)})
                 engine_line = json.loads(run.stdout.strip().splitlines()[-1])
                 counts[connector] = {"steps": engine_line["steps"],
                                      "instructions": _callgrind_total(out)}

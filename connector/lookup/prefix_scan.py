@@ -193,8 +193,9 @@ def tiered_scan_tap(inner_scan: Callable[..., Any], log: LookupLog,
         if total < SCAN_MIN_KEYS:  # a short scan (most): each lookup's result by the proxy,
             k0 = len(keys_out)     # the keys it consumed (in order) after it, one slice
             results_on()
-            try:
-                return inner_scan(keys, req_context, *rest)
+            try:  # 0.26 passes (keys, req_context): a plain call then (no tuple built)
+                return inner_scan(keys, req_context, *rest) if rest else inner_scan(
+                    keys, req_context)
             finally:
                 per_key_off()
                 add_keys(keys[:len(results_out) - k0])
