@@ -43,9 +43,9 @@ class PrimaryChanges:
         self.epoch = 0
         self.limit = limit
         self.watched = False
-        self.watch = self._watched  # the taps' owner sets its own (tiers/taps.py)
+        self.watch = self.mark_watched  # the taps' owner sets its own (tiers/taps.py)
 
-    def _watched(self) -> None:
+    def mark_watched(self) -> None:
         self.watched = True
 
     def reset(self) -> None:

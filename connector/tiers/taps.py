@@ -233,6 +233,11 @@ class TierTaps:
             setattr(tap, compat.WRAPPED_MARK, True)
             tap.__wrapped__ = original  # what a tap's remover puts back (kvscope_switch)
             if per_job:
+                # vLLM's own bound method in its place until then: the attribute is set now,
+                # as the taps were, so that setting the tap later does not make CPython
+                # build the tier's __dict__ (a new name on an object whose attributes live
+                # inline: every attribute read of the tier slower from then on)
+                setattr(primary, name, original)
                 watched.append((name, tap))
             else:
                 setattr(primary, name, tap)
@@ -241,9 +246,9 @@ class TierTaps:
         def watch() -> None:
             changes.watched = True
             for name, tap in watched:
-                # vLLM's own method there (equal: a bound method is made per read), not a
-                # method a later wrapper put over it
-                if getattr(primary, name, None) == tap.__wrapped__:
+                # vLLM's own still there (kvscope's switch may have put it back: the same
+                # object), not a method a later wrapper put over it
+                if getattr(primary, name, None) is tap.__wrapped__:
                     setattr(primary, name, tap)
 
         changes.watch = watch
