@@ -15,7 +15,10 @@ Scheduler.update_from_output() (every connector call of the scheduler side happe
 there). The ratio reported is the median over rounds of each pair's ratio. kvscope
 aggregates on its own thread (connector/aggregator.py), whose CPU time the ratio does
 not see: ``cpu_ratio_with_kvscope_threads`` adds it back (its threads' per-thread
-clocks, plus the last synchronous refresh after the run). ``--profile F`` cProfiles only those two calls
+clocks, plus the last synchronous refresh after the run). Each pair also says what of its
+ratio is Python's garbage collections (their CPU time inside each engine's timed calls, per
+generation: ``gc_points_median``) and kvscope aggregating on vLLM's thread at the step that
+leaves the engine idle (``refresh_in_step_points_median``). ``--profile F`` cProfiles only those two calls
 (the engine thread's scheduler step; the CPU harness's fake forward pass is left
 out) into F and writes the top entries as text to F.txt; ``--profile-aggregator F`` does the
 same for the refreshes kvscope's aggregator thread runs (one observed engine alone: its
@@ -68,6 +71,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -89,14 +93,75 @@ from kvscope.sim.lockstep import (
 )
 
 
-def _result(connector: str, e, wall: float, kvscope_threads_s: float = 0.0,
+def _result(connector: str, e, wall: float, parts: dict, kvscope_threads_s: float = 0.0,
             final_refresh_s: float = 0.0) -> dict:
     """``kvscope_threads_s``: CPU time of kvscope's own threads (aggregator, tier probe)
     over the run; ``final_refresh_s``: the last synchronous refresh after the run (the
-    journal's tail), on the engine thread but outside the timed scheduler calls."""
+    journal's tail), on the engine thread but outside the timed scheduler calls; ``parts``:
+    what :class:`_Parts` saw inside this engine's timed calls."""
     return {"connector": connector, "steps": e.steps, "scheduler_s": e.scheduler_seconds,
             "wall_s": wall, "per_step_us": 1e6 * e.scheduler_seconds / e.steps,
-            "kvscope_threads_s": kvscope_threads_s, "final_refresh_s": final_refresh_s}
+            "kvscope_threads_s": kvscope_threads_s, "final_refresh_s": final_refresh_s,
+            **parts}
+
+
+class _Parts:
+    """Inside each engine's timed calls (Scheduler.schedule, update_from_output): the thread
+    CPU time of Python's garbage collections and their count per generation (a collection
+    runs on the thread whose allocation crossed a threshold, whoever allocated before), and
+    the observed engine's synchronous refreshes (kvscope aggregating on vLLM's thread: the
+    step that leaves the engine idle, ``SchedulerObserver.settle``)."""
+
+    def __init__(self, engines: dict[str, object]) -> None:
+        self.main, self.inside = threading.get_ident(), [None]
+        self.gc_s = {n: 0.0 for n in engines}
+        self.collections = {n: [0, 0, 0] for n in engines}
+        self.refresh_s = 0.0
+        self._t0 = 0.0
+        for name, e in engines.items():
+            for method in ("schedule", "update_from_output"):
+                inner = getattr(e.scheduler, method)
+
+                def marked(*a, _inner=inner, _name=name, **kw):
+                    self.inside[0] = _name
+                    try:
+                        return _inner(*a, **kw)
+                    finally:
+                        self.inside[0] = None
+
+                setattr(e.scheduler, method, marked)
+        observer = engines[OBSERVED].connector._kvscope_observer
+        refresh = observer.refresh
+
+        def timed_refresh(*a, **kw):
+            if self.inside[0] is None or threading.get_ident() != self.main:
+                return refresh(*a, **kw)
+            t0 = time.thread_time()
+            try:
+                return refresh(*a, **kw)
+            finally:
+                self.refresh_s += time.thread_time() - t0
+
+        observer.refresh = timed_refresh
+        gc.callbacks.append(self._collected)
+
+    def _collected(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+            return
+        name = self.inside[0]
+        if name is not None and threading.get_ident() == self.main:
+            self.gc_s[name] += time.thread_time() - self._t0
+            self.collections[name][info["generation"]] += 1
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._collected)
+
+    def of(self, name: str) -> dict:
+        out = {"gc_s": self.gc_s[name], "gc_collections": self.collections[name]}
+        if name == OBSERVED:
+            out["refresh_in_step_s"] = self.refresh_s
+        return out
 
 
 def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = None,
@@ -107,6 +172,7 @@ def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = No
     ``no_gc``: Python's garbage collector off while they step (what collections cost)."""
     with engine(STOCK, tiering) as stock, \
             engine(OBSERVED, tiering, flush_interval_s, per_key_lookups) as observed:
+        parts = _Parts({STOCK: stock, OBSERVED: observed})
         if no_gc:
             gc.collect()
             gc.disable()
@@ -115,10 +181,12 @@ def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = No
                               (observed, add_requests(observed, n_requests))])
         finally:
             gc.enable()
+            parts.close()
         threads_s = kvscope_threads_cpu(observed)
         stock.refresh()
-        return [_result(STOCK, stock, walls[0]),
-                _result(OBSERVED, observed, walls[1], threads_s, final_refresh(observed))]
+        return [_result(STOCK, stock, walls[0], parts.of(STOCK)),
+                _result(OBSERVED, observed, walls[1], parts.of(OBSERVED), threads_s,
+                        final_refresh(observed))]
 
 
 def run(connector: str, n_requests: int, tiering: bool, profile: str | None = None,
@@ -139,7 +207,7 @@ def run(connector: str, n_requests: int, tiering: bool, profile: str | None = No
             write_stats(prof, profile_aggregator, "observer.py|aggregator|round_verdicts|"
                          "coverage|request_states|step_gauges|recorder|rounds.py|observed|"
                          "store_refusals|taps.py|vllm_stats|round_spans")
-        return _result(connector, e, wall, kvscope_threads_cpu(e))
+        return _result(connector, e, wall, {}, kvscope_threads_cpu(e))
 
 
 def coverage_cost(n_requests: int, tiering: bool, rounds: int) -> None:
@@ -408,7 +476,7 @@ def main() -> None:
                              args.per_key_lookups)))
         return
     runs: dict[str, list[dict]] = {STOCK: [], OBSERVED: []}
-    ratios, cpu_ratios = [], []
+    ratios, cpu_ratios, gc_points, refresh_points = [], [], [], []
     for _ in range(args.rounds):
         pair = run_pair(args.requests, not args.no_tiering, args.flush_interval,
                         args.per_key_lookups, args.no_gc)
@@ -420,6 +488,9 @@ def main() -> None:
         # Honest total: kvscope's work moved off the engine thread counted back in
         cpu_ratios.append((obs["scheduler_s"] + obs["kvscope_threads_s"]
                            + obs["final_refresh_s"]) / stock_s)
+        # what of the ratio is collections, and the idle step's aggregation (in points)
+        gc_points.append(100 * (obs["gc_s"] - pair[0]["gc_s"]) / stock_s)
+        refresh_points.append(100 * obs["refresh_in_step_s"] / stock_s)
     med = {n: statistics.median(r["scheduler_s"] for r in rs) for n, rs in runs.items()}
     print(json.dumps({
         "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
@@ -430,6 +501,8 @@ def main() -> None:
             r["kvscope_threads_s"] + r["final_refresh_s"] for r in runs[OBSERVED]),
         "pair_ratios": [round(x, 4) for x in ratios],
         "cpu_ratio_with_kvscope_threads": round(statistics.median(cpu_ratios), 4),
+        "gc_points_median": round(statistics.median(gc_points), 2),
+        "refresh_in_step_points_median": round(statistics.median(refresh_points), 2),
         "step_time_ratio_observed_over_stock": round(statistics.median(ratios), 4)}))
 
 
