@@ -105,8 +105,8 @@ def _hooks(parent: Any, obs: SchedulerObserver) -> dict[str, Callable[..., Any]]
             # offload-key list(s) and length(s)) and its lookups summarized into one journal
             # event of O(groups) objects, the slots emptied; judged on the aggregator thread
             # (RoundVerdicts.judge_plain). One KV group (most models): the counts per result,
-            # the keys consumed and the first MISS's key (C-level
-            # passes; a tuple of ints and a key, which no garbage collection keeps tracking,
+            # the keys consumed and the first MISS's key (C-level passes, inline below; a
+            # tuple of ints and a key, which no garbage collection keeps tracking,
             # where copies of the slots would stay tracked in the journal until it is
             # applied), as a deferred scan leaves them counted (scan_cache.py), judged from
             # them off this thread (RoundVerdicts.judge_counted). Several: lookup.rounds.tally
