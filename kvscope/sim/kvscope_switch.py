@@ -96,7 +96,10 @@ class KvscopeSwitch:
         from kvscope.connector.compat import SCAN_METHOD
 
         self.cs_taps = own_functions(self.cs, (SCAN_METHOD,))
-        self.tier_taps = self._tier_taps()
+        # (tier, the taps kvscope had set on it) as read when switched off (_set): the
+        # primary tier's per-job taps come once a deferred scan is kept (tiers/taps.py),
+        # maybe after this switch was built
+        self.tier_taps: list[tuple[Any, dict[str, Any]]] = []
         # (instance, kvscope's class, vLLM's class it subclasses) per connector instance
         self.classes = [(c, type(c), _stock_class(type(c)))
                         for c in (self.connector, *worker_connectors)]
@@ -135,16 +138,12 @@ class KvscopeSwitch:
             for clock in self.clocks:
                 clock.rewrap()
 
-    def _tier_taps(self) -> list[tuple[Any, dict[str, Any]]]:
-        return [(tier, own_functions(tier, TAPPED))
-                for tier in (self.observer.primary, *self.observer.tiers) if tier is not None]
-
     def _set(self, on: bool) -> None:
         if not on:
             self.observer.refresh()  # everything seen so far reaches the recorder first
-            # the taps set now: the primary tier's per-job ones come once a deferred scan is
-            # kept (tiers/taps.py), maybe after this switch was built
-            self.tier_taps = self._tier_taps()
+            self.tier_taps = [(tier, own_functions(tier, TAPPED))
+                              for tier in (self.observer.primary, *self.observer.tiers)
+                              if tier is not None]
         self.connector._kvscope_observer = self.observer if on else None
         for name, hook in self.hooks.items():
             if on:
