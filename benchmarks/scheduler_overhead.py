@@ -110,7 +110,8 @@ class _Parts:
     CPU time of Python's garbage collections and their count per generation (a collection
     runs on the thread whose allocation crossed a threshold, whoever allocated before), and
     the observed engine's synchronous refreshes (kvscope aggregating on vLLM's thread: the
-    step that leaves the engine idle, ``SchedulerObserver.settle``)."""
+    step that leaves the engine idle, ``SchedulerObserver.settle``). The marks are a frame
+    around each timed call, the same in both engines."""
 
     def __init__(self, engines: dict[str, object]) -> None:
         self.main, self.inside = threading.get_ident(), [None]
