@@ -18,7 +18,10 @@ store jobs), then the flush into the recorder, the gauges and vLLM's stats objec
 wake-up that finds no event refreshes the gauges if a reader's drain applied events since
 they were last refreshed (:attr:`Aggregator.gauges_due`), else only samples the host's
 memory when due (every 5 s: ``host_memory.py``), so that it is watched while the engine
-idles too.
+idles too. It is also woken at once when a step's end finds the journal past
+:data:`WAKE_ITEMS` (:meth:`Aggregator.behind`), and then only applies the events: a burst
+shorter than the interval is applied here as it goes, not all on vLLM's thread at the step
+that leaves the engine idle.
 On a GPU server that work overlaps the forward pass, where the engine thread waits
 with the GIL released.
 
@@ -55,6 +58,12 @@ INTERVAL_S = 1.0
 # summary (lookup.rounds.summarize), a store job one tuple of its keys, a step its
 # scheduled ids (at most max_num_seqs), so only a dead or starved thread gets here.
 JOURNAL_LIMIT = 1_000_000
+# Journal items waiting past which the scheduler thread wakes this one at once (checked once
+# a step: Aggregator.behind): its events are applied then, off vLLM's thread, rather than at
+# the next wake-up. Else a burst shorter than ``interval_s`` ends with all of it applied on vLLM's
+# thread at the step that leaves the engine idle (``SchedulerObserver.settle``), delaying that
+# step's outputs. 2,048 items are some 170 lookup rounds or 8 steps of 256 running requests.
+WAKE_ITEMS = 2048
 # Events this thread applies between two GIL releases (time.sleep(0)): vLLM's engine
 # thread waits at most that long for the GIL, not a whole drain (the interpreter's own
 # switch interval is 5 ms).
@@ -115,7 +124,7 @@ class Aggregator:
         # aggregate state (rooms, request states, refused stores) is touched only so.
         self.lock = threading.RLock()
         self.interval_s = interval_s
-        self.limit = JOURNAL_LIMIT
+        self.limit = JOURNAL_LIMIT  # and wake_at (the lower of WAKE_ITEMS and it)
         self.cpu_s = 0.0  # this thread's CPU time (time.thread_time), for the benchmark
         self._refresh = refresh
         self._quiet = quiet
@@ -128,13 +137,25 @@ class Aggregator:
         # read before those events for good: an engine that stopped stepping (vLLM holds no
         # request) would read busy until its next request.
         self.gauges_due = False
-        # Held until close() releases it: the thread waits with one C-level timed acquire
-        # (a threading.Event's wait is Python code around it: ~1.5x the CPU per wake-up,
-        # 20 wake-ups a second) and is woken at once by close()
-        self._stop = threading.Lock()
-        self._stop.acquire()
+        # Held but while nudge() or close() releases it: the thread waits with one C-level
+        # timed acquire (a threading.Event's wait is Python code around it: ~1.5x the CPU
+        # per wake-up, 20 wake-ups a second) and is woken at once by either
+        self._woken = threading.Lock()
+        self._woken.acquire()
+        self._nudged = False  # released by nudge() and not yet caught up: no second release
         self._closed = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, items: int) -> None:
+        """Journal items past which the scheduler thread drains itself (:meth:`behind`);
+        :attr:`wake_at`, where it wakes this thread, is never above it."""
+        self._limit = items
+        self.wake_at = min(WAKE_ITEMS, items)
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -151,13 +172,17 @@ class Aggregator:
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:
-        stopped = self._stop.acquire
+        woken = self._woken.acquire
         # interval_s read at each wake-up: a benchmark may change it while the engine runs
-        while not stopped(timeout=self.interval_s):
-            self.wake()
+        while True:
+            nudged = woken(timeout=self.interval_s)
+            if self._closed:
+                return
+            if nudged:
+                self.catch_up()
+            else:
+                self.wake()
             self.cpu_s = time.thread_time()
-        if not self._closed:  # pragma: no cover - the lock is free only after close()
-            self.rec.error(ErrorSite.AGGREGATOR, RuntimeError("aggregator loop left"))
 
     def wake(self) -> None:
         """One wake-up's work: this thread's every ``interval_s`` (a test's, in step with an
@@ -177,6 +202,36 @@ class Aggregator:
                 self._quiet()
         except Exception as exc:  # refresh guards its parts; this is the last line
             self.rec.error(ErrorSite.AGGREGATOR, exc)
+        self._nudged = False  # a nudge held back waits for this wake-up to be taken again
+
+    def catch_up(self) -> None:
+        """This thread, woken by :meth:`nudge`: the journal's events applied now, unless held
+        back (vLLM's tier reads in flight: then nudges wait for the next wake-up). Not
+        flushed: that stays at ``interval_s`` (each flush has a fixed cost), the next
+        wake-up's, which :attr:`gauges_due` makes whole though no event waits then."""
+        try:
+            if self.hold_back.hold():
+                return
+            with self.lock:
+                self.drain()
+                self.gauges_due = True
+        except Exception as exc:
+            self.rec.error(ErrorSite.AGGREGATOR, exc)
+        self._nudged = False
+
+    def behind(self) -> bool:
+        """Scheduler thread, once a step whose journal holds over :attr:`wake_at` items.
+        True when the caller must drain itself (:meth:`overflowed`); else this thread is
+        woken to apply the events now (once until it has)."""
+        if self.overflowed():
+            return True
+        if not self._nudged and self._thread is not None:
+            self._nudged = True
+            try:
+                self._woken.release()
+            except RuntimeError:  # released already (close(), a nudge the wake-up overtook)
+                pass
+        return False
 
     def drain(self) -> None:
         """Apply the journal's events in order (the caller holds :attr:`lock`)."""
@@ -219,7 +274,10 @@ class Aggregator:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._stop.release()
+            try:
+                self._woken.release()
+            except RuntimeError:  # a nudge released it
+                pass
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None

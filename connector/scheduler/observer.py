@@ -355,7 +355,8 @@ class SchedulerObserver:
         """Scheduler thread: the step's scheduled and preempted ids into the journal. An
         idle step (nothing scheduled and no request left: the state an operator inspects
         afterwards, such as stores still pending), or a journal the aggregator thread let
-        grow past its limit, is aggregated at once. A step that scheduled nothing while
+        grow past its limit, is aggregated at once; one past the aggregator's wake bound
+        wakes that thread (``Aggregator.behind``). A step that scheduled nothing while
         requests live (a lookup deferred by a tier's existence checks, a load in flight,
         async scheduling's outputs in flight) is not idle: vLLM steps again, and the
         aggregator thread applies it, as any busy step (synchronously if that thread is
@@ -370,7 +371,7 @@ class SchedulerObserver:
                 self._forget_gone(self._live, self._vllm_requests)
             agg = self.agg
             if (not scheduled and not (self._live and agg.alive())) \
-                    or (len(self.journal) > agg.limit and agg.overflowed()):
+                    or (len(self.journal) > agg.wake_at and agg.behind()):
                 self.refresh()
         except Exception as exc:
             self.rec.error(ErrorSite.STEP, exc)

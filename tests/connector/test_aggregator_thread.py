@@ -4,6 +4,8 @@ and vLLM's scheduler thread drains the journal itself, so it stays bounded."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from kvscope.connector.aggregator import journal_events
@@ -125,3 +127,53 @@ def test_a_restore_that_never_lands_holds_the_aggregator_back_at_most_max_defer_
         assert observer.taps.promotions and rid not in e.finished
         assert observer.agg.hold_back.held >= 1
         e.run_until_done([rid])
+
+
+def test_a_burst_shorter_than_the_interval_is_applied_on_the_aggregator_thread():
+    """A burst of 300 requests with the aggregator's interval an hour: each step whose
+    journal passed the wake bound wakes the thread, which applies it (the test waits for
+    it, as vLLM's forward pass would let it run); so the step that leaves the engine idle
+    (SchedulerObserver.settle) applies on vLLM's thread at most the bound and a step's
+    events, not the whole burst. The counters still agree with the engine."""
+    from kvscope.sim.lockstep import OBSERVED, add_requests, engine
+
+    with engine(OBSERVED, tiering=False, flush_interval_s=3600.0) as e:
+        observer = e.connector._kvscope_observer
+        agg, drain = observer.agg, observer.agg.drain
+        drained_here: list[int] = []  # journal items each drain on this thread found
+        drained_there: list[int] = []  # and on the aggregator's
+
+        def watched() -> None:
+            here = threading.current_thread() is threading.main_thread()
+            (drained_here if here else drained_there).append(len(agg.journal))
+            drain()
+
+        agg.drain = watched
+        lookups, ask = [0], e.connector.get_num_new_matched_tokens
+
+        def counted(*a, **kw):
+            lookups[0] += 1
+            return ask(*a, **kw)
+
+        e.connector.get_num_new_matched_tokens = counted
+        rids = add_requests(e, 300)
+        most_in_a_step = 0
+        while any(r not in e.finished for r in rids):
+            before = len(agg.journal)
+            e.step()
+            if drained_here:  # the step that left the engine idle drained (settle)
+                break
+            most_in_a_step = max(most_in_a_step, len(agg.journal) - before)
+            if len(agg.journal) > agg.wake_at:
+                _until(lambda: len(agg.journal) <= agg.wake_at, "the thread caught up")
+        assert all(r in e.finished for r in rids)
+        assert len(drained_there) >= 2  # a burst the bound split, applied on that thread
+        assert drained_here and max(drained_here) <= agg.wake_at + most_in_a_step
+        e.drain()
+        rec = e.connector.kvscope_recorder
+        restored = sum(e.finished[r].num_external_tokens for r in rids)
+        assert rec.value(S.HIT_TOKENS) == restored
+        assert sum(rec.value(S.LOOKUP_ROUNDS, (v.value,)) for v in S.Verdict) == lookups[0]
+        assert rec.value(S.SCHEDULER_STEPS) == e.steps
+        assert rec.value(S.REQUESTS_IN_FLIGHT) == 0  # vLLM holds none: idle reads idle
+        assert rec.value(S.TELEMETRY_ERRORS) == 0

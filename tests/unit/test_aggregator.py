@@ -1,5 +1,6 @@
 """kvscope's aggregator thread (connector/aggregator.py) on its own: events applied in the
 order they were recorded, on its thread; a failing event counted and the rest applied;
+a journal past its wake bound applied by the thread at once, not at its next wake-up;
 a journal past its limit reported (and counted) so the caller drains itself."""
 
 from __future__ import annotations
@@ -59,6 +60,60 @@ def test_events_are_applied_in_order_on_its_thread_and_a_failing_one_is_counted(
     rec.flush()
     assert rec.value(S.TELEMETRY_ERRORS, _AGGREGATOR) == 1
     assert not agg.alive() and not agg.journal
+
+
+def test_a_journal_past_its_wake_bound_is_applied_at_once_by_the_thread():
+    """The scheduler thread's nudge (Aggregator.behind, once a step past ``wake_at``) wakes
+    the thread, asleep for an hour here, which applies the events (not flushed: the
+    next wake-up's, ``gauges_due``). One nudge until the thread has caught up."""
+    rec = Recorder()
+    refreshed = [0]
+
+    def refresh() -> None:
+        refreshed[0] += 1
+
+    agg = Aggregator(recorder=rec, refresh=refresh, interval_s=3600.0)
+    agg.limit = 1_000
+    assert agg.wake_at == 1_000  # never above the limit
+    agg.limit = 1_000_000
+    seen: list[str] = []
+    agg.start()
+    try:
+        agg.journal.extend([seen.append, 1, "past"] * (agg.wake_at // 3 + 1))
+        assert not agg.behind()  # the thread is woken; the caller does not drain
+        assert not agg.behind()  # a second nudge before it caught up: nothing more
+        assert wait_until(lambda: not agg.journal)
+        assert len(seen) == agg.wake_at // 3 + 1
+        assert agg.gauges_due and refreshed[0] == 0  # applied, the flush left to a wake-up
+        agg.journal.extend([seen.append, 1, "again"] * (agg.wake_at // 3))
+        assert not agg.behind()  # caught up once: the next nudge wakes it again
+        assert wait_until(lambda: not agg.journal)
+    finally:
+        agg.close()
+    assert not agg.alive()
+    rec.flush()
+    assert rec.value(S.TELEMETRY_ERRORS, _AGGREGATOR) == 0
+
+
+def test_a_nudge_is_held_back_while_tier_reads_are_in_flight():
+    """vLLM's fs read threads need the GIL between their system calls: a nudge beside them
+    applies nothing (the periodic wake-up, after max_defer_s at most, does)."""
+    rec = Recorder()
+    agg = Aggregator(recorder=rec, refresh=lambda: None, interval_s=3600.0)
+    reading = [True]
+    agg.hold_back.busy = lambda: reading[0]
+    agg.start()
+    try:
+        agg.journal.extend([len, 1, ()] * (agg.wake_at // 3 + 1))
+        held = agg.hold_back.held
+        assert not agg.behind()
+        assert wait_until(lambda: agg.hold_back.held > held)
+        assert len(agg.journal) > agg.wake_at  # held back: nothing applied
+        assert not agg.behind()  # and no wake-up per step while held: one nudge waits
+        time.sleep(0.05)
+        assert agg.hold_back.held == held + 1
+    finally:
+        agg.close()
 
 
 def test_a_journal_past_its_limit_is_reported_and_counted():
