@@ -215,6 +215,13 @@ class SchedulerObserver:
         self.probe = TierProbe(recorder=recorder, tiers=self.tiers, written=self.taps.written,
                                interval_s=tier_probe_interval_s, busy=self.taps.busy).start()
         recorder.before_read = self.drain  # a reader sees every event recorded before
+        # The gauges once now, as the engine is built: their first refresh's one-off work
+        # (the static info, the host's first sample) is then no serving step's (the first
+        # settle's, after a burst shorter than flush_interval_s), and they read from the start
+        try:
+            self.refresh()
+        except Exception as exc:
+            self.rec.error(ErrorSite.STEP, exc)
         self.agg.start()
         self.group_stores.owner = self.agg.thread  # it may yield the GIL while counting
 
