@@ -137,12 +137,12 @@ class Aggregator:
         # read before those events for good: an engine that stopped stepping (vLLM holds no
         # request) would read busy until its next request.
         self.gauges_due = False
-        # Held but while nudge() or close() releases it: the thread waits with one C-level
+        # Held but while behind() or close() releases it: the thread waits with one C-level
         # timed acquire (a threading.Event's wait is Python code around it: ~1.5x the CPU
         # per wake-up, 20 wake-ups a second) and is woken at once by either
         self._woken = threading.Lock()
         self._woken.acquire()
-        self._nudged = False  # released by nudge() and not yet caught up: no second release
+        self._nudged = False  # released by behind() and not yet caught up: no second release
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -205,7 +205,7 @@ class Aggregator:
         self._nudged = False  # a nudge held back waits for this wake-up to be taken again
 
     def catch_up(self) -> None:
-        """This thread, woken by :meth:`nudge`: the journal's events applied now, unless held
+        """This thread, woken by :meth:`behind`: the journal's events applied now, unless held
         back (vLLM's tier reads in flight: then nudges wait for the next wake-up). Not
         flushed: that stays at ``interval_s`` (each flush has a fixed cost), the next
         wake-up's, which :attr:`gauges_due` makes whole though no event waits then."""
