@@ -1,7 +1,7 @@
 """Scheduler step time: ObservedOffloadingConnector vs the stock OffloadingConnector.
 
     python benchmarks/scheduler_overhead.py [--requests 1000] [--rounds 3] [--no-tiering]
-        [--flush-interval S]
+        [--flush-interval S] [--no-kvscope-threads]
     python benchmarks/scheduler_overhead.py --profile F [--profile-connector NAME]
     python benchmarks/scheduler_overhead.py --profile-aggregator F [--no-tiering]
     valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
@@ -26,6 +26,10 @@ caches are warmer than in a lockstep pair, so the times are lower). Results:
 benchmarks/results/scheduler_overhead_*.jsonl and scheduler_profile_*.txt.
 ``--flush-interval S`` sets the observed engine's ``flush_interval_s`` (kvscope's cadence:
 aggregator thread and rank tally; default: kvscope's own); the last JSON line names it.
+``--no-kvscope-threads``: kvscope's aggregator and tier probe never run beside the timed calls
+(kvscope.sim.lockstep.engine): every event is applied at the idle step, and the ratio less
+``refresh_in_step_points_median`` is the hooks alone, without what threads sharing the
+engine's core cost its thread.
 
 ``--lookup-path P``: what each path of the lookup hot path (docs/architecture.md) costs on one
 long restore, counted. One engine on vLLM's real scheduler on CPU (kvscope.sim.scale_workload): a ``--tokens`` prompt
@@ -166,13 +170,17 @@ class _Parts:
 
 
 def run_pair(n_requests: int, tiering: bool, flush_interval_s: float | None = None,
-             per_key_lookups: bool = False, no_gc: bool = False) -> list[dict]:
+             per_key_lookups: bool = False, no_gc: bool = False,
+             kvscope_threads: bool = True) -> list[dict]:
     """One stock and one observed engine in lockstep: step by step, alternating which
     goes first, so both see the same machine (load, clock, caches) at each moment:
     on a shared box, drift between whole runs is larger than the effect measured.
-    ``no_gc``: Python's garbage collector off while they step (what collections cost)."""
+    ``no_gc``: Python's garbage collector off while they step (what collections cost).
+    ``kvscope_threads=False``: none of kvscope's threads runs beside the timed calls
+    (lockstep.engine), what they cost the engine's thread on a shared core."""
     with engine(STOCK, tiering) as stock, \
-            engine(OBSERVED, tiering, flush_interval_s, per_key_lookups) as observed:
+            engine(OBSERVED, tiering, flush_interval_s, per_key_lookups,
+                   kvscope_threads) as observed:
         parts = _Parts({STOCK: stock, OBSERVED: observed})
         if no_gc:
             gc.collect()
@@ -452,6 +460,9 @@ def main() -> None:
                    help="--lookup-path: steps each promotion is held (tiering): deferred re-scans")
     p.add_argument("--callgrind", action="store_true",
                    help="--lookup-path under valgrind's callgrind: count instructions")
+    p.add_argument("--no-kvscope-threads", action="store_true",
+                   help="kvscope's aggregator and tier probe never run beside the timed calls: "
+                        "all aggregation at the idle step (refresh_in_step_points_median)")
     p.add_argument("--no-gc", action="store_true",
                    help="timed pairs: Python's garbage collector off while the engines step")
     p.add_argument("--instructions", action="store_true",
@@ -480,7 +491,7 @@ def main() -> None:
     ratios, cpu_ratios, gc_points, refresh_points = [], [], [], []
     for _ in range(args.rounds):
         pair = run_pair(args.requests, not args.no_tiering, args.flush_interval,
-                        args.per_key_lookups, args.no_gc)
+                        args.per_key_lookups, args.no_gc, not args.no_kvscope_threads)
         for r in pair:
             runs[r["connector"]].append(r)
             print(json.dumps(r), flush=True)
@@ -496,7 +507,9 @@ def main() -> None:
     print(json.dumps({
         "requests": args.requests, "tiering": not args.no_tiering, "rounds": args.rounds,
         "per_key_lookups": args.per_key_lookups, "gc": not args.no_gc,
-        "flush_interval_s": _effective_interval(args.flush_interval),
+        "kvscope_threads": not args.no_kvscope_threads,
+        "flush_interval_s": 3600.0 if args.no_kvscope_threads
+        else _effective_interval(args.flush_interval),
         "scheduler_s_median": med,
         "kvscope_threads_s_median": statistics.median(
             r["kvscope_threads_s"] + r["final_refresh_s"] for r in runs[OBSERVED]),

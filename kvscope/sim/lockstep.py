@@ -12,16 +12,25 @@ STOCK, OBSERVED = "OffloadingConnector", "ObservedOffloadingConnector"
 
 
 def engine(connector: str, tiering: bool, flush_interval_s: float | None = None,
-           per_key_lookups: bool = False):
+           per_key_lookups: bool = False, kvscope_threads: bool = True):
+    """``kvscope_threads=False``: kvscope's threads never run beside the engine's (the
+    aggregator asleep for an hour and never woken by the journal's bound, no tier probe):
+    every event is applied on the engine's thread at the step that leaves it idle."""
     from kvscope.sim.cpu_engine import CPUEngine, EngineConfig
 
     options = {} if flush_interval_s is None else {"flush_interval_s": flush_interval_s}
     if per_key_lookups:
         options["per_key_lookups"] = True
-    return CPUEngine(EngineConfig(rows=512, tiering=tiering, world_size=1, kv_groups=1,
-                                  num_gpu_blocks=512, max_num_batched_tokens=512,
-                                  max_num_seqs=32, connector=connector, step_time_s=0.0,
-                                  kvscope_options=options))
+    if not kvscope_threads:
+        options.update(flush_interval_s=3600.0, tier_probe_interval_s=0.0)
+    e = CPUEngine(EngineConfig(rows=512, tiering=tiering, world_size=1, kv_groups=1,
+                               num_gpu_blocks=512, max_num_batched_tokens=512,
+                               max_num_seqs=32, connector=connector, step_time_s=0.0,
+                               kvscope_options=options))
+    observer = getattr(e.connector, "_kvscope_observer", None)
+    if not kvscope_threads and observer is not None:
+        observer.agg.wake_at = observer.agg.limit
+    return e
 
 
 def add_requests(e, n_requests: int) -> list[str]:
